@@ -1,0 +1,210 @@
+// gnnact: fused per-group stochastic quantization and dequantization.
+//
+// The packed format and the arithmetic are defined by gnnact/quant/reference.py; this file
+// reproduces it bit for bit. Compiled by CuPy (NVRTC) from gnnact/kernels/quantize.py.
+//
+// One warp owns one group of `group_size` consecutive elements:
+//   1. range reduce: lanes stride over the group, keep min/max and a non-finite flag, and
+//      combine with warp shuffles (no shared memory, no __syncthreads);
+//   2. round and pack: lane l writes code bytes l, l+32, ...; each byte holds 8/BITS codes of
+//      consecutive elements, so a warp reads a contiguous span and no two lanes (or groups)
+//      write the same byte. The second read of the group hits L1/L2.
+// Every float operation is an explicit round-to-nearest intrinsic so that NVRTC cannot
+// contract a multiply and an add into an FMA, which would round differently from torch.
+// CuPy compiles with -ftz=true, so denormal inputs (|x| < 1.2e-38) are flushed to zero here.
+//
+// No headers: half and bfloat16 are handled as raw 16-bit words converted with PTX cvt, which
+// avoids NVRTC's fragile cuda_fp16.h.
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef long long i64;
+typedef unsigned long long u64;
+
+// ---- element types: load as float, store from float (round to nearest even) ----
+struct F32 {
+    typedef float T;
+    static __device__ __forceinline__ float load(T v) { return v; }
+    static __device__ __forceinline__ T store(float v) { return v; }
+};
+struct F64 {
+    typedef double T;
+    static __device__ __forceinline__ float load(T v) { return __double2float_rn(v); }
+    static __device__ __forceinline__ T store(float v) { return (double)v; }
+};
+struct F16 {
+    typedef u16 T;
+    static __device__ __forceinline__ float load(T v) {
+        float f;
+        asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v));
+        return f;
+    }
+    static __device__ __forceinline__ T store(float v) {
+        u16 h;
+        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+        return h;
+    }
+};
+struct BF16 {
+    typedef u16 T;
+    static __device__ __forceinline__ float load(T v) { return __uint_as_float(((u32)v) << 16); }
+    static __device__ __forceinline__ T store(float v) {
+        u16 h;
+        asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
+        return h;
+    }
+};
+
+// ---- counter-based noise, identical to gnnact/quant/rng.py ----
+__device__ __forceinline__ u32 mix32(u32 x) {
+    x ^= x >> 16;
+    x *= 0x21f0aaadu;
+    x ^= x >> 15;
+    x *= 0x735a2d97u;
+    x ^= x >> 15;
+    return x;
+}
+
+__device__ __forceinline__ float hash_uniform(u64 i, u32 s0, u32 s1) {
+    u32 h = mix32(mix32(((u32)i) ^ s0) ^ ((u32)(i >> 32)) ^ s1);
+    return (float)(h >> 8) * 5.9604644775390625e-08f;  // 2^-24: exact
+}
+
+__device__ __forceinline__ float warp_min(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fminf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+template <typename L, int BITS>
+__device__ __forceinline__ void quantize_impl(
+    const typename L::T* __restrict__ x, const float* __restrict__ noise, u8* __restrict__ codes,
+    float* __restrict__ scales, float* __restrict__ zeros, i64 n, i64 group_size,
+    i64 num_groups, i64 bytes_per_group, u32 s0, u32 s1) {
+    const int PER = 8 / BITS;
+    const float levels = (float)((1 << BITS) - 1);
+    const int lane = threadIdx.x & 31;
+    const i64 warps = (i64)gridDim.x * (blockDim.x >> 5);
+    for (i64 g = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); g < num_groups;
+         g += warps) {
+        const i64 start = g * group_size;
+        const i64 len = min(group_size, n - start);
+
+        float lo = __int_as_float(0x7f800000);   // +inf
+        float hi = __int_as_float(0xff800000);   // -inf
+        int finite = 1;
+        for (i64 j = lane; j < len; j += 32) {
+            const float v = L::load(x[start + j]);
+            lo = fminf(lo, v);
+            hi = fmaxf(hi, v);
+            finite &= isfinite(v) ? 1 : 0;
+        }
+        lo = warp_min(lo);
+        hi = warp_max(hi);
+        finite = __all_sync(0xffffffffu, finite);
+
+        const float range = __fsub_rn(hi, lo);
+        float scale, zero, inv;
+        if (!finite || !isfinite(range)) {
+            // NaN/Inf in the group, or a range that overflows: the whole group reads back as
+            // NaN (zero = NaN also forces every code below to 0).
+            scale = __int_as_float(0x7fc00000);
+            zero = scale;
+            inv = 0.0f;
+        } else {
+            scale = __fdiv_rn(range, levels);
+            zero = lo;
+            inv = range > 0.0f ? __fdiv_rn(levels, range) : 0.0f;
+        }
+        if (lane == 0) {
+            scales[g] = scale;
+            zeros[g] = zero;
+        }
+
+        u8* out = codes + g * bytes_per_group;
+        for (i64 b = lane; b < bytes_per_group; b += 32) {
+            u32 packed = 0;
+#pragma unroll
+            for (int k = 0; k < PER; ++k) {
+                const i64 j = b * PER + k;
+                if (j < len) {
+                    const i64 idx = start + j;
+                    const float v = L::load(x[idx]);
+                    const float r = noise != nullptr ? noise[idx] : hash_uniform((u64)idx, s0, s1);
+                    const float u = __fmul_rn(__fsub_rn(v, zero), inv);
+                    // q = floor(u) + [r < u - floor(u)]: the fractional part is exact
+                    // (Sterbenz), so no rounding of u + r can push a code past its neighbour.
+                    const float fl = floorf(u);
+                    const float up = r < __fsub_rn(u, fl) ? 1.0f : 0.0f;
+                    // fmaxf(NaN, 0) = 0: a NaN code (non-finite group) becomes 0.
+                    const float q = fminf(fmaxf(__fadd_rn(fl, up), 0.0f), levels);
+                    packed |= ((u32)q) << (k * BITS);
+                }
+            }
+            out[b] = (u8)packed;
+        }
+    }
+}
+
+template <typename L, int BITS>
+__device__ __forceinline__ void dequantize_impl(
+    const u8* __restrict__ codes, const float* __restrict__ scales,
+    const float* __restrict__ zeros, typename L::T* __restrict__ out, i64 n, i64 group_size,
+    i64 num_groups, i64 bytes_per_group) {
+    const int PER = 8 / BITS;
+    const u32 mask = (1u << BITS) - 1u;
+    const int lane = threadIdx.x & 31;
+    const i64 warps = (i64)gridDim.x * (blockDim.x >> 5);
+    for (i64 g = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); g < num_groups;
+         g += warps) {
+        const i64 start = g * group_size;
+        const i64 len = min(group_size, n - start);
+        const float scale = scales[g];
+        const float zero = zeros[g];
+        const u8* in = codes + g * bytes_per_group;
+        for (i64 b = lane; b < bytes_per_group; b += 32) {
+            const u32 c = in[b];
+#pragma unroll
+            for (int k = 0; k < PER; ++k) {
+                const i64 j = b * PER + k;
+                if (j < len) {
+                    const float q = (float)((c >> (k * BITS)) & mask);
+                    out[start + j] = L::store(__fadd_rn(__fmul_rn(q, scale), zero));
+                }
+            }
+        }
+    }
+}
+
+// ---- extern "C" entry points: quantize_<dtype>_<bits>, dequantize_<dtype>_<bits> ----
+#define GNNACT_DEFINE(NAME, L, BITS)                                                          \
+    extern "C" __global__ void quantize_##NAME##_##BITS(                                     \
+        const L::T* __restrict__ x, const float* __restrict__ noise, u8* __restrict__ codes, \
+        float* __restrict__ scales, float* __restrict__ zeros, i64 n, i64 group_size,        \
+        i64 num_groups, i64 bytes_per_group, u32 s0, u32 s1) {                               \
+        quantize_impl<L, BITS>(x, noise, codes, scales, zeros, n, group_size, num_groups,    \
+                               bytes_per_group, s0, s1);                                     \
+    }                                                                                        \
+    extern "C" __global__ void dequantize_##NAME##_##BITS(                                   \
+        const u8* __restrict__ codes, const float* __restrict__ scales,                      \
+        const float* __restrict__ zeros, L::T* __restrict__ out, i64 n, i64 group_size,      \
+        i64 num_groups, i64 bytes_per_group) {                                               \
+        dequantize_impl<L, BITS>(codes, scales, zeros, out, n, group_size, num_groups,       \
+                                 bytes_per_group);                                           \
+    }
+
+#define GNNACT_DEFINE_ALL_BITS(NAME, L) \
+    GNNACT_DEFINE(NAME, L, 1)           \
+    GNNACT_DEFINE(NAME, L, 2)           \
+    GNNACT_DEFINE(NAME, L, 4)           \
+    GNNACT_DEFINE(NAME, L, 8)
+
+GNNACT_DEFINE_ALL_BITS(f32, F32)
+GNNACT_DEFINE_ALL_BITS(f64, F64)
+GNNACT_DEFINE_ALL_BITS(f16, F16)
+GNNACT_DEFINE_ALL_BITS(bf16, BF16)

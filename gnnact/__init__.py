@@ -1,0 +1,28 @@
+"""gnnact: activation compressed training for graph neural networks in PyTorch.
+
+What autograd keeps for backward is stored stochastically rounded to 1–8 bits and bit-packed,
+and restored just before backward needs it.
+"""
+
+from gnnact import memory
+from gnnact.quant import (
+    PackedMask,
+    PackedTensor,
+    dequantize,
+    pack_mask,
+    quantize,
+    unpack_mask,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "PackedMask",
+    "PackedTensor",
+    "__version__",
+    "dequantize",
+    "memory",
+    "pack_mask",
+    "quantize",
+    "unpack_mask",
+]

@@ -1,0 +1,8 @@
+"""CUDA kernels (``cuda/*.cu``) loaded with CuPy, with the signatures of the torch reference.
+
+Nothing here imports CuPy until a kernel is launched; :func:`cupy_available` says whether it can.
+"""
+
+from gnnact.kernels._cupy import cupy_available, kernel_source_dir
+
+__all__ = ["cupy_available", "kernel_source_dir"]

@@ -1,0 +1,99 @@
+"""CuPy plumbing shared by every kernel launcher: import guard, source lookup, per-device module
+cache and launches on torch's current stream.
+
+Rules this module enforces (see prior-art.md §5 for why each matters):
+
+* CuPy is optional. ``import gnnact`` never imports it; :func:`cupy_available` probes it once.
+* Torch allocates every buffer; kernels receive raw device pointers (``numpy.uint64``), so all
+  memory stays in torch's caching allocator and its counters.
+* Scalars are passed as NumPy fixed-width types: a Python ``int`` would be passed as a 64-bit
+  ``long long`` and a Python ``float`` as a ``double`` whatever the kernel declares.
+* Launches go on torch's current stream of the tensor's device, never on CuPy's own current
+  stream (the legacy null stream by default), so they are ordered with surrounding torch ops.
+* Each source file is compiled once per device (NVRTC, then CuPy's on-disk cache).
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+__all__ = ["cupy_available", "device_ptr", "get_function", "kernel_source_dir", "launch",
+           "require_cupy"]
+
+#: NVRTC options for every module (CuPy appends ``-ftz=true`` itself).
+COMPILE_OPTIONS: tuple[str, ...] = ("--std=c++17",)
+
+
+@functools.cache
+def _import_cupy() -> Any | None:
+    try:
+        import cupy
+    except Exception:  # ImportError, or a broken CUDA install raising at import time
+        return None
+    return cupy
+
+
+def cupy_available() -> bool:
+    """Whether CuPy can be imported (says nothing about a GPU being present)."""
+    return _import_cupy() is not None
+
+
+def require_cupy() -> Any:
+    cupy = _import_cupy()
+    if cupy is None:
+        raise ImportError("backend='cupy' needs CuPy: pip install 'gnnact[cuda12]' or "
+                          "'gnnact[cuda13]' (matching your CUDA driver), or use backend='torch'")
+    return cupy
+
+
+def kernel_source_dir() -> Path:
+    """Folder holding the ``.cu`` sources: inside the installed package (wheels carry them as
+    ``gnnact/cuda``), else the top-level ``cuda/`` of a source checkout."""
+    package = Path(__file__).resolve().parent.parent
+    for candidate in (package / "cuda", package.parent / "cuda"):
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError(f"gnnact kernel sources not found in {package / 'cuda'} or "
+                            f"{package.parent / 'cuda'}")
+
+
+@functools.cache
+def _module(filename: str, device_index: int) -> Any:
+    cupy = require_cupy()
+    source = (kernel_source_dir() / filename).read_text()
+    with cupy.cuda.Device(device_index):
+        return cupy.RawModule(code=source, options=COMPILE_OPTIONS)
+
+
+@functools.cache
+def get_function(filename: str, name: str, device_index: int) -> Any:
+    """The kernel ``name`` of ``cuda/<filename>``, compiled for device ``device_index``."""
+    cupy = require_cupy()
+    module = _module(filename, device_index)
+    with cupy.cuda.Device(device_index):
+        return module.get_function(name)
+
+
+class _Stream(NamedTuple):
+    # CuPy's launch reads only ``.ptr`` of the stream argument.
+    ptr: int
+
+
+def device_ptr(t: torch.Tensor | None) -> np.uint64:
+    """A kernel ``T*`` argument for ``t`` (a null pointer for ``None``)."""
+    return np.uint64(0 if t is None else t.data_ptr())
+
+
+def launch(filename: str, name: str, device: torch.device, grid: int, block: int,
+           args: tuple) -> None:
+    """Launch ``name`` from ``cuda/<filename>`` on torch's current stream of ``device``."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    fn = get_function(filename, name, index)
+    stream = _Stream(torch.cuda.current_stream(index).cuda_stream)
+    with require_cupy().cuda.Device(index):
+        fn((grid,), (block,), args, stream=stream)

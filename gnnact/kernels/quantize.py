@@ -1,0 +1,95 @@
+"""CuPy launchers for ``cuda/quantize.cu`` and ``cuda/mask.cu``.
+
+Same signatures and results as :mod:`gnnact.quant.reference` (given the same ``noise`` or
+``seed``), for CUDA tensors.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from gnnact.kernels._cupy import COMPILE_OPTIONS, device_ptr, launch
+from gnnact.quant.packed import QUANT_BITS, packed_code_bytes
+from gnnact.quant.rng import split_seed
+
+__all__ = ["COMPILE_OPTIONS", "KERNEL_NAMES", "dequantize_groups", "pack_mask_bits",
+           "quantize_groups", "unpack_mask_bits"]
+
+_DTYPE_NAMES = {torch.float32: "f32", torch.float64: "f64", torch.float16: "f16",
+                torch.bfloat16: "bf16"}
+
+#: Entry points each source must define (checked by tools/check_kernels.py).
+KERNEL_NAMES: dict[str, tuple[str, ...]] = {
+    "quantize.cu": tuple(f"{op}_{dt}_{b}" for op in ("quantize", "dequantize")
+                         for dt in _DTYPE_NAMES.values() for b in QUANT_BITS),
+    "mask.cu": ("pack_mask", "unpack_mask"),
+}
+
+_WARPS_PER_BLOCK = 8
+_THREADS = 256
+
+
+def _group_grid(num_groups: int) -> int:
+    return max(1, -(-num_groups // _WARPS_PER_BLOCK))
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    try:
+        return _DTYPE_NAMES[dtype]
+    except KeyError:
+        raise TypeError(f"the CUDA kernels support {list(_DTYPE_NAMES)}, got {dtype}") from None
+
+
+def quantize_groups(x: Tensor, bits: int, group_size: int, *, seed: int | None = None,
+                    noise: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """Kernel twin of :func:`gnnact.quant.reference.quantize_groups`."""
+    x = x.contiguous()
+    n = x.numel()
+    num_groups = -(-n // group_size)
+    bytes_per_group = packed_code_bytes(group_size, bits)
+    codes = torch.empty((num_groups, bytes_per_group), dtype=torch.uint8, device=x.device)
+    scales = torch.empty(num_groups, dtype=torch.float32, device=x.device)
+    zeros = torch.empty(num_groups, dtype=torch.float32, device=x.device)
+    if noise is not None:
+        noise = noise.reshape(-1).to(torch.float32).contiguous()
+    s0, s1 = split_seed(seed or 0)
+    launch("quantize.cu", f"quantize_{_dtype_name(x.dtype)}_{bits}", x.device,
+           _group_grid(num_groups), _THREADS,
+           (device_ptr(x), device_ptr(noise), device_ptr(codes), device_ptr(scales),
+            device_ptr(zeros), np.int64(n), np.int64(group_size), np.int64(num_groups),
+            np.int64(bytes_per_group), np.uint32(s0), np.uint32(s1)))
+    return codes, scales, zeros
+
+
+def dequantize_groups(codes: Tensor, scales: Tensor, zeros: Tensor, bits: int, group_size: int,
+                      numel: int, dtype: torch.dtype) -> Tensor:
+    """Kernel twin of :func:`gnnact.quant.reference.dequantize_groups`."""
+    out = torch.empty(numel, dtype=dtype, device=codes.device)
+    num_groups, bytes_per_group = codes.shape
+    launch("quantize.cu", f"dequantize_{_dtype_name(dtype)}_{bits}", codes.device,
+           _group_grid(num_groups), _THREADS,
+           (device_ptr(codes.contiguous()), device_ptr(scales.contiguous()),
+            device_ptr(zeros.contiguous()), device_ptr(out), np.int64(numel),
+            np.int64(group_size), np.int64(num_groups), np.int64(bytes_per_group)))
+    return out
+
+
+def pack_mask_bits(mask: Tensor) -> Tensor:
+    """Kernel twin of :func:`gnnact.quant.reference.pack_mask_bits`."""
+    flat = mask.reshape(-1).contiguous().view(torch.uint8)
+    n = flat.numel()
+    nbytes = -(-n // 8)
+    out = torch.empty(nbytes, dtype=torch.uint8, device=mask.device)
+    launch("mask.cu", "pack_mask", mask.device, max(1, -(-nbytes // _THREADS)), _THREADS,
+           (device_ptr(flat), device_ptr(out), np.int64(n), np.int64(nbytes)))
+    return out
+
+
+def unpack_mask_bits(data: Tensor, numel: int) -> Tensor:
+    """Kernel twin of :func:`gnnact.quant.reference.unpack_mask_bits`."""
+    out = torch.empty(numel, dtype=torch.bool, device=data.device)
+    launch("mask.cu", "unpack_mask", data.device, max(1, -(-numel // _THREADS)), _THREADS,
+           (device_ptr(data.contiguous()), device_ptr(out), np.int64(numel)))
+    return out

@@ -1,0 +1,342 @@
+r"""Count the bytes an autograd graph keeps alive for the backward pass.
+
+This is the device-independent memory measure of the project (see ``DESIGN.md`` §4): walk
+the autograd graph from the output(s) and sum the *distinct storages* that its nodes hold for
+backward. Let :math:`\mathcal{N}` be the nodes reachable from the outputs through
+``next_functions``, :math:`T(v)` the tensors node :math:`v` keeps, and :math:`S(t)` the
+storages of tensor :math:`t`. Then
+
+.. math::
+    \text{saved\_bytes} = \sum_{s \in \mathcal{S} \setminus \mathcal{X}} \text{nbytes}(s),
+    \qquad \mathcal{S} = \bigcup_{v \in \mathcal{N}} \bigcup_{t \in T(v)} S(t),
+
+where :math:`\mathcal{X}` holds the excluded storages: those of the graph leaves (unless
+``include_leaves=True``) and those of the tensors and modules passed as ``exclude``.
+
+* :math:`T(v)` for a built-in node: every ``_saved_*`` attribute that is a tensor, or a
+  tuple/list of tensors. For a custom :class:`torch.autograd.Function` node: its
+  ``saved_tensors`` and every tensor, :class:`~gnnact.quant.packed.PackedTensor` or
+  :class:`~gnnact.quant.packed.PackedMask` stored as a ``ctx`` attribute (also inside
+  tuples, lists and dicts).
+* :math:`S(t)` for a strided tensor is its whole ``untyped_storage()`` (a view keeps all of
+  its base alive); for a sparse tensor, the storages of its index and value tensors; for a
+  traceable wrapper subclass (PyG's :class:`~torch_geometric.EdgeIndex` and
+  :class:`~torch_geometric.Index`, nested tensors), the storages of its inner tensors plus the
+  tensors it caches as attributes (``EdgeIndex`` caches its transpose outside
+  ``__tensor_flatten__``). Meta tensors and empty storages count 0.
+* Two storages are the same when their device and ``data_ptr()`` agree, so a tensor saved by
+  several nodes (a ReLU output that the next linear layer also saves) counts once.
+
+What a graph walk cannot see: tensors packed by :func:`torch.autograd.graph.saved_tensors_hooks`
+(reading ``_saved_*`` calls the unpack hook, which may allocate or recompute, as with
+non-reentrant checkpointing), and anything held outside the graph. Do not use it on graphs
+built under such hooks; measure those by allocator or RSS instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.autograd.function import BackwardCFunction
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+from gnnact.quant.packed import PackedMask, PackedTensor
+
+__all__ = ["SavedRecord", "saved_bytes", "saved_tensors"]
+
+#: Storage identity: ``(device type, device index, data pointer)``.
+StorageKey = tuple[str, int | None, int]
+
+_FREED_MESSAGE = (
+    "the saved tensors of this autograd graph were already freed by a backward pass; call "
+    "saved_bytes/saved_tensors before backward, or use retain_graph=True"
+)
+
+_PACKED_TYPES = (PackedTensor, PackedMask)
+
+# The node type of graph leaves (checked by type: a custom ctx may well have a `variable`).
+_AccumulateGrad = torch._C._functions.AccumulateGrad
+
+_SPARSE_PARTS = {
+    torch.sparse_coo: ("_indices", "_values"),
+    torch.sparse_csr: ("crow_indices", "col_indices", "values"),
+    torch.sparse_bsr: ("crow_indices", "col_indices", "values"),
+    torch.sparse_csc: ("ccol_indices", "row_indices", "values"),
+    torch.sparse_bsc: ("ccol_indices", "row_indices", "values"),
+}
+
+# `dir()` on every node is slow for big graphs; the `_saved_*` properties are defined on the
+# node class, so their names are looked up once per class.
+_SAVED_ATTRS: dict[type, tuple[str, ...]] = {}
+
+
+@dataclass(frozen=True)
+class SavedRecord:
+    r"""One storage kept by one autograd node, as listed by :func:`saved_tensors`.
+
+    Args:
+        node (str): class name of the node, *e.g.* ``"AddmmBackward0"``.
+        attr (str): where the node holds the tensor: ``"_saved_mat1"`` for built-in nodes,
+            ``"saved_tensors[0]"`` or the ``ctx`` attribute path (``"packed.codes"``) for
+            custom functions; a suffix names the part of a sparse or subclass tensor
+            (``"_saved_mat1.crow_indices"``, ``"_saved_index._data"``).
+        shape (tuple[int, ...]): shape of the tensor (or part) that holds the storage; may be
+            a view smaller than the storage.
+        dtype (torch.dtype): its dtype.
+        nbytes (int): bytes of the whole storage (a view keeps all of it alive).
+        storage (tuple): de-duplication key ``(device type, device index, data_ptr)``.
+        first (bool): ``True`` for the first record of its storage; only those add to
+            :func:`saved_bytes`.
+    """
+
+    node: str
+    attr: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    nbytes: int
+    storage: StorageKey
+    first: bool
+
+
+def saved_bytes(
+    output: Tensor | Sequence[Tensor],
+    *,
+    exclude: Iterable[Tensor | torch.nn.Module] = (),
+    include_leaves: bool = False,
+) -> int:
+    r"""Bytes of the distinct storages that the autograd graph of ``output`` keeps for
+    backward (see the module docstring for the exact definition).
+
+    Call it after the forward pass and before ``backward()`` (or after a backward with
+    ``retain_graph=True``). A tensor without ``grad_fn`` (no graph, or a leaf) keeps
+    nothing: the result is 0.
+
+    Args:
+        output (torch.Tensor or Sequence[torch.Tensor]): the loss, or several outputs whose
+            graphs are measured together (shared storages count once).
+        exclude (Iterable[torch.Tensor or torch.nn.Module], optional): tensors whose storages
+            are not counted, typically the input features ``data.x`` that live on anyway;
+            a module stands for all its parameters and buffers, a
+            :class:`~gnnact.quant.packed.PackedTensor` or
+            :class:`~gnnact.quant.packed.PackedMask` for its tensors. (default: :obj:`()`)
+        include_leaves (bool, optional): if :obj:`True`, storages of graph leaves
+            (parameters and inputs that require grad) are counted when a node saves them;
+            by default they are not, since they live independently of the graph. Storages
+            in ``exclude`` stay excluded. (default: :obj:`False`)
+
+    Returns:
+        int: the number of bytes.
+
+    Raises:
+        TypeError: if ``output`` is not a tensor or a sequence of tensors, or ``exclude``
+            holds something other than tensors, modules and packed objects.
+        RuntimeError: if a backward pass already freed the saved tensors.
+
+    Example:
+        >>> loss = F.cross_entropy(model(data.x, data.edge_index), data.y)
+        >>> saved_bytes(loss, exclude=[data.x, data.y])
+    """
+    records = saved_tensors(output, exclude=exclude, include_leaves=include_leaves)
+    return sum(r.nbytes for r in records if r.first)
+
+
+def saved_tensors(
+    output: Tensor | Sequence[Tensor],
+    *,
+    exclude: Iterable[Tensor | torch.nn.Module] = (),
+    include_leaves: bool = False,
+) -> list[SavedRecord]:
+    r"""List what the autograd graph of ``output`` keeps for backward, one
+    :class:`SavedRecord` per (node, attribute, storage).
+
+    A storage saved by several nodes appears once per node, with ``first=True`` only on its
+    first record, so that ``saved_bytes(...) == sum(r.nbytes for r in records if r.first)``.
+    Excluded storages (leaves, unless ``include_leaves=True``, and those of ``exclude``) do
+    not appear at all. Records come in walk order: nodes near the output first.
+
+    Args:
+        output (torch.Tensor or Sequence[torch.Tensor]): as in :func:`saved_bytes`.
+        exclude (Iterable[torch.Tensor or torch.nn.Module], optional): as in
+            :func:`saved_bytes`. (default: :obj:`()`)
+        include_leaves (bool, optional): as in :func:`saved_bytes`. (default: :obj:`False`)
+
+    Returns:
+        list[SavedRecord]: the records.
+    """
+    outputs = _as_outputs(output)
+    excluded = _exclude_keys(exclude)
+
+    raw: list[tuple[str, str, Tensor, int, StorageKey]] = []
+    leaf_keys: set[StorageKey] = set()
+
+    # Iterative depth-first walk: deep GNNs (and long unrolled graphs) exceed Python's
+    # recursion limit. The dict keeps every visited node alive, so ids are never reused.
+    stack = [t.grad_fn for t in reversed(outputs) if t.grad_fn is not None]
+    visited: dict[int, Any] = {}
+    while stack:
+        node = stack.pop()
+        if id(node) in visited:
+            continue
+        visited[id(node)] = node
+        name = type(node).__name__
+
+        if isinstance(node, _AccumulateGrad):  # its variable is a graph leaf
+            leaf_keys.update(key for _, _, _, key in _storages(node.variable, ""))
+        else:
+            for attr, tensor in _node_tensors(node):
+                for suffix, part, nbytes, key in _storages(tensor, attr):
+                    raw.append((name, suffix, part, nbytes, key))
+
+        for next_node, _ in reversed(node.next_functions):
+            if next_node is not None and id(next_node) not in visited:
+                stack.append(next_node)
+
+    if not include_leaves:
+        excluded |= leaf_keys
+
+    records: list[SavedRecord] = []
+    seen: set[StorageKey] = set()
+    for name, attr, part, nbytes, key in raw:
+        if key in excluded:
+            continue
+        records.append(SavedRecord(node=name, attr=attr, shape=tuple(part.shape),
+                                   dtype=part.dtype, nbytes=nbytes, storage=key,
+                                   first=key not in seen))
+        seen.add(key)
+    return records
+
+
+def _as_outputs(output: Any) -> list[Tensor]:
+    if isinstance(output, Tensor):
+        return [output]
+    if isinstance(output, Sequence) and not isinstance(output, (str, bytes)):
+        for i, t in enumerate(output):
+            if not isinstance(t, Tensor):
+                raise TypeError(f"argument 'output' must be a Tensor or a sequence of Tensors, "
+                                f"but element {i} is {type(t).__name__}")
+        return list(output)
+    raise TypeError(f"argument 'output' must be a Tensor or a sequence of Tensors, "
+                    f"not {type(output).__name__}")
+
+
+def _exclude_keys(exclude: Any) -> set[StorageKey]:
+    # A single tensor or module is accepted as well; iterating a tensor would give its rows.
+    if isinstance(exclude, (Tensor, torch.nn.Module, *_PACKED_TYPES)):
+        exclude = [exclude]
+    if not isinstance(exclude, Iterable):
+        raise TypeError(f"argument 'exclude' must be an iterable of Tensors and Modules, "
+                        f"not {type(exclude).__name__}")
+    tensors: list[Tensor] = []
+    for item in exclude:
+        if isinstance(item, torch.nn.Module):
+            tensors.extend(item.parameters())
+            tensors.extend(item.buffers())
+        elif isinstance(item, Tensor):
+            tensors.append(item)
+        elif isinstance(item, _PACKED_TYPES):
+            tensors.extend(item.tensors())
+        else:
+            raise TypeError(f"argument 'exclude' must hold Tensors and Modules, "
+                            f"got {type(item).__name__}")
+    return {key for t in tensors for _, _, _, key in _storages(t, "")}
+
+
+def _node_tensors(node: Any) -> Iterator[tuple[str, Tensor]]:
+    """The tensors ``node`` keeps for backward, each with the attribute path it sits at."""
+    try:
+        if isinstance(node, BackwardCFunction):  # custom autograd.Function: node is its ctx
+            for i, t in enumerate(node.saved_tensors):
+                if t is not None:
+                    yield f"saved_tensors[{i}]", t
+            for key, value in vars(node).items():
+                yield from _ctx_tensors(value, key, set())
+        else:
+            for attr in _saved_attrs(type(node), node):
+                value = getattr(node, attr)
+                if isinstance(value, Tensor):
+                    yield attr, value
+                elif isinstance(value, (tuple, list)):
+                    for i, t in enumerate(value):
+                        if isinstance(t, Tensor):
+                            yield f"{attr}[{i}]", t
+    except RuntimeError as e:
+        # torch's own message speaks of a "second backward"; say what to do here instead.
+        if "freed" in str(e) or "second time" in str(e):
+            raise RuntimeError(_FREED_MESSAGE) from e
+        raise
+
+
+def _saved_attrs(cls: type, node: Any) -> tuple[str, ...]:
+    attrs = _SAVED_ATTRS.get(cls)
+    if attrs is None:
+        attrs = tuple(a for a in dir(node) if a.startswith("_saved_"))
+        _SAVED_ATTRS[cls] = attrs
+    return attrs
+
+
+def _ctx_tensors(value: Any, path: str, seen: set[int]) -> Iterator[tuple[str, Tensor]]:
+    """Tensors stored as a ``ctx`` attribute, also inside packed objects and containers."""
+    if isinstance(value, Tensor):
+        yield path, value
+    elif isinstance(value, _PACKED_TYPES):
+        # Name each tensor by its dataclass field (``codes``, ``scales``, ...).
+        names = {id(getattr(value, f.name)): f.name for f in dataclasses.fields(value)}
+        for i, t in enumerate(value.tensors()):
+            yield f"{path}.{names.get(id(t), f'tensors()[{i}]')}", t
+    elif isinstance(value, (tuple, list, dict)):
+        if id(value) in seen:  # a container holding itself
+            return
+        seen.add(id(value))
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for k, v in items:
+            yield from _ctx_tensors(v, f"{path}[{k!r}]", seen)
+
+
+def _storages(t: Tensor, path: str) -> Iterator[tuple[str, Tensor, int, StorageKey]]:
+    """Reduce ``t`` to the strided tensors that own its memory: ``(path, part, nbytes, key)``.
+
+    Storages of zero bytes (meta and empty tensors) are left out: they hold no memory, and
+    their null data pointers would all share one key.
+    """
+    if is_traceable_wrapper_subclass(t):
+        # The wrapper itself has no valid storage; its memory is in the inner tensors. PyG's
+        # EdgeIndex also caches tensors (its transposed index ``_T_index``, ``_value``) that
+        # ``__tensor_flatten__`` leaves out, so the instance attributes are read as well.
+        names, _ = t.__tensor_flatten__()
+        inner: dict[str, Any] = {name: getattr(t, name) for name in names}
+        for name, value in getattr(t, "__dict__", {}).items():
+            inner.setdefault(name, value)
+        for name, value in inner.items():
+            if isinstance(value, Tensor):
+                yield from _storages(value, f"{path}.{name}")
+            elif isinstance(value, (tuple, list)):
+                for i, v in enumerate(value):
+                    if isinstance(v, Tensor):
+                        yield from _storages(v, f"{path}.{name}[{i}]")
+        return
+
+    parts = _SPARSE_PARTS.get(t.layout)
+    if parts is not None:
+        for name in parts:
+            yield from _storages(getattr(t, name)(), f"{path}.{name}")
+        return
+
+    if t.is_meta:
+        return
+    try:
+        storage = t.untyped_storage()
+        nbytes = storage.nbytes()
+        if nbytes == 0:
+            return
+        key = (storage.device.type, storage.device.index, storage.data_ptr())
+    except (RuntimeError, NotImplementedError) as e:
+        warnings.warn(f"saved_bytes: cannot read the storage of a {type(t).__name__} "
+                      f"(layout {t.layout}) at '{path}', not counted: {e}", stacklevel=2)
+        return
+    yield path, t, nbytes, key

@@ -1,0 +1,222 @@
+r"""Public quantizer API: :func:`quantize`, :func:`dequantize`, :func:`pack_mask`,
+:func:`unpack_mask`.
+
+These validate their arguments, handle the pass-through widths and empty tensors, and hand the
+work to a backend: the torch reference (:mod:`gnnact.quant.reference`, any device) or the CuPy
+kernels (:mod:`gnnact.kernels.quantize`, CUDA tensors). Both produce identical results for the
+same noise.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from gnnact.quant import reference
+from gnnact.quant.packed import (
+    SUPPORTED_BITS,
+    PackedMask,
+    PackedTensor,
+    packed_code_bytes,
+)
+from gnnact.quant.rng import draw_seed
+
+__all__ = ["DEFAULT_GROUP_SIZE", "dequantize", "pack_mask", "quantize", "unpack_mask"]
+
+Backend = Literal["auto", "torch", "cupy"]
+
+#: Default elements per group: float32 scale + zero cost 64 / 512 = 0.125 bit per value.
+DEFAULT_GROUP_SIZE = 512
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_BACKENDS = ("auto", "torch", "cupy")
+
+
+def _backend(backend: str, device: torch.device) -> ModuleType:
+    """The module implementing ``quantize_groups`` & co. for ``backend`` on ``device``."""
+    if backend not in _BACKENDS:
+        raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
+    if backend == "torch" or (backend == "auto" and device.type != "cuda"):
+        return reference
+    from gnnact.kernels import cupy_available
+
+    if backend == "cupy":
+        if device.type != "cuda":
+            raise ValueError(f"backend='cupy' needs a CUDA tensor, got a tensor on {device}")
+        from gnnact.kernels._cupy import require_cupy
+
+        require_cupy()
+    elif not cupy_available():
+        return reference
+    from gnnact.kernels import quantize as kernels
+
+    return kernels
+
+
+def _check_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+    return value
+
+
+def _check_tensor(name: str, value: object) -> Tensor:
+    if not isinstance(value, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if value.layout != torch.strided:
+        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {value.layout}")
+    return value
+
+
+def quantize(x: Tensor, bits: int = 2, group_size: int = DEFAULT_GROUP_SIZE, *,
+             per_row: bool = False, generator: torch.Generator | None = None,
+             noise: Tensor | None = None, backend: Backend = "auto") -> PackedTensor:
+    r"""Compress ``x`` to ``bits`` bits per element with per-group min/max affine quantization
+    and unbiased stochastic rounding, codes bit-packed densely.
+
+    For a group :math:`h` of :math:`G` consecutive elements (row-major order), with
+    :math:`Z = \min h`, :math:`R = \max h - Z` and :math:`B = 2^b - 1`:
+
+    .. math::
+        u_j = \frac{(h_j - Z) B}{R}, \quad
+        q_j = \lfloor u_j \rfloor + [\, r_j < u_j - \lfloor u_j \rfloor \,], \quad
+        r_j \sim U[0, 1), \qquad \hat h_j = q_j \frac{R}{B} + Z,
+
+    so :math:`\mathbb{E}[\hat h_j] = h_j` and :math:`\mathrm{Var}[\hat h_j] \le (R/B)^2/4`.
+    What is kept: the codes (:math:`\lceil G b/8 \rceil` bytes per group) and a float32 scale
+    :math:`R/B` and zero :math:`Z` per group; see :class:`PackedTensor` for the exact layout and
+    byte count (:math:`b + 0.125` bits per value at the default :math:`G = 512`).
+
+    ``bits`` of 16 or 32 pass through: 32 keeps ``x`` itself (no copy: do not modify it in place
+    afterwards), 16 keeps ``x`` if it is already 16-bit and a ``bfloat16`` copy otherwise
+    (bfloat16 keeps float32's exponent range, so nothing overflows; it rounds to nearest).
+
+    Non-finite values: a group holding a NaN or an infinity (or whose range overflows float32)
+    dequantizes to NaN in every element, on every backend; it never becomes finite. Checking for
+    them would cost a device-to-host sync, so no error is raised.
+
+    Args:
+        x (torch.Tensor): input of dtype float16, bfloat16, float32 or float64, any shape,
+            contiguous or not. Arithmetic is done in float32.
+        bits (int, optional): 1, 2, 4 or 8 (packed), 16 or 32 (pass-through). (default: :obj:`2`)
+        group_size (int, optional): elements per group :math:`G`; need not divide ``x.numel()``
+            (the last group is shorter). A tensor with fewer elements forms one group of its
+            own size. (default: :obj:`512`)
+        per_row (bool, optional): one group per row of the last dimension (``group_size`` becomes
+            ``x.shape[-1]``), as EXACT does for node features. (default: :obj:`False`)
+        generator (torch.Generator, optional): draws the 64-bit seed of the rounding noise, for
+            reproducibility; the default CPU generator when ``None`` (so
+            ``torch.manual_seed`` also makes it reproducible). A CUDA generator costs one sync.
+        noise (torch.Tensor, optional): explicit float32 uniforms in [0, 1), one per element of
+            ``x`` (same device); overrides the counter-based noise. Not with ``generator``.
+        backend (str, optional): ``"torch"`` (reference, any device), ``"cupy"`` (CUDA kernels) or
+            ``"auto"`` (CuPy for CUDA tensors when it is importable). (default: :obj:`"auto"`)
+
+    Returns:
+        :class:`PackedTensor`
+
+    Example:
+        >>> x = torch.randn(1000, 128)
+        >>> p = gnnact.quantize(x, bits=2)
+        >>> p.nbytes  # 250 groups of 512: 128 code bytes + 8 metadata bytes each
+        34000
+        >>> gnnact.dequantize(p).shape
+        torch.Size([1000, 128])
+    """
+    x = _check_tensor("x", x)
+    if x.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"x must be a floating-point tensor ({', '.join(map(str, FLOAT_DTYPES))})"
+                        f", got dtype {x.dtype}")
+    bits = _check_int("bits", bits)
+    if bits not in SUPPORTED_BITS:
+        raise ValueError(f"bits must be one of {SUPPORTED_BITS}, got {bits}")
+    group_size = _check_int("group_size", group_size)
+    if group_size <= 0:
+        raise ValueError(f"group_size must be a positive int, got {group_size}")
+    if per_row:
+        if x.dim() == 0:
+            raise ValueError("per_row=True needs a tensor with at least one dimension, got a "
+                             "0-d tensor")
+        group_size = max(1, x.shape[-1])
+    if noise is not None:
+        if generator is not None:
+            raise ValueError("pass either generator or noise, not both")
+        noise = _check_tensor("noise", noise)
+        if noise.numel() != x.numel() or noise.device != x.device or noise.dtype != torch.float32:
+            raise ValueError(f"noise must be float32 with x.numel()={x.numel()} elements on "
+                             f"{x.device}, got dtype {noise.dtype} with {noise.numel()} elements "
+                             f"on {noise.device}")
+    impl = _backend(backend, x.device)
+
+    if bits == 32:
+        return PackedTensor(x, None, None, 32, x.shape, x.dtype, 0)
+    if bits == 16:
+        kept = x if x.element_size() == 2 else x.to(torch.bfloat16)
+        return PackedTensor(kept, None, None, 16, x.shape, x.dtype, 0)
+
+    if x.numel() == 0:
+        empty = torch.empty(0, dtype=torch.float32, device=x.device)
+        codes = torch.empty((0, packed_code_bytes(group_size, bits)), dtype=torch.uint8,
+                            device=x.device)
+        return PackedTensor(codes, empty, empty.clone(), bits, x.shape, x.dtype, group_size)
+    # A tensor smaller than one group is one group of its own size: no padding bytes.
+    group_size = min(group_size, x.numel())
+    seed = None if noise is not None else draw_seed(generator)
+    codes, scales, zeros = impl.quantize_groups(x, bits, group_size, seed=seed, noise=noise)
+    return PackedTensor(codes, scales, zeros, bits, x.shape, x.dtype, group_size)
+
+
+def dequantize(packed: PackedTensor, *, backend: Backend = "auto") -> Tensor:
+    r"""Restore a tensor from :func:`quantize`: :math:`\hat h_j = q_j s + Z` per group.
+
+    Args:
+        packed (PackedTensor): the compressed tensor.
+        backend (str, optional): as in :func:`quantize`. (default: :obj:`"auto"`)
+
+    Returns:
+        A tensor of ``packed.shape`` and ``packed.dtype`` on ``packed.device`` (for 32 bits, the
+        very tensor that was passed to :func:`quantize`).
+    """
+    if not isinstance(packed, PackedTensor):
+        raise TypeError(f"packed must be a PackedTensor, got {type(packed).__name__}")
+    if packed.bits == 32:
+        return packed.codes
+    if packed.bits == 16:
+        return packed.codes.to(packed.dtype)
+    impl = _backend(backend, packed.device)
+    if packed.numel == 0:
+        return torch.empty(packed.shape, dtype=packed.dtype, device=packed.device)
+    flat = impl.dequantize_groups(packed.codes, packed.scales, packed.zeros, packed.bits,
+                                  packed.group_size, packed.numel, packed.dtype)
+    return flat.view(packed.shape)
+
+
+def pack_mask(mask: Tensor, *, backend: Backend = "auto") -> PackedMask:
+    r"""Pack a boolean tensor to one bit per element (:math:`\lceil n/8 \rceil` bytes).
+
+    Used for what ReLU, LeakyReLU and dropout need in backward: the sign or keep mask, exactly.
+
+    Args:
+        mask (torch.Tensor): ``torch.bool`` tensor, any shape.
+        backend (str, optional): as in :func:`quantize`. (default: :obj:`"auto"`)
+    """
+    mask = _check_tensor("mask", mask)
+    if mask.dtype != torch.bool:
+        raise TypeError(f"mask must be a torch.bool tensor, got dtype {mask.dtype}")
+    impl = _backend(backend, mask.device)
+    if mask.numel() == 0:
+        return PackedMask(torch.empty(0, dtype=torch.uint8, device=mask.device), mask.shape)
+    return PackedMask(impl.pack_mask_bits(mask), mask.shape)
+
+
+def unpack_mask(packed: PackedMask, *, backend: Backend = "auto") -> Tensor:
+    """Restore the ``torch.bool`` tensor packed by :func:`pack_mask` (exact)."""
+    if not isinstance(packed, PackedMask):
+        raise TypeError(f"packed must be a PackedMask, got {type(packed).__name__}")
+    impl = _backend(backend, packed.device)
+    if packed.numel == 0:
+        return torch.empty(packed.shape, dtype=torch.bool, device=packed.device)
+    return impl.unpack_mask_bits(packed.data, packed.numel).view(packed.shape)
+

@@ -1,0 +1,150 @@
+r"""Torch implementation of the packed format: the CPU path and the reference for the kernels.
+
+Every function here has a twin with the same signature in :mod:`gnnact.kernels.quantize`
+(CuPy, CUDA tensors). Given the same ``noise`` (or the same ``seed``) both produce identical
+codes, scales and zeros; tests hold them to that.
+
+Quantization of one group :math:`h \in \mathbb{R}^G` at :math:`b` bits, in float32:
+
+.. math::
+    Z = \min h, \quad R = \max h - Z, \quad B = 2^b - 1, \quad s = R / B, \\
+    u_j = (h_j - Z) \cdot (B / R), \quad
+    q_j = \lfloor u_j \rfloor + [\, r_j < u_j - \lfloor u_j \rfloor \,], \qquad
+    \hat h_j = q_j s + Z,
+
+with :math:`r_j \sim U[0, 1)` (see :mod:`gnnact.quant.rng`), so :math:`\Pr[q_j = \lfloor u_j
+\rfloor + 1] = u_j - \lfloor u_j \rfloor`, :math:`\mathbb{E}[\hat h_j] = h_j` and
+:math:`\mathrm{Var}[\hat h_j] = s^2 p (1 - p) \le (R/B)^2 / 4`. A constant group (:math:`R = 0`)
+stores codes 0 and dequantizes exactly to :math:`Z`. A group whose range is not finite (it holds
+a NaN or an infinity, or :math:`R` overflows float32) stores ``scale = zero = NaN`` and codes 0,
+so every element of it dequantizes to NaN: non-finite values propagate, as they would in fp32
+training, and never turn into finite numbers.
+
+Each step is one correctly rounded float32 operation (subtract, multiply, floor, compare; for
+dequantization multiply then add), which the CUDA kernel reproduces with ``__fsub_rn``,
+``__fmul_rn`` and ``__fadd_rn`` to rule out FMA contraction. Codes already on the grid
+(:math:`u_j` an integer) round trip exactly, whatever the noise.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from gnnact.quant.packed import packed_code_bytes
+from gnnact.quant.rng import seeded_uniform
+
+__all__ = ["dequantize_groups", "pack_mask_bits", "quantize_groups", "unpack_mask_bits"]
+
+
+def _bit_shifts(bits: int, device: torch.device) -> Tensor:
+    return torch.arange(0, 8, bits, dtype=torch.int32, device=device)
+
+
+def quantize_groups(x: Tensor, bits: int, group_size: int, *, seed: int | None = None,
+                    noise: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    r"""Quantize the flat elements of ``x`` group by group.
+
+    Args:
+        x (torch.Tensor): floating-point input; read in row-major order, any shape, non-empty.
+        bits (int): 1, 2, 4 or 8.
+        group_size (int): elements per group :math:`G`.
+        seed (int, optional): seed of the noise when ``noise`` is ``None``
+            (:func:`gnnact.quant.rng.seeded_uniform`).
+        noise (torch.Tensor, optional): float32 uniforms in [0, 1), one per element of ``x``.
+
+    Returns:
+        ``(codes, scales, zeros)``: ``uint8 [n_g, ceil(G b / 8)]``, ``float32 [n_g]`` twice.
+    """
+    n = x.numel()
+    num_groups = -(-n // group_size)
+    pad = num_groups * group_size - n
+    levels = (1 << bits) - 1
+
+    flat = x.reshape(-1).to(torch.float32)
+    if noise is not None:
+        r = noise.reshape(-1).to(torch.float32)
+    else:
+        r = seeded_uniform(seed, n, x.device)
+    if pad:
+        # Pad with the last element so the padding cannot widen the last group's range.
+        flat = torch.cat([flat, flat[-1:].expand(pad)])
+        r = torch.cat([r, r.new_zeros(pad)])
+    h = flat.view(num_groups, group_size)
+
+    zero = h.amin(dim=1)
+    rng = h.amax(dim=1) - zero
+    bad = ~torch.isfinite(rng)
+    nan = torch.full_like(rng, float("nan"))
+    # Tensor / tensor division: a scalar divisor may be turned into a multiplication by its
+    # reciprocal, which rounds differently from the kernel's division.
+    levels_t = torch.full_like(rng, float(levels))
+    scale = torch.where(bad, nan, rng / levels_t)
+    inv = torch.where(rng > 0, levels_t / rng, torch.zeros_like(rng))
+    zero = torch.where(bad, nan, zero)
+
+    # u = (h - Z) * B/R, then q = floor(u) + [r < u - floor(u)]. Comparing with the exact
+    # fractional part (Sterbenz: u - floor(u) is exact) rather than flooring the rounded sum
+    # u + r keeps codes on the grid exact and P[round up] = frac(u) to within 2^-24.
+    u = h - zero[:, None]
+    u.mul_(inv[:, None])
+    q = torch.floor(u)
+    q.add_(r.view(num_groups, group_size) < u.sub_(q))
+    # NaN only arises in non-finite groups (zero is NaN there): they store code 0.
+    q = torch.nan_to_num_(q, nan=0.0).clamp_(0, levels)
+    if pad:
+        q.view(-1)[n:] = 0
+
+    per_byte = 8 // bits
+    bytes_per_group = packed_code_bytes(group_size, bits)
+    width = bytes_per_group * per_byte
+    if width != group_size:
+        q = torch.cat([q, q.new_zeros(num_groups, width - group_size)], dim=1)
+    if bits != 8:
+        # byte = sum_k q_k 2^(k b): a float32 mat-vec with powers of two is exact (integers
+        # below 256, exact even in TF32) and runs on every device, unlike integer matmul.
+        weights = torch.exp2(_bit_shifts(bits, x.device).to(torch.float32))
+        q = q.view(num_groups * bytes_per_group, per_byte) @ weights
+    codes = q.view(num_groups, bytes_per_group).to(torch.uint8)
+    return codes, scale, zero
+
+
+def dequantize_groups(codes: Tensor, scales: Tensor, zeros: Tensor, bits: int, group_size: int,
+                      numel: int, dtype: torch.dtype) -> Tensor:
+    r"""Inverse of :func:`quantize_groups`: :math:`\hat h = q s + Z`, flat, ``numel`` elements.
+
+    Args:
+        codes (torch.Tensor): ``uint8 [n_g, ceil(G b / 8)]``.
+        scales (torch.Tensor): ``float32 [n_g]``.
+        zeros (torch.Tensor): ``float32 [n_g]``.
+        bits (int): 1, 2, 4 or 8.
+        group_size (int): elements per group :math:`G`.
+        numel (int): number of elements of the original tensor.
+        dtype (torch.dtype): dtype of the result.
+    """
+    num_groups = codes.shape[0]
+    if bits == 8:
+        q = codes
+    else:
+        levels = (1 << bits) - 1
+        q = (codes.to(torch.int32)[:, :, None] >> _bit_shifts(bits, codes.device)) & levels
+        q = q.view(num_groups, -1)
+    q = q[:, :group_size].to(torch.float32)
+    out = q * scales[:, None] + zeros[:, None]
+    return out.reshape(-1)[:numel].to(dtype)
+
+
+def pack_mask_bits(mask: Tensor) -> Tensor:
+    r"""Pack a boolean tensor (row-major) into ``uint8 [ceil(n / 8)]``, bit :math:`i \bmod 8` of
+    byte :math:`\lfloor i / 8 \rfloor` holding element :math:`i`."""
+    flat = mask.reshape(-1).to(torch.int32)
+    pad = -flat.numel() % 8
+    if pad:
+        flat = torch.cat([flat, flat.new_zeros(pad)])
+    return (flat.view(-1, 8) << _bit_shifts(1, mask.device)).sum(dim=1).to(torch.uint8)
+
+
+def unpack_mask_bits(data: Tensor, numel: int) -> Tensor:
+    """Inverse of :func:`pack_mask_bits`: a flat ``torch.bool`` tensor of ``numel`` elements."""
+    bits = (data.to(torch.int32)[:, None] >> _bit_shifts(1, data.device)) & 1
+    return bits.reshape(-1)[:numel].to(torch.bool)

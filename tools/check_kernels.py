@@ -1,0 +1,138 @@
+"""Compile every kernel source in ``cuda/`` with NVRTC for each target architecture.
+
+Run in CI, where there is no GPU: NVRTC itself needs none. It compiles with the options CuPy
+uses for ``RawModule`` (``-ftz=true`` is always appended by CuPy) straight to SASS
+(``-arch=sm_XX``), treats any compiler warning as a failure, and checks that every kernel the
+Python launchers look up (``gnnact.kernels.quantize.KERNEL_NAMES``) is an entry point in the
+generated PTX.
+
+Usage::
+
+    python tools/check_kernels.py [--arch 80 90] [--cuda-dir cuda]
+
+The NVRTC library is found in the ``nvidia-cuda-nvrtc`` wheel (``nvidia/cu*/lib``), else the
+system loader path. Exits non-zero on any failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import glob
+import os
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from gnnact.kernels.quantize import COMPILE_OPTIONS, KERNEL_NAMES  # noqa: E402
+
+
+def _load_nvrtc() -> ctypes.CDLL:
+    candidates: list[str] = []
+    try:
+        import nvidia  # namespace package of the nvidia-* wheels
+
+        for base in nvidia.__path__:
+            candidates += sorted(glob.glob(os.path.join(base, "cu*", "lib", "libnvrtc.so*")))
+            candidates += sorted(glob.glob(os.path.join(base, "cuda_nvrtc", "lib",
+                                                        "libnvrtc.so*")))
+    except ImportError:
+        pass
+    candidates = [c for c in candidates if "builtins" not in c and "alt" not in c]
+    candidates += ["libnvrtc.so"]
+    errors = []
+    for path in candidates:
+        try:
+            return ctypes.CDLL(path)
+        except OSError as exc:
+            errors.append(f"{path}: {exc}")
+    raise SystemExit("NVRTC not found (pip install nvidia-cuda-nvrtc):\n  " + "\n  ".join(errors))
+
+
+class Nvrtc:
+    def __init__(self) -> None:
+        self.lib = _load_nvrtc()
+        self.lib.nvrtcGetErrorString.restype = ctypes.c_char_p
+        major, minor = ctypes.c_int(), ctypes.c_int()
+        self._check(self.lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)), "version")
+        self.version = (major.value, minor.value)
+
+    def _check(self, status: int, what: str) -> None:
+        if status != 0:
+            raise RuntimeError(f"{what}: {self.lib.nvrtcGetErrorString(status).decode()}")
+
+    def compile(self, source: str, name: str, options: list[str]) -> tuple[bool, str, str]:
+        """Returns (ok, log, ptx-or-empty)."""
+        prog = ctypes.c_void_p()
+        self._check(self.lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), name.encode(),
+                                                0, None, None), "create")
+        try:
+            opts = (ctypes.c_char_p * len(options))(*[o.encode() for o in options])
+            status = self.lib.nvrtcCompileProgram(prog, len(options), opts)
+            size = ctypes.c_size_t()
+            self.lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+            buf = ctypes.create_string_buffer(size.value)
+            self.lib.nvrtcGetProgramLog(prog, buf)
+            log = buf.value.decode(errors="replace").strip()
+            if status != 0:
+                return False, log, ""
+            ptx = ""
+            if any(o.startswith("-arch=compute_") for o in options):
+                self.lib.nvrtcGetPTXSize(prog, ctypes.byref(size))
+                buf = ctypes.create_string_buffer(size.value)
+                self._check(self.lib.nvrtcGetPTX(prog, buf), "ptx")
+                ptx = buf.value.decode()
+            else:
+                self.lib.nvrtcGetCUBINSize(prog, ctypes.byref(size))
+                if size.value == 0:
+                    return False, log + "\n(no SASS produced)", ""
+            return True, log, ptx
+        finally:
+            self.lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", nargs="+", type=int, default=[80, 90])
+    parser.add_argument("--cuda-dir", type=Path, default=ROOT / "cuda")
+    args = parser.parse_args(argv)
+
+    nvrtc = Nvrtc()
+    print(f"NVRTC {nvrtc.version[0]}.{nvrtc.version[1]}")
+    sources = sorted(args.cuda_dir.glob("*.cu"))
+    if not sources:
+        print(f"no .cu files under {args.cuda_dir}")
+        return 1
+    failures = 0
+    for src in sources:
+        code = src.read_text()
+        expected = KERNEL_NAMES.get(src.name, ())
+        for arch in args.arch:
+            base = [*COMPILE_OPTIONS, "-ftz=true"]
+            for target in (f"-arch=sm_{arch}", f"-arch=compute_{arch}"):
+                ok, log, ptx = nvrtc.compile(code, src.name, [*base, target])
+                problem = "" if ok else "compile error"
+                if ok and log:
+                    problem = "warnings"
+                missing = []
+                if ok and ptx:
+                    entries = set(re.findall(r"\.entry\s+(\w+)", ptx))
+                    missing = [k for k in expected if k not in entries]
+                    if missing:
+                        problem = f"missing entry points {missing}"
+                status = "ok" if not problem else f"FAIL ({problem})"
+                print(f"{src.name:16s} {target:18s} {status}")
+                if problem:
+                    failures += 1
+                    if log:
+                        print("  " + log.replace("\n", "\n  "))
+    print(f"{len(sources)} sources, {len(args.arch)} architectures: "
+          f"{'all compiled' if not failures else f'{failures} failures'}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
