@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 
 import pytest
@@ -132,7 +133,7 @@ def test_variance_shrinks_with_bits():
         errors.append(((out - x) ** 2).mean().item())
     assert errors == sorted(errors, reverse=True)
     # Each extra bit roughly halves the step, so MSE drops by ~4x per bit (>= 2x here).
-    for a, b in zip(errors, errors[1:], strict=False):
+    for a, b in itertools.pairwise(errors):
         assert b < a / 2
 
 

@@ -61,7 +61,8 @@ class PackedTensor:
     Args:
         codes (torch.Tensor): ``uint8`` codes ``[num_groups, ceil(group_size * bits / 8)]``,
             or the stored data itself for 16/32 bits.
-        scales (torch.Tensor, optional): ``float32`` group scales :math:`R/(2^b-1)`, ``[num_groups]``.
+        scales (torch.Tensor, optional): ``float32`` group scales :math:`R/(2^b-1)`,
+            ``[num_groups]``.
         zeros (torch.Tensor, optional): ``float32`` group minima :math:`Z`, ``[num_groups]``.
         bits (int): bits per element, one of 1, 2, 4, 8, 16, 32.
         shape (torch.Size): shape of the original tensor.
