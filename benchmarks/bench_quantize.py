@@ -1,0 +1,106 @@
+"""Quantize / dequantize throughput per bit width, against a plain copy of the same bytes and
+against the torch reference.
+
+Throughput counts the bytes each operation must move: quantize reads the input
+(:math:`n \\cdot` itemsize) and writes the packed tensor (``nbytes``); dequantize does the reverse;
+a copy of the input reads and writes :math:`n \\cdot` itemsize each. ``frac_of_copy`` is the op's
+GB/s over the copy's GB/s measured in the same run (DESIGN.md target on a GPU: >= 0.70).
+
+Usage::
+
+    python benchmarks/bench_quantize.py [--device cpu|cuda|all] [--numel N] [--smoke]
+
+Rows are appended to ``benchmarks/results/quantize.jsonl`` (or ``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import RESULTS, append_rows, environment, median_time
+
+import gnnact
+from gnnact.kernels import cupy_available
+
+
+def bench_device(device: torch.device, numel: int, bits_list: list[int], dtype: torch.dtype,
+                 group_size: int, repeats: int) -> list[dict]:
+    env = environment(device)
+    gen = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(numel, device=device, generator=gen).to(dtype)
+    in_bytes = x.numel() * x.element_size()
+    dst = torch.empty_like(x)
+    copy_s = median_time(lambda: dst.copy_(x), device, repeats=repeats)
+    copy_gbps = 2 * in_bytes / copy_s / 1e9
+    backends = ["torch"]
+    if device.type == "cuda" and cupy_available():
+        backends.insert(0, "cupy")
+    rows = []
+    for bits in bits_list:
+        for backend in backends:
+            p = gnnact.quantize(x, bits, group_size, backend=backend)
+            moved = in_bytes + p.nbytes
+            q_s = median_time(lambda b=backend, k=bits: gnnact.quantize(x, k, group_size,
+                                                                       backend=b),
+                              device, repeats=repeats)
+            d_s = median_time(lambda b=backend, pp=p: gnnact.dequantize(pp, backend=b),
+                              device, repeats=repeats)
+            for op, seconds in (("quantize", q_s), ("dequantize", d_s)):
+                gbps = moved / seconds / 1e9
+                rows.append({
+                    "bench": "quantize_throughput", **env, "op": op, "backend": backend,
+                    "bits": bits, "numel": numel, "dtype": str(dtype).replace("torch.", ""),
+                    "group_size": group_size, "packed_bytes": p.nbytes,
+                    "time_ms": round(seconds * 1e3, 4), "gbps": round(gbps, 3),
+                    "copy_gbps": round(copy_gbps, 3), "frac_of_copy": round(gbps / copy_gbps, 4),
+                })
+                print(f"{env['device_name'][:40]:40s} {op:10s} {backend:5s} {bits}b "
+                      f"{seconds * 1e3:9.3f} ms {gbps:8.2f} GB/s  copy {copy_gbps:8.2f} GB/s "
+                      f"-> {gbps / copy_gbps:6.1%}")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=["cpu", "cuda", "all"], default="all")
+    parser.add_argument("--numel", type=int, default=None,
+                        help="elements (default 2^26 on a GPU, 2^22 on the CPU)")
+    parser.add_argument("--bits", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32")
+    parser.add_argument("--group-size", type=int, default=gnnact.quant.DEFAULT_GROUP_SIZE)
+    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, no result file")
+    parser.add_argument("--out", type=Path, default=RESULTS / "quantize.jsonl")
+    args = parser.parse_args(argv)
+
+    devices = []
+    if args.device in ("cpu", "all"):
+        devices.append(torch.device("cpu"))
+    if args.device in ("cuda", "all"):
+        if torch.cuda.is_available():
+            devices.append(torch.device("cuda"))
+        elif args.device == "cuda":
+            parser.error("--device cuda: no CUDA device available")
+    rows = []
+    for device in devices:
+        numel = args.numel or (1 << 26 if device.type == "cuda" else 1 << 22)
+        repeats = args.repeats or (20 if device.type == "cuda" else 7)
+        if args.smoke:
+            numel, repeats = 1 << 14, 2
+        rows += bench_device(device, numel, args.bits, getattr(torch, args.dtype),
+                             args.group_size, repeats)
+    if not args.smoke:
+        append_rows(args.out, rows)
+        print(f"{len(rows)} rows -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
