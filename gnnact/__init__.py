@@ -4,7 +4,9 @@ What autograd keeps for backward is stored stochastically rounded to 1–8 bits 
 and restored just before backward needs it.
 """
 
-from gnnact import memory
+from gnnact import memory, nn, ops
+from gnnact.config import Config
+from gnnact.nn import convert
 from gnnact.quant import (
     PackedMask,
     PackedTensor,
@@ -17,11 +19,15 @@ from gnnact.quant import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "Config",
     "PackedMask",
     "PackedTensor",
     "__version__",
+    "convert",
     "dequantize",
     "memory",
+    "nn",
+    "ops",
     "pack_mask",
     "quantize",
     "unpack_mask",

@@ -1,0 +1,62 @@
+"""``gnnact.Config``: how the context of compressed layers is stored."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gnnact.quant.core import _BACKENDS, DEFAULT_GROUP_SIZE
+from gnnact.quant.packed import SUPPORTED_BITS
+
+__all__ = ["Config"]
+
+
+@dataclass(frozen=True)
+class Config:
+    r"""How gnnact layers and ops store what backward needs.
+
+    Args:
+        bits (int, optional): bits per value of compressed activations (layer inputs, BatchNorm
+            inputs): 1, 2, 4, 8, or 16/32 to keep them uncompressed. ``Config(bits=32)``
+            reproduces PyG exactly. (default: :obj:`2`)
+        group_size (int, optional): quantization group size :math:`G`; scale and zero cost
+            :math:`64/G` bits per value. (default: :obj:`512`)
+        per_row (bool, optional): one group per node row instead of :math:`G` consecutive
+            values. (default: :obj:`False`)
+        attention_bits (int, optional): bits of GAT's per-head attention coefficients. When
+            :obj:`None`: 8 while ``bits`` is at most 8 (a fixed 4 bits collapses GAT, GACT
+            Table 3), else ``bits``, so that ``Config(bits=32)`` is exact. (default: :obj:`None`)
+        backend (str, optional): ``"auto"``, ``"torch"`` or ``"cupy"``, as in
+            :func:`gnnact.quantize`. (default: :obj:`"auto"`)
+    """
+
+    bits: int = 2
+    group_size: int = DEFAULT_GROUP_SIZE
+    per_row: bool = False
+    attention_bits: int | None = None
+    backend: str = "auto"
+
+    def __post_init__(self) -> None:
+        for name in ("bits", "attention_bits"):
+            value = getattr(self, name)
+            if name == "attention_bits" and value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or (
+                    value not in SUPPORTED_BITS):
+                raise ValueError(f"Config.{name} must be one of {SUPPORTED_BITS}, got {value!r}")
+        if isinstance(self.group_size, bool) or not isinstance(self.group_size, int) or (
+                self.group_size <= 0):
+            raise ValueError(f"Config.group_size must be a positive int, got {self.group_size!r}")
+        if self.backend not in _BACKENDS:
+            raise ValueError(f"Config.backend must be one of {_BACKENDS}, got {self.backend!r}")
+
+    @property
+    def attention(self) -> int:
+        """The resolved bit width of attention coefficients."""
+        if self.attention_bits is not None:
+            return self.attention_bits
+        return 8 if self.bits <= 8 else self.bits
+
+    @property
+    def exact(self) -> bool:
+        """``True`` when nothing is quantized: layers then match PyG exactly."""
+        return self.bits == 32 and self.attention == 32

@@ -1,0 +1,301 @@
+r"""``GATConv`` whose context is compressed."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch_geometric.nn as pyg_nn
+from torch import Tensor
+from torch_geometric import EdgeIndex
+from torch_geometric.typing import (
+    Adj,
+    OptPairTensor,
+    OptTensor,
+    Size,
+    SparseTensor,
+    torch_sparse,
+)
+from torch_geometric.utils import (
+    add_self_loops,
+    is_torch_sparse_tensor,
+    remove_self_loops,
+    to_edge_index,
+)
+from torch_geometric.utils.sparse import set_sparse_value
+
+from gnnact import ops
+from gnnact.config import Config
+from gnnact.nn._base import _Compressed
+from gnnact.nn._lazy import linear_weight
+from gnnact.ops.gat import gat_attention
+from gnnact.ops.graph import Graph, _is_sparse_tensor, build_graph, cache_on
+
+__all__ = ["GATConv"]
+
+
+def _build(adj: Any, num_src: int, num_dst: int, flow: str) -> Graph:
+    """The graph of ``adj`` with its edges in the order PyG's message passing sees them."""
+    if is_torch_sparse_tensor(adj):
+        # to_edge_index is what PyG's propagate uses: same edge order (for COO too, which
+        # it takes as given rather than coalescing), so attention weights line up.
+        (row, col), _ = to_edge_index(adj)
+        return Graph.from_coo(col, row, num_src, num_dst)
+    return build_graph(adj, num_src, num_dst, flow=flow)
+
+
+class GATConv(_Compressed, pyg_nn.GATConv):
+    r"""The graph attentional operator of `"Graph Attention Networks"
+    <https://arxiv.org/abs/1710.10903>`_, as :class:`torch_geometric.nn.GATConv` (same
+    arguments, parameters, ``state_dict`` keys and return values), storing its context
+    compressed:
+
+    .. math::
+        \mathbf{x}^{\prime}_i = \alpha_{i,i}\mathbf{\Theta}_{t}\mathbf{x}_{i} +
+        \sum_{j \in \mathcal{N}(i)} \alpha_{i,j}\mathbf{\Theta}_{s}\mathbf{x}_{j},
+        \qquad
+        \alpha_{i,j} = \frac{\exp\left(\mathrm{LeakyReLU}\left(
+        \mathbf{a}^{\top}_{s} \mathbf{\Theta}_{s}\mathbf{x}_j + \mathbf{a}^{\top}_{t}
+        \mathbf{\Theta}_{t}\mathbf{x}_i + \mathbf{a}^{\top}_{e} \mathbf{\Theta}_{e}
+        \mathbf{e}_{i,j}\right)\right)}{\sum_{k \in \mathcal{N}(i) \cup \{ i \}}
+        \exp\left(\mathrm{LeakyReLU}\left(\cdots\right)\right)},
+
+    per head, concatenated (``concat=True``) or averaged, plus the optional residual
+    projection and bias.
+
+    Kept for backward (:math:`b` = ``config.bits``, :math:`a` = ``config.attention``):
+
+    * the layer input :math:`\mathbf{x}` at :math:`b` bits, one packed copy shared by
+      :math:`\mathbf{\Theta}` (``lin``) and the residual projection (``res``); with bipartite
+      input the target features too;
+    * the projected features :math:`\mathbf{\Theta}_s\mathbf{x}` (:math:`N \times H C`) at
+      :math:`b` bits, and :math:`\mathbf{\Theta}_t\mathbf{x}` only if it is a different tensor;
+    * :math:`\alpha` (:math:`E \times H`) at :math:`a` bits (8 by default) in groups of
+      consecutive edges of one head, and two 1-bit masks per edge and head (LeakyReLU sign,
+      dropout keep mask in training);
+    * with ``edge_dim``: the edge features (:math:`E \times D`) at :math:`b` bits (the
+      attention vector is folded into the edge weight, :math:`\mathbf{a}_e^\top
+      \mathbf{\Theta}_e`, so no :math:`E \times H C` edge projection is kept either).
+
+    PyG's layer keeps the gathered messages :math:`\mathbf{\Theta}_s \mathbf{x}_j` for every
+    edge (:math:`E \times H C` in full precision) plus :math:`\alpha` and its intermediates;
+    here no tensor with :math:`E H C` values is kept (see :mod:`gnnact.ops.gat`). With
+    ``config=Config(bits=32)`` outputs and gradients equal PyG's to float rounding, and in
+    training mode on the CPU the dropout mask is drawn as PyG draws it (same seed, same mask).
+
+    The fused op replaces ``edge_updater``/``propagate``, so PyG's propagate/message hooks are
+    not called; in explain mode (``GNNExplainer`` edge masks) the layer runs PyG's own forward.
+
+    Args:
+        in_channels (int or tuple): size of each input sample (``-1`` for lazy
+            initialisation), or a pair for bipartite graphs (separate source/target weights).
+        out_channels (int): size of each output sample per head.
+        heads (int, optional): number of attention heads :math:`H`. (default: :obj:`1`)
+        concat (bool, optional): concatenate the heads (else average them).
+            (default: :obj:`True`)
+        negative_slope (float, optional): LeakyReLU slope. (default: :obj:`0.2`)
+        dropout (float, optional): dropout probability of the attention coefficients.
+            (default: :obj:`0.0`)
+        add_self_loops (bool, optional): (default: :obj:`True`)
+        edge_dim (int, optional): edge feature dimensionality. (default: :obj:`None`)
+        fill_value (float or torch.Tensor or str, optional): edge features of the added
+            self-loops, as in PyG. (default: :obj:`"mean"`)
+        bias (bool, optional): (default: :obj:`True`)
+        residual (bool, optional): learnable skip connection. (default: :obj:`False`)
+        config (Config, optional): storage of the context. (default: ``Config()``, 2 bits)
+        **kwargs (optional): of :class:`torch_geometric.nn.conv.MessagePassing`.
+
+    Shapes:
+        - **input:** node features :math:`(|\mathcal{V}|, F_{in})` or
+          :math:`((|\mathcal{V_s}|, F_{s}), (|\mathcal{V_t}|, F_{t}))` if bipartite, edge
+          indices :math:`(2, |\mathcal{E}|)`, ``EdgeIndex``, or a sparse ``adj_t``, edge
+          features :math:`(|\mathcal{E}|, D)` *(optional)*
+        - **output:** node features :math:`(|\mathcal{V}_t|, H F_{out})` (or :math:`F_{out}`
+          when ``concat=False``), and with ``return_attention_weights`` PyG's
+          ``(edge_index, alpha)`` pair (or the sparse adjacency holding ``alpha``)
+    """
+
+    # Set explicitly: PyG generates propagate() from the class source otherwise (DESIGN §7).
+    propagate_type: ClassVar[dict] = {"x": OptPairTensor, "alpha": Tensor}
+    edge_updater_type: ClassVar[dict] = {"alpha": OptPairTensor, "edge_attr": OptTensor}
+
+    def __init__(self, in_channels: int | tuple[int, int], out_channels: int, heads: int = 1,
+                 concat: bool = True, negative_slope: float = 0.2, dropout: float = 0.0,
+                 add_self_loops: bool = True, edge_dim: int | None = None,
+                 fill_value: float | Tensor | str = "mean", bias: bool = True,
+                 residual: bool = False, *, config: Config | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(in_channels, out_channels, heads=heads, concat=concat,
+                         negative_slope=negative_slope, dropout=dropout,
+                         add_self_loops=add_self_loops, edge_dim=edge_dim,
+                         fill_value=fill_value, bias=bias, residual=residual, **kwargs)
+        self._init_gnnact(config)
+
+    def _init_gnnact(self, config: Config | None) -> None:
+        if config is not None and not isinstance(config, Config):
+            raise TypeError(f"config must be a gnnact.Config, got {type(config).__name__}")
+        super()._init_gnnact(config)
+
+    @classmethod
+    def _adopt(cls, module: pyg_nn.GATConv, config: Config | None) -> GATConv:
+        """Turn a PyG ``GATConv`` into this class in place (same parameters and buffers)."""
+        if not isinstance(module, pyg_nn.GATConv):
+            raise TypeError(f"expected a torch_geometric.nn.GATConv, got "
+                            f"{type(module).__name__}")
+        return super()._adopt(module, config)
+
+    def _project(self, lin: Any, x: Tensor) -> Tensor:
+        """``lin(x)`` keeping ``x`` compressed (shared with every other consumer of ``x``)."""
+        return ops.linear(x, linear_weight(lin, x), lin.bias, self.config)
+
+    def _sizes(self, adj: Any, size: Size, x_src: Tensor, x_dst: Tensor | None
+               ) -> tuple[int, int]:
+        """``(N_src, N_dst)`` as PyG's ``propagate`` infers and checks them."""
+        if isinstance(adj, EdgeIndex):
+            dims: list[int | None] = [adj.num_rows, adj.num_cols]
+        elif is_torch_sparse_tensor(adj) or _is_sparse_tensor(adj):
+            if self.flow == "target_to_source":
+                raise ValueError("Flow direction 'target_to_source' is invalid for message "
+                                 "propagation via a sparse adjacency; pass adj_t.t() instead")
+            dims = [adj.size(1), adj.size(0)]
+        else:
+            dims = list(size) if size is not None else [None, None]
+        i, j = (1, 0) if self.flow == "source_to_target" else (0, 1)
+        for dim, t in ((j, x_src), (i, x_dst)):
+            if t is None:
+                continue
+            if dims[dim] is None:
+                dims[dim] = t.size(0)
+            elif dims[dim] != t.size(0):
+                raise ValueError(f"Encountered tensor with size {t.size(0)} in dimension 0, "
+                                 f"but expected size {dims[dim]}.")
+        n_src = dims[j]
+        n_dst = dims[i] if dims[i] is not None else n_src
+        return n_src, n_dst
+
+    def _edge_logits(self, edge_attr: Tensor) -> Tensor:
+        r""":math:`a^E_{e,h} = \langle \mathbf{\Theta}_e \mathbf{e}_e, \mathbf{a}_{e,h}\rangle`
+        as one :math:`D \to H` linear map, so that only :math:`\mathbf{e}` (:math:`E \times
+        D`) is kept, compressed, instead of the :math:`E \times H C` projection."""
+        H, C = self.heads, self.out_channels
+        if edge_attr.dim() == 1:
+            edge_attr = edge_attr.view(-1, 1)
+        weight = linear_weight(self.lin_edge, edge_attr)
+        folded = (weight.view(H, C, -1) * self.att_edge.view(H, C, 1)).sum(dim=1)  # [H, D]
+        return ops.linear(edge_attr, folded, None, self.config)
+
+    def forward(  # type: ignore[override]
+        self,
+        x: Tensor | OptPairTensor,
+        edge_index: Adj,
+        edge_attr: OptTensor = None,
+        size: Size = None,
+        return_attention_weights: bool | None = None,
+    ) -> Tensor | tuple[Tensor, tuple[Tensor, Tensor]] | tuple[Tensor, SparseTensor]:
+        r"""Runs the forward pass of the module (arguments and return values as PyG's).
+
+        Args:
+            x (torch.Tensor or (torch.Tensor, torch.Tensor)): the input node features.
+            edge_index (torch.Tensor or SparseTensor): the adjacency.
+            edge_attr (torch.Tensor, optional): the edge features. (default: :obj:`None`)
+            size ((int, int), optional): the shape of the adjacency. (default: :obj:`None`)
+            return_attention_weights (bool, optional): if truthy, also return
+                ``(edge_index, alpha)`` (self-loops included), or the sparse adjacency holding
+                ``alpha``. (default: :obj:`None`)
+        """
+        if getattr(self, "_explain", None):
+            # Explainers inject edge masks into PyG's message(): run PyG's own path.
+            return super().forward(x, edge_index, edge_attr, size, return_attention_weights)
+
+        H, C = self.heads, self.out_channels
+        res: Tensor | None = None
+        if isinstance(x, Tensor):
+            if x.dim() != 2:
+                raise ValueError(f"Static graphs not supported in 'GATConv': x must be 2-D, "
+                                 f"got shape {tuple(x.shape)}")
+            if self.res is not None:
+                res = self._project(self.res, x)
+            if self.lin is not None:
+                x_src = x_dst = self._project(self.lin, x).view(-1, H, C)
+            else:
+                x_src = self._project(self.lin_src, x).view(-1, H, C)
+                x_dst = self._project(self.lin_dst, x).view(-1, H, C)
+        else:
+            x_src, x_dst = x
+            if x_src.dim() != 2:
+                raise ValueError(f"Static graphs not supported in 'GATConv': x must be 2-D, "
+                                 f"got shape {tuple(x_src.shape)}")
+            if x_dst is not None and self.res is not None:
+                res = self._project(self.res, x_dst)
+            lin_src = self.lin if self.lin is not None else self.lin_src
+            lin_dst = self.lin if self.lin is not None else self.lin_dst
+            x_src = self._project(lin_src, x_src).view(-1, H, C)
+            if x_dst is not None:
+                x_dst = self._project(lin_dst, x_dst).view(-1, H, C)
+
+        # Self-loops exactly as PyG adds them (the returned edge_index / adjacency and the
+        # self-loop edge features depend on it); only the CSR graph built from the result is
+        # cached, on the caller's adjacency.
+        adj = edge_index
+        loops_key: tuple = ("no_loops",)
+        if self.add_self_loops:
+            if isinstance(edge_index, Tensor):
+                num_nodes = x_src.size(0)
+                if x_dst is not None:
+                    num_nodes = min(num_nodes, x_dst.size(0))
+                num_nodes = min(size) if size is not None else num_nodes
+                edge_index, edge_attr = remove_self_loops(edge_index, edge_attr)
+                edge_index, edge_attr = add_self_loops(
+                    edge_index, edge_attr, fill_value=self.fill_value, num_nodes=num_nodes)
+                loops_key = ("loops", num_nodes)
+            elif isinstance(edge_index, SparseTensor):
+                if self.edge_dim is None:
+                    edge_index = torch_sparse.set_diag(edge_index)
+                    loops_key = ("set_diag",)
+                else:
+                    raise NotImplementedError(
+                        "The usage of 'edge_attr' and 'add_self_loops' simultaneously is "
+                        "currently not yet supported for 'edge_index' in a 'SparseTensor' "
+                        "form")
+
+        n_src, n_dst = self._sizes(edge_index, size, x_src, x_dst)
+        looped = edge_index
+        graph = cache_on(adj, ("gat", loops_key, n_src, n_dst, self.flow),
+                         lambda: _build(looped, n_src, n_dst, self.flow))
+
+        a_edge = None
+        if self.lin_edge is not None and graph.num_edges > 0:
+            if edge_attr is None:
+                # PyG's propagate reads edge features from a sparse adjacency's values.
+                if is_torch_sparse_tensor(edge_index):
+                    values = to_edge_index(edge_index)[1]
+                    edge_attr = values if values.dim() > 1 else None
+                elif isinstance(edge_index, SparseTensor):
+                    edge_attr = edge_index.storage.value()
+            if edge_attr is not None:
+                a_edge = self._edge_logits(edge_attr)
+
+        want_alpha = bool(return_attention_weights)
+        result = gat_attention(x_src, x_dst, self.att_src, self.att_dst, graph, a_edge=a_edge,
+                               negative_slope=self.negative_slope, dropout=self.dropout,
+                               training=self.training, return_attention=want_alpha,
+                               config=self.config)
+        out, alpha = result if want_alpha else (result, None)
+
+        out = out.view(-1, H * C) if self.concat else out.mean(dim=1)
+        if res is not None:
+            out = out + res
+        if self.bias is not None:
+            out = out + self.bias
+
+        if want_alpha:
+            assert alpha is not None
+            if isinstance(edge_index, Tensor):
+                if is_torch_sparse_tensor(edge_index):
+                    return out, (set_sparse_value(edge_index, alpha), alpha)
+                return out, (edge_index, alpha)
+            return out, edge_index.set_value(alpha, layout="coo")
+        return out
+
+    def __repr__(self) -> str:
+        return f"{super().__repr__()[:-1]}, bits={self.config.bits})"
+

@@ -1,0 +1,81 @@
+"""``gnnact.convert``: swap PyG convs and PyTorch layers for their compressed twins in place."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch_geometric.nn as pyg_nn
+from torch import nn
+
+from gnnact.config import Config
+from gnnact.nn import modules
+from gnnact.nn._base import _Compressed
+from gnnact.nn.conv import GCNConv, SAGEConv
+
+__all__ = ["convert", "register_conversion"]
+
+#: Exact source class -> gnnact class. Subclasses of these are *not* converted: a user's
+#: subclass may override forward, which a swap would silently drop.
+CONVERSIONS: dict[type[nn.Module], type[_Compressed]] = {
+    pyg_nn.GCNConv: GCNConv,
+    pyg_nn.SAGEConv: SAGEConv,
+    nn.Linear: modules.Linear,
+    nn.BatchNorm1d: modules.BatchNorm1d,
+    nn.ReLU: modules.ReLU,
+    nn.LeakyReLU: modules.LeakyReLU,
+    nn.Dropout: modules.Dropout,
+}
+
+
+def register_conversion(source: type[nn.Module], target: type[_Compressed]) -> None:
+    """Make :func:`convert` turn instances of exactly ``source`` into ``target``."""
+    CONVERSIONS[source] = target
+
+
+def convert(model: nn.Module, config: Config | None = None) -> nn.Module:
+    r"""Replace, in place, every PyG conv and PyTorch layer that gnnact has a compressed twin
+    for, inside any :class:`torch.nn.Module`.
+
+    Converted: :class:`torch_geometric.nn.GCNConv`, :class:`~torch_geometric.nn.SAGEConv`
+    (``aggr`` of mean/sum/add; others are left alone with a warning), ``GATConv`` and
+    ``GCN2Conv`` (once registered by :mod:`gnnact.nn`), :class:`torch.nn.Linear`,
+    :class:`~torch.nn.BatchNorm1d`, :class:`~torch.nn.ReLU`, :class:`~torch.nn.LeakyReLU` and
+    :class:`~torch.nn.Dropout`; modules already converted get the new ``config``. Only exact
+    classes are converted: subclasses (which may override ``forward``) and unknown modules are
+    left alone, as are functional calls such as ``F.relu`` inside a ``forward``.
+
+    The conversion changes each module's class in place: the module objects, their attribute
+    names, parameter objects, buffers, hooks and device stay the same, so trained weights are
+    kept, ``state_dict`` keys do not change, and an optimizer built before the call keeps
+    working. With ``Config(bits=32)`` the converted model computes what the original did.
+
+    Args:
+        model (torch.nn.Module): the model (converted itself if it is a supported layer).
+        config (Config, optional): storage of the context. (default: ``Config()``, 2 bits)
+
+    Returns:
+        ``model``.
+
+    Example:
+        >>> model = GCN(...)           # any nn.Module built from PyG convs
+        >>> gnnact.convert(model, gnnact.Config(bits=2))
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if config is not None and not isinstance(config, Config):
+        raise TypeError(f"config must be a gnnact.Config, got {type(config).__name__}")
+    config = config or Config()
+    for name, module in list(model.named_modules()):
+        if isinstance(module, _Compressed):
+            module.config = config
+            continue
+        target = CONVERSIONS.get(type(module))
+        if target is None:
+            continue
+        if not target.supports(module):
+            warnings.warn(f"gnnact.convert: left {name or 'model'} ({module}) unconverted: "
+                          f"not supported by {target.__module__}.{target.__name__}",
+                          stacklevel=2)
+            continue
+        target._adopt(module, config)
+    return model

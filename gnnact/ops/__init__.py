@@ -1,0 +1,20 @@
+"""Autograd functions that keep a compressed context: the layer below :mod:`gnnact.nn`."""
+
+from gnnact.ops.context import load_context, save_context, shared_quantize
+from gnnact.ops.dense import batch_norm, dropout, leaky_relu, linear, relu
+from gnnact.ops.graph import Graph, graph_from
+from gnnact.ops.spmm import spmm
+
+__all__ = [
+    "Graph",
+    "batch_norm",
+    "dropout",
+    "graph_from",
+    "leaky_relu",
+    "linear",
+    "load_context",
+    "relu",
+    "save_context",
+    "shared_quantize",
+    "spmm",
+]

@@ -1,0 +1,187 @@
+r"""Dense autograd ops with compressed context: linear, BatchNorm, ReLU/LeakyReLU, dropout.
+
+What each keeps for backward (with :math:`b` = ``config.bits``):
+
+============  =====================================================  ========================
+op            forward                                                kept
+============  =====================================================  ========================
+linear        :math:`Y = X W^\top + b`                               :math:`X` at :math:`b`
+                                                                     bits (only if :math:`W`
+                                                                     needs a gradient)
+batch_norm    :math:`Y = \gamma (X - \mu) \sigma^{-1} + \beta`       :math:`X` at :math:`b`
+                                                                     bits, fp32 :math:`\mu`,
+                                                                     :math:`\sigma^{-1}`
+relu, leaky   :math:`Y = \max(X, 0)` / :math:`X` or :math:`s X`      1-bit mask
+                                                                     :math:`[X > 0]`
+dropout       :math:`Y = X \odot M / (1 - p)`                        1-bit mask :math:`M`
+============  =====================================================  ========================
+
+Masks are taken from the exact input, never from a rounded copy: stochastic rounding can take a
+small positive value to 0 and would silently drop its gradient. A tensor consumed by several of
+these ops is quantized once (:func:`gnnact.ops.context.shared_quantize`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from gnnact.config import Config
+from gnnact.ops.context import load_context, records_graph, save_context
+from gnnact.quant import pack_mask, unpack_mask
+
+__all__ = ["batch_norm", "dropout", "leaky_relu", "linear", "relu"]
+
+
+class _Linear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor | None,
+                config: Config) -> Tensor:
+        ctx.has_bias = bias is not None
+        save_context(ctx, config, (x if ctx.needs_input_grad[1] else None, config.bits),
+                     (weight if ctx.needs_input_grad[0] else None, 32))
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple:
+        x_hat, weight = load_context(ctx)
+        grad_x = grad_w = grad_b = None
+        g2 = grad.reshape(-1, grad.size(-1))
+        if ctx.needs_input_grad[0]:
+            grad_x = grad @ weight
+        if ctx.needs_input_grad[1]:
+            grad_w = g2.t() @ x_hat.reshape(-1, x_hat.size(-1))
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_b = g2.sum(0)
+        return grad_x, grad_w, grad_b, None
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
+           config: Config | None = None) -> Tensor:
+    r""":math:`Y = X W^\top + b`, keeping :math:`X` compressed for :math:`\nabla W`.
+
+    Shapes: ``x [*, in]``, ``weight [out, in]``, ``bias [out]`` → ``[*, out]``.
+    """
+    if x.size(-1) != weight.size(1):
+        raise ValueError(f"x has {x.size(-1)} features but the weight expects {weight.size(1)}")
+    if not records_graph(x, weight, bias):
+        return F.linear(x, weight, bias)
+    return _Linear.apply(x, weight, bias, config or Config())
+
+
+class _BatchNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, weight: Tensor | None, bias: Tensor | None,
+                running_mean: Tensor | None, running_var: Tensor | None, momentum: float,
+                eps: float, config: Config) -> Tensor:
+        # Batch statistics, normalising over every dimension but the channel one (1).
+        out, mean, invstd = torch.native_batch_norm(x, weight, bias, running_mean, running_var,
+                                                    True, momentum, eps)
+        ctx.has_weight, ctx.has_bias = weight is not None, bias is not None
+        # Per-channel statistics, at least float32 (native BN returns float32 for 16-bit inputs).
+        ctx.mean, ctx.invstd = mean, invstd
+        save_context(ctx, config, (x, config.bits), (weight, 32))
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple:
+        x_hat, weight = load_context(ctx)
+        shape = [1, -1] + [1] * (grad.dim() - 2)
+        dims = [0, *range(2, grad.dim())]
+        n = grad.numel() // grad.size(1)
+        mean = ctx.mean.to(grad.dtype).view(shape)
+        invstd = ctx.invstd.to(grad.dtype).view(shape)
+        xn = (x_hat - mean) * invstd
+        sum_g = grad.sum(dims)
+        sum_gx = (grad * xn).sum(dims)
+        grad_x = None
+        if ctx.needs_input_grad[0]:
+            scale = invstd if weight is None else invstd * weight.view(shape)
+            grad_x = scale / n * (n * grad - sum_g.view(shape) - xn * sum_gx.view(shape))
+        grad_w = sum_gx if ctx.has_weight and ctx.needs_input_grad[1] else None
+        grad_b = sum_g if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return grad_x, grad_w, grad_b, None, None, None, None, None
+
+
+def batch_norm(x: Tensor, running_mean: Tensor | None, running_var: Tensor | None,
+               weight: Tensor | None = None, bias: Tensor | None = None,
+               training: bool = False, momentum: float = 0.1, eps: float = 1e-5,
+               config: Config | None = None) -> Tensor:
+    r""":func:`torch.nn.functional.batch_norm` keeping its input compressed.
+
+    In training mode (batch statistics) the input is kept at ``config.bits`` bits with the
+    float32 batch mean and inverse std; backward is
+
+    .. math::
+        \nabla X = \frac{\gamma \sigma^{-1}}{n}\Big(n \nabla Y - \sum \nabla Y
+        - \hat X_n \sum \nabla Y \odot \hat X_n\Big), \qquad
+        \hat X_n = (\hat X - \mu)\sigma^{-1}.
+
+    With running statistics (evaluation) it is an affine map that keeps nothing but
+    :math:`\gamma`, so PyTorch's own op is used.
+    """
+    if not training or not records_graph(x, weight, bias):
+        return F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
+    return _BatchNorm.apply(x, weight, bias, running_mean, running_var, momentum, eps,
+                            config or Config())
+
+
+class _Masked(torch.autograd.Function):
+    r""":math:`Y = X \odot M / d + s X \odot (1 - M)` for a boolean mask :math:`M`, keeping
+    :math:`M` in 1 bit. ReLU is :math:`(d, s) = (1, 0)`, LeakyReLU :math:`(1, s)`, dropout
+    :math:`(1 - p, 0)`. Each branch does what PyTorch's own kernel does, bit for bit."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, mask: Tensor, divisor: float, slope: float) -> Tensor:
+        ctx.mask = pack_mask(mask)
+        ctx.divisor, ctx.slope = divisor, slope
+        if slope != 0.0:
+            return torch.where(mask, x, x * slope)
+        scale = mask.to(x.dtype)
+        if divisor != 1.0:
+            scale.div_(divisor)  # as F.dropout builds its noise
+        return x * scale  # (not where(): a NaN input must stay NaN, as in torch.relu)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple:
+        mask = unpack_mask(ctx.mask)
+        if ctx.slope != 0.0:
+            out = torch.where(mask, grad, grad * ctx.slope)
+        elif ctx.divisor == 1.0:
+            out = torch.where(mask, grad, grad.new_zeros(()))
+        else:
+            out = grad * mask.to(grad.dtype).div_(ctx.divisor)
+        return out, None, None, None
+
+
+def relu(x: Tensor) -> Tensor:
+    """ReLU keeping a 1-bit mask :math:`[X > 0]`."""
+    if not records_graph(x):
+        return F.relu(x)
+    return _Masked.apply(x, x > 0, 1.0, 0.0)
+
+
+def leaky_relu(x: Tensor, negative_slope: float = 0.01) -> Tensor:
+    """LeakyReLU keeping a 1-bit mask :math:`[X > 0]`."""
+    if not records_graph(x):
+        return F.leaky_relu(x, negative_slope)
+    return _Masked.apply(x, x > 0, 1.0, float(negative_slope))
+
+
+def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
+    r"""Dropout keeping its keep-mask :math:`M \sim \mathrm{Bernoulli}(1-p)` in 1 bit.
+
+    The mask is drawn exactly as :func:`torch.nn.functional.dropout` draws it on the CPU, so a
+    seeded run reproduces PyTorch's.
+    """
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout probability must be in [0, 1], got {p}")
+    if not training or p == 0.0:
+        return x
+    if p == 1.0 or not records_graph(x):
+        return F.dropout(x, p, training)
+    keep = torch.empty_like(x).bernoulli_(1 - p).bool()
+    return _Masked.apply(x, keep, 1.0 - p, 0.0)

@@ -1,0 +1,382 @@
+r"""Fused GAT attention whose backward keeps node features, not edge messages.
+
+For :math:`H` heads of :math:`C` channels, source features :math:`X^s \in
+\mathbb{R}^{N_s \times H \times C}` and target features :math:`X^d \in \mathbb{R}^{N_d \times H
+\times C}` (the same tensor on a non-bipartite graph):
+
+.. math::
+    a^s_{j,h} = \langle X^s_{j,h}, \mathbf{a}^s_h \rangle, \qquad
+    a^d_{i,h} = \langle X^d_{i,h}, \mathbf{a}^d_h \rangle,
+
+    s_{e,h} = \mathrm{LeakyReLU}\big(a^s_{j,h} + a^d_{i,h} + a^E_{e,h}\big), \qquad
+    \alpha_{e,h} = \frac{\exp s_{e,h}}{\sum_{e' \to i} \exp s_{e',h}}, \qquad
+    \tilde\alpha_{e,h} = \frac{M_{e,h}}{1 - p} \alpha_{e,h},
+
+    Y_{i,h} = \sum_{e = (j \to i)} \tilde\alpha_{e,h} X^s_{j,h},
+
+with :math:`a^E` optional edge logits (``edge_dim``) and :math:`M` the dropout keep mask
+(training only). This is :class:`torch_geometric.nn.GATConv`'s ``edge_updater`` and
+``propagate`` in one :class:`torch.autograd.Function`.
+
+**What backward keeps.** PyG's gather → multiply → scatter keeps the gathered messages
+:math:`X^s_{\mathrm{src}(e)}`, an :math:`E \times H \times C` tensor, plus :math:`\alpha` and
+several :math:`E \times H` intermediates in full precision. Here backward keeps
+
+* :math:`X^s` (:math:`N_s H C` values) at ``config.bits`` bits, through the shared packed copy
+  of :func:`~gnnact.ops.context.save_context`, and :math:`X^d` likewise only when it is a
+  different tensor and :math:`\mathbf{a}^d` needs a gradient;
+* :math:`\alpha` (before dropout) at ``config.attention`` bits (8 by default: a uniform 4 bits
+  collapses GAT, GACT Table 3), quantized as the transposed :math:`H \times E` tensor so that a
+  group of :math:`G` = ``config.group_size`` values is :math:`G` consecutive edges of one head:
+  :math:`64/G` bits of metadata per value (0.125 at :math:`G=512`); with ``config.per_row`` a
+  group is a whole head (Mesa's per-head ranges);
+* the LeakyReLU sign mask :math:`[s > 0]` and the dropout keep mask :math:`M`, 1 bit each per
+  edge and head;
+* :math:`\mathbf{a}^s, \mathbf{a}^d` (parameters, not copied) and the graph (cached once per
+  adjacency, shared by every layer).
+
+No :math:`E \times H \times C` tensor is kept: backward re-gathers from the compressed
+:math:`\hat X^s` in chunks. Backward, with :math:`G = \nabla Y`:
+
+.. math::
+    \nabla X^s_{j,h} &= \sum_{e = (j \to i)} \tilde\alpha_{e,h} G_{i,h}
+        + \nabla a^s_{j,h} \mathbf{a}^s_h, \qquad
+    \nabla \tilde\alpha_{e,h} = \langle G_{i,h}, \hat X^s_{j,h} \rangle, \qquad
+    \nabla\alpha = \frac{M}{1-p} \nabla\tilde\alpha, \\
+    \nabla s_{e,h} &= \hat\alpha_{e,h}\Big(\nabla\alpha_{e,h} - \sum_{e' \to i}
+        \hat\alpha_{e',h} \nabla\alpha_{e',h}\Big) \cdot (1 \text{ if } s_{e,h} > 0
+        \text{ else the slope}), \\
+    \nabla a^s_{j,h} &= \sum_{e = (j \to \cdot)} \nabla s_{e,h}, \quad
+    \nabla a^d_{i,h} = \sum_{e = (\cdot \to i)} \nabla s_{e,h}, \quad
+    \nabla a^E = \nabla s, \\
+    \nabla X^d_{i,h} &= \nabla a^d_{i,h} \mathbf{a}^d_h, \quad
+    \nabla \mathbf{a}^s_h = \sum_j \nabla a^s_{j,h} \hat X^s_{j,h}, \quad
+    \nabla \mathbf{a}^d_h = \sum_i \nabla a^d_{i,h} \hat X^d_{i,h}.
+
+The first term of :math:`\nabla X^s` does not read :math:`\hat X^s` at all, and the others are
+linear in it, so with exact :math:`\alpha` the gradient is unbiased (stochastic rounding);
+:math:`\hat\alpha` enters the softmax backward quadratically, a bias of order
+:math:`\mathrm{Var}[\hat\alpha] \le (R/255)^2/4` at 8 bits.
+
+Per-edge tensors given to or returned by the op (:math:`a^E`, the returned
+:math:`\tilde\alpha`) are in the **input edge order** of the adjacency the graph was built from
+(``edge_index`` column order, or the order of :func:`torch_geometric.utils.to_edge_index` for a
+sparse adjacency); internally everything runs in CSR order (edges grouped by target), mapped
+through :attr:`Graph.input_perm <gnnact.ops.graph.Graph>`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch_geometric.utils import softmax
+
+from gnnact.config import Config
+from gnnact.ops.context import load_context, save_context
+from gnnact.ops.graph import Graph, _csr
+from gnnact.quant import pack_mask, unpack_mask
+
+__all__ = ["gat_attention"]
+
+#: Elements of one transient gathered block ``[edges, H, C]`` in backward's edge dot products
+#: (and in the fallback aggregation): bounds the re-gather at 16M values whatever the graph.
+CHUNK_ELEMENTS = 1 << 24
+
+# Dtypes that torch's CSR x dense product supports on every device; others (fp16/bf16 on the
+# CPU) aggregate through chunked gather + index_add.
+_CSR_DTYPES = (torch.float32, torch.float64)
+
+# How the targets' features relate to the sources'.
+_SAME, _SEPARATE, _NONE = 0, 1, 2
+
+
+def _to_csr(edge_tensor: Tensor, graph: Graph) -> Tensor:
+    """Reorder a per-edge tensor from input order to CSR order."""
+    perm = graph.input_perm
+    return edge_tensor if perm is None else edge_tensor.index_select(0, perm)
+
+
+def _to_input(edge_tensor: Tensor, graph: Graph) -> Tensor:
+    """Reorder a per-edge tensor from CSR order to input order (inverse of :func:`_to_csr`)."""
+    perm = graph.input_perm
+    if perm is None:
+        return edge_tensor
+    out = torch.empty_like(edge_tensor)
+    out[perm] = edge_tensor
+    return out
+
+
+def _segment_sum(edge_values: Tensor, graph: Graph) -> Tensor:
+    """Sum of a ``[E, H]`` tensor over the incoming edges of each target: ``[N_dst, H]``.
+
+    Edges are grouped by target (CSR), so this is a segmented sum: deterministic, no atomics.
+    """
+    if graph.num_edges == 0:
+        return edge_values.new_zeros(graph.num_dst, *edge_values.shape[1:])
+    return torch.segment_reduce(edge_values, "sum", offsets=graph.ptr.long(), axis=0)
+
+
+def _aggregate(weights_t: Tensor, x: Tensor, graph: Graph, transpose: bool) -> Tensor:
+    r"""Per-head weighted sparse product.
+
+    ``transpose=False``: :math:`Y_{i,h} = \sum_{e=(j \to i)} w_{h,e} X_{j,h}` (``x`` is
+    ``[N_src, H, C]``, result ``[N_dst, H, C]``); ``transpose=True``: :math:`\sum_{e=(j \to i)}
+    w_{h,e} X_{i,h}` into source :math:`j` (``x`` is ``[N_dst, H, C]``). ``weights_t`` is
+    ``[H, E]`` in CSR order.
+    """
+    num_out = graph.num_src if transpose else graph.num_dst
+    heads, channels = x.shape[1], x.shape[2]
+    if x.dtype in _CSR_DTYPES:
+        # One CSR x dense product per head: no [E, H, C] transient at all.
+        x_t = x.transpose(0, 1).contiguous()  # [H, N_in, C]
+        out = x.new_empty(heads, num_out, channels)
+        for h in range(heads):
+            a = (graph.matrix_t(weights_t[h], x.dtype) if transpose
+                 else graph.matrix(weights_t[h], x.dtype))
+            out[h] = a @ x_t[h]
+        return out.transpose(0, 1).contiguous()
+    out = x.new_zeros(num_out, heads, channels)
+    gather, scatter = (graph.dst, graph.src) if transpose else (graph.src, graph.dst)
+    weights = weights_t.t()
+    step = max(1, CHUNK_ELEMENTS // max(1, heads * channels))
+    for start in range(0, graph.num_edges, step):
+        sl = slice(start, start + step)
+        msg = x.index_select(0, gather[sl]) * weights[sl].unsqueeze(-1)
+        out.index_add_(0, scatter[sl], msg)
+    return out
+
+
+def _edge_dot(grad: Tensor, x: Tensor, graph: Graph) -> Tensor:
+    r""":math:`\langle G_{\mathrm{dst}(e),h}, X_{\mathrm{src}(e),h} \rangle` for every CSR edge,
+    ``[E, H]`` (a sampled dense-dense product, SDDMM).
+
+    float32/float64: one :func:`torch.sparse.sampled_addmm` per head, which computes the dot
+    products at the graph's nonzeros without materialising any gathered rows. Other dtypes:
+    gather both sides in chunks of at most :data:`CHUNK_ELEMENTS` values.
+    """
+    heads, channels = x.shape[1], x.shape[2]
+    num_edges = graph.num_edges
+    if num_edges == 0:
+        return x.new_zeros(0, heads)
+    if x.dtype in _CSR_DTYPES:
+        g_t = grad.transpose(0, 1).contiguous()  # [H, N_dst, C]
+        x_t = x.transpose(0, 1).contiguous()  # [H, N_src, C]
+        pattern = _csr(graph.ptr, graph.src, x.new_zeros(num_edges),
+                       (graph.num_dst, graph.num_src))
+        out = x.new_empty(heads, num_edges)
+        for h in range(heads):
+            out[h] = torch.sparse.sampled_addmm(pattern, g_t[h], x_t[h].t(), beta=0.0).values()
+        return out.t()
+    out = x.new_empty(num_edges, heads)
+    step = max(1, CHUNK_ELEMENTS // max(1, heads * channels))
+    src, dst = graph.src, graph.dst
+    for start in range(0, num_edges, step):
+        sl = slice(start, start + step)
+        torch.sum(grad.index_select(0, dst[sl]) * x.index_select(0, src[sl]), dim=-1,
+                  out=out[sl])
+    return out
+
+
+class _GATAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, xs: Tensor, xd: Tensor | None, att_src: Tensor,
+                att_dst: Tensor | None, a_edge: Tensor | None, graph: Graph, dst_mode: int,
+                negative_slope: float, p: float, training: bool, want_alpha: bool,
+                config: Config) -> Tensor | tuple[Tensor, Tensor]:
+        # Unused outputs (the attention weights, when nobody reads them) come back as None.
+        ctx.set_materialize_grads(False)
+        num_edges, heads = graph.num_edges, xs.size(1)
+        x_dst = xs if dst_mode == _SAME else xd
+
+        # Node-level logits, then one gather per side: the E x H x C messages never exist here.
+        # The expressions (and their order of additions) are PyG's, so fp64 results agree.
+        a_src = (xs * att_src).sum(dim=-1)
+        s = a_src.index_select(0, graph.src)
+        if x_dst is not None:
+            a_dst = (x_dst * att_dst).sum(dim=-1)
+            s = s + a_dst.index_select(0, graph.dst)
+        if a_edge is not None:
+            s = s + _to_csr(a_edge, graph)
+        positive = s > 0
+        s = F.leaky_relu(s, negative_slope)
+        # (An empty graph has nothing to normalise; PyG skips the softmax there too.)
+        alpha = softmax(s, ptr=graph.ptr.long(), num_nodes=graph.num_dst) if num_edges else s
+
+        keep = scale = None
+        alpha_d = alpha
+        if training and p > 0.0:
+            if p >= 1.0:  # as F.dropout: zeros, no random draw
+                keep = torch.zeros_like(positive)
+                alpha_d = alpha * 0.0
+            else:
+                # Drawn as F.dropout draws it on the CPU (same dtype, shape and input edge
+                # order), so a seeded run reproduces PyG's mask.
+                noise = torch.empty((num_edges, heads), dtype=alpha.dtype,
+                                    device=alpha.device).bernoulli_(1 - p)
+                noise = _to_csr(noise, graph)
+                keep = noise.bool()
+                scale = noise.div_(1 - p)
+                alpha_d = alpha * scale
+
+        out = _aggregate(alpha_d.t(), xs, graph, transpose=False)
+
+        ctx.graph, ctx.dst_mode = graph, dst_mode
+        ctx.negative_slope, ctx.p = negative_slope, p
+        ctx.has_edge = a_edge is not None
+        ctx.shape_s, ctx.shape_d = xs.shape, None if x_dst is None else x_dst.shape
+        if any(ctx.needs_input_grad[:5]):
+            keep_xd = dst_mode == _SEPARATE and ctx.needs_input_grad[3]
+            # alpha.t(): the [H, E] view, so that quantization groups run along the edges of
+            # one head (see the module docstring).
+            save_context(ctx, config, (xs, config.bits),
+                         (xd if keep_xd else None, config.bits),
+                         (alpha.t(), config.attention),
+                         (att_src, 32),
+                         (att_dst if x_dst is not None else None, 32))
+            ctx.leaky_mask = pack_mask(positive)
+            ctx.keep_mask = None if keep is None else pack_mask(keep)
+        else:
+            save_context(ctx, config)
+            ctx.leaky_mask = ctx.keep_mask = None
+
+        if not want_alpha:
+            return out
+        alpha_out = _to_input(alpha_d, graph)
+        return out, alpha_out
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: Tensor | None, grad_alpha: Tensor | None = None) -> tuple:
+        graph: Graph = ctx.graph
+        xs_hat, xd_hat, alpha_t, att_src, att_dst = load_context(ctx)
+        dtype = xs_hat.dtype
+        alpha = alpha_t.t()  # [E, H]
+        heads = alpha.size(1)
+        if grad_out is None:  # only the returned attention weights were used
+            grad_out = xs_hat.new_zeros(graph.num_dst, *ctx.shape_s[1:])
+        grad_out = grad_out.to(dtype)
+
+        scale = None
+        if ctx.keep_mask is not None:
+            keep = unpack_mask(ctx.keep_mask)
+            scale = (keep.to(dtype) / (1 - ctx.p)) if ctx.p < 1.0 else keep.to(dtype)
+        alpha_d = alpha if scale is None else alpha * scale
+
+        grad_xs = grad_xd = grad_att_src = grad_att_dst = grad_edge = None
+        need_xs = ctx.needs_input_grad[0]
+        if need_xs:
+            grad_xs = _aggregate(alpha_d.t(), grad_out, graph, transpose=True)
+
+        # d alpha~ = <G_i, X^_j>: re-gathered from the compressed X^s in chunks.
+        grad_ad = _edge_dot(grad_out, xs_hat, graph)
+        if grad_alpha is not None:
+            grad_ad = grad_ad + _to_csr(grad_alpha.to(dtype), graph)
+        grad_a = grad_ad if scale is None else grad_ad * scale
+        # Softmax backward per target and head.
+        weighted = alpha * grad_a
+        grad_s = weighted - alpha * _segment_sum(weighted, graph).index_select(0, graph.dst)
+        positive = unpack_mask(ctx.leaky_mask)
+        grad_s = torch.where(positive, grad_s, grad_s * ctx.negative_slope)
+
+        grad_a_src = grad_s.new_zeros(graph.num_src, heads).index_add_(0, graph.src, grad_s)
+        if need_xs:
+            grad_xs = grad_xs + grad_a_src.unsqueeze(-1) * att_src
+        if ctx.needs_input_grad[2]:
+            grad_att_src = (grad_a_src.unsqueeze(-1) * xs_hat).sum(0, keepdim=True)
+
+        if ctx.dst_mode != _NONE:
+            grad_a_dst = _segment_sum(grad_s, graph)
+            need_xd = ctx.needs_input_grad[1] or (ctx.dst_mode == _SAME and need_xs)
+            if need_xd:
+                grad_xd = grad_a_dst.unsqueeze(-1) * att_dst
+            if ctx.needs_input_grad[3]:
+                x_dst_hat = xs_hat if ctx.dst_mode == _SAME else xd_hat
+                grad_att_dst = (grad_a_dst.unsqueeze(-1) * x_dst_hat).sum(0, keepdim=True)
+            if ctx.dst_mode == _SAME and grad_xd is not None:
+                # X^d is X^s: one input, one gradient.
+                grad_xs = grad_xd if grad_xs is None else grad_xs + grad_xd
+                grad_xd = None
+
+        if ctx.has_edge and ctx.needs_input_grad[4]:
+            grad_edge = _to_input(grad_s, graph)
+        return (grad_xs, grad_xd, grad_att_src, grad_att_dst, grad_edge,
+                None, None, None, None, None, None, None)
+
+
+def gat_attention(xs: Tensor, xd: Tensor | None, att_src: Tensor, att_dst: Tensor | None,
+                  graph: Graph, a_edge: Tensor | None = None, negative_slope: float = 0.2,
+                  dropout: float = 0.0, training: bool = False, return_attention: bool = False,
+                  config: Config | None = None) -> Tensor | tuple[Tensor, Tensor]:
+    r"""GAT attention and aggregation in one op (see the module docstring for the math and
+    what backward keeps).
+
+    Args:
+        xs (torch.Tensor): projected source features :math:`X^s`, ``[N_src, H, C]``.
+        xd (torch.Tensor, optional): projected target features :math:`X^d`,
+            ``[N_dst, H, C]``; may be ``xs`` itself (kept once), or :obj:`None` for no target
+            term (PyG's ``(x_src, None)`` input).
+        att_src (torch.Tensor): :math:`\mathbf{a}^s`, ``[1, H, C]``.
+        att_dst (torch.Tensor, optional): :math:`\mathbf{a}^d`, ``[1, H, C]`` (unused when
+            ``xd`` is :obj:`None`).
+        graph (Graph): the adjacency (self-loops already added if wanted).
+        a_edge (torch.Tensor, optional): edge logits :math:`a^E`, ``[E, H]``, in input edge
+            order.
+        negative_slope (float, optional): LeakyReLU slope. (default: :obj:`0.2`)
+        dropout (float, optional): dropout probability :math:`p` on :math:`\alpha`.
+            (default: :obj:`0.0`)
+        training (bool, optional): apply dropout. (default: :obj:`False`)
+        return_attention (bool, optional): also return :math:`\tilde\alpha`. (default:
+            :obj:`False`)
+        config (Config, optional): storage of the context. (default: ``Config()``)
+
+    Returns:
+        ``[N_dst, H, C]``, and with ``return_attention`` also :math:`\tilde\alpha`
+        (``[E, H]``, input edge order, differentiable).
+
+    Raises:
+        ValueError: shapes that do not match each other or the graph, or a dropout
+            probability outside :math:`[0, 1]`.
+        TypeError: non-floating-point features.
+    """
+    if not isinstance(xs, Tensor) or not xs.is_floating_point():
+        raise TypeError(f"xs must be a floating-point tensor, got "
+                        f"{getattr(xs, 'dtype', type(xs).__name__)}")
+    if xs.dim() != 3:
+        raise ValueError(f"xs must have shape [N_src, H, C], got {tuple(xs.shape)}")
+    heads, channels = xs.shape[1], xs.shape[2]
+    if xs.size(0) != graph.num_src:
+        raise ValueError(f"xs has {xs.size(0)} rows but the graph has {graph.num_src} source "
+                         f"nodes")
+    if tuple(att_src.shape) != (1, heads, channels):
+        raise ValueError(f"att_src must have shape (1, {heads}, {channels}), got "
+                         f"{tuple(att_src.shape)}")
+    if xd is xs:
+        dst_mode = _SAME
+        if xs.size(0) != graph.num_dst:
+            raise ValueError(f"xd is xs with {xs.size(0)} rows but the graph has "
+                             f"{graph.num_dst} target nodes")
+        xd = None
+    elif xd is None:
+        dst_mode = _NONE
+        att_dst = None
+    else:
+        dst_mode = _SEPARATE
+        if xd.dim() != 3 or tuple(xd.shape[1:]) != (heads, channels):
+            raise ValueError(f"xd must have shape [N_dst, {heads}, {channels}], got "
+                             f"{tuple(xd.shape)}")
+        if xd.size(0) != graph.num_dst:
+            raise ValueError(f"xd has {xd.size(0)} rows but the graph has {graph.num_dst} "
+                             f"target nodes")
+    if dst_mode != _NONE and (att_dst is None or tuple(att_dst.shape) != (1, heads, channels)):
+        raise ValueError(f"att_dst must have shape (1, {heads}, {channels}), got "
+                         f"{None if att_dst is None else tuple(att_dst.shape)}")
+    if a_edge is not None and tuple(a_edge.shape) != (graph.num_edges, heads):
+        raise ValueError(f"a_edge must have shape ({graph.num_edges}, {heads}), got "
+                         f"{tuple(a_edge.shape)}")
+    if not 0.0 <= dropout <= 1.0:
+        raise ValueError(f"dropout probability must be in [0, 1], got {dropout}")
+    return _GATAttention.apply(xs, xd, att_src, att_dst, a_edge, graph, dst_mode,
+                               float(negative_slope), float(dropout), bool(training),
+                               bool(return_attention), config or Config())

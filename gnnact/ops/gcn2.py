@@ -1,0 +1,173 @@
+r"""GCNII's initial residual and identity mapping as one op with a compressed context.
+
+Given the aggregated features :math:`\mathbf{P} = \hat{\mathbf{P}}\mathbf{H}` (``[M, F]``, from
+:func:`gnnact.ops.spmm`), the initial features :math:`\mathbf{H}^{(0)}` (``[N_0 \ge M, F]``, of
+which the first :math:`M` rows are used, as PyG's ``x_0[:x.size(0)]``), :math:`\alpha` and
+:math:`\beta`, the op computes, with :math:`\mathbf{X} = (1-\alpha)\mathbf{P}` and
+:math:`\mathbf{X}_0 = \alpha\mathbf{H}^{(0)}`:
+
+* shared weights (GCNII):
+
+  .. math::
+      \mathbf{S} = \mathbf{X} + \mathbf{X}_0, \qquad
+      \mathbf{Y} = (1-\beta)\,\mathbf{S} + \beta\,\mathbf{S}\mathbf{W}_1;
+
+* separate weights (GCNII*):
+
+  .. math::
+      \mathbf{Y} = (1-\beta)\,\mathbf{X} + \beta\,\mathbf{X}\mathbf{W}_1
+      + (1-\beta)\,\mathbf{X}_0 + \beta\,\mathbf{X}_0\mathbf{W}_2.
+
+Backward, with :math:`\mathbf{G} = \nabla\mathbf{Y}` and
+:math:`\mathbf{G}_k = (1-\beta)\mathbf{G} + \beta\,\mathbf{G}\mathbf{W}_k^\top`:
+
+* shared: :math:`\nabla\mathbf{P} = (1-\alpha)\mathbf{G}_1`,
+  :math:`\nabla\mathbf{H}^{(0)}_{:M} = \alpha\,\mathbf{G}_1`,
+  :math:`\nabla\mathbf{W}_1 = \beta\,\mathbf{S}^\top\mathbf{G}`;
+* separate: :math:`\nabla\mathbf{P} = (1-\alpha)\mathbf{G}_1`,
+  :math:`\nabla\mathbf{H}^{(0)}_{:M} = \alpha\,\mathbf{G}_2`,
+  :math:`\nabla\mathbf{W}_1 = \beta\,\mathbf{X}^\top\mathbf{G}`,
+  :math:`\nabla\mathbf{W}_2 = \alpha\beta\,\mathbf{H}^{(0)\top}_{:M}\mathbf{G}`
+
+(rows of :math:`\mathbf{H}^{(0)}` past :math:`M` get a zero gradient).
+
+So what is kept (each only if the weight gradient that reads it is needed) is
+
+* shared: :math:`\mathbf{S}` at ``config.bits`` bits — :math:`\mathbf{H}^{(0)}` is not kept at
+  all, since :math:`\mathbf{S}` already holds its contribution;
+* separate: :math:`\mathbf{X}` at ``config.bits`` bits and :math:`\mathbf{H}^{(0)}` **itself**
+  (never :math:`\alpha\mathbf{H}^{(0)}`, a new tensor in every layer) through
+  :func:`~gnnact.ops.context.save_context`, whose per-tensor cache makes every layer that
+  receives the same ``x_0`` object share **one** packed copy; :math:`\alpha` is applied in
+  backward;
+* the weights themselves (parameters, not copies) for :math:`\nabla\mathbf{P}` and
+  :math:`\nabla\mathbf{H}^{(0)}`.
+
+The input gradients :math:`\nabla\mathbf{P}` and :math:`\nabla\mathbf{H}^{(0)}` read no
+activation, so they are exact; only :math:`\nabla\mathbf{W}_k` sees the stochastic rounding,
+and linearly, so it is unbiased. The forward pass replays PyG's operations (``mul``, ``add``,
+``addmm``) in PyG's order, so ``Config(bits=32)`` gives PyG's output bit for bit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from gnnact.config import Config
+from gnnact.ops.context import load_context, save_context
+
+__all__ = ["gcn2_residual"]
+
+
+def _identity_map_grad(grad: Tensor, weight: Tensor, beta: float) -> Tensor:
+    r""":math:`(1-\beta)\mathbf{G} + \beta\,\mathbf{G}\mathbf{W}^\top` (``beta=0`` in addmm
+    ignores the input, exactly as the forward's addmm did)."""
+    return torch.addmm(grad, grad, weight.t(), beta=1.0 - beta, alpha=beta)
+
+
+def _pad_rows(grad: Tensor, rows: int) -> Tensor:
+    """``grad`` (the first rows of an ``[rows, F]`` input's gradient), zero-padded to ``rows``."""
+    if grad.size(0) == rows:
+        return grad
+    out = grad.new_zeros((rows, *grad.shape[1:]))
+    out[: grad.size(0)] = grad
+    return out
+
+
+class _GCN2Residual(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, p: Tensor, x_0: Tensor, weight1: Tensor, weight2: Tensor | None,
+                alpha: float, beta: float, config: Config) -> Tensor:
+        m = p.size(0)
+        # A view of the first M rows only for the arithmetic; what is kept below is x_0 itself,
+        # so that every layer finds the same object in the shared quantization cache.
+        h0 = x_0 if x_0.size(0) == m else x_0[:m]
+        need_p, need_h0, need_w1 = ctx.needs_input_grad[:3]
+        need_w2 = weight2 is not None and ctx.needs_input_grad[3]
+        # The same operations in the same order as PyG (x.mul_(1 - alpha); alpha * x_0), so
+        # that 32-bit results are PyG's to the last bit. alpha * h0 is a transient: never kept.
+        x = p * (1.0 - alpha)
+        x0 = alpha * h0
+        if weight2 is None:
+            s = x.add_(x0)
+            out = torch.addmm(s, s, weight1, beta=1.0 - beta, alpha=beta)
+            save_context(ctx, config, (s if need_w1 else None, config.bits),
+                         (weight1 if need_p or need_h0 else None, 32))
+        else:
+            out = torch.addmm(x, x, weight1, beta=1.0 - beta, alpha=beta)
+            out = out + torch.addmm(x0, x0, weight2, beta=1.0 - beta, alpha=beta)
+            save_context(ctx, config, (x if need_w1 else None, config.bits),
+                         (x_0 if need_w2 else None, config.bits),
+                         (weight1 if need_p else None, 32),
+                         (weight2 if need_h0 else None, 32))
+        ctx.shared = weight2 is None
+        ctx.alpha, ctx.beta, ctx.x0_rows = alpha, beta, x_0.size(0)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple:
+        alpha, beta = ctx.alpha, ctx.beta
+        need_p, need_h0, need_w1, need_w2 = ctx.needs_input_grad[:4]
+        grad_p = grad_h0 = grad_w1 = grad_w2 = None
+        if ctx.shared:
+            s_hat, weight1 = load_context(ctx)
+            if need_p or need_h0:
+                g1 = _identity_map_grad(grad, weight1, beta)
+                grad_p = g1 * (1.0 - alpha) if need_p else None
+                grad_h0 = _pad_rows(g1 * alpha, ctx.x0_rows) if need_h0 else None
+            if need_w1:
+                grad_w1 = (s_hat.t() @ grad).mul_(beta)
+        else:
+            x_hat, h0_hat, weight1, weight2 = load_context(ctx)
+            if need_p:
+                grad_p = _identity_map_grad(grad, weight1, beta).mul_(1.0 - alpha)
+            if need_h0:
+                grad_h0 = _pad_rows(_identity_map_grad(grad, weight2, beta).mul_(alpha),
+                                    ctx.x0_rows)
+            if need_w1:
+                grad_w1 = (x_hat.t() @ grad).mul_(beta)
+            if need_w2:
+                h0_hat = h0_hat[: grad.size(0)]
+                grad_w2 = (h0_hat.t() @ grad).mul_(alpha * beta)
+        return grad_p, grad_h0, grad_w1, grad_w2, None, None, None
+
+
+def gcn2_residual(p: Tensor, x_0: Tensor, weight1: Tensor, weight2: Tensor | None = None,
+                  alpha: float = 0.1, beta: float = 1.0, config: Config | None = None) -> Tensor:
+    r"""GCNII's initial residual plus identity mapping (see the module docstring):
+    :math:`\mathbf{Y} = \mathbf{S}\big((1-\beta)\mathbf{I} + \beta\mathbf{W}_1\big)` with
+    :math:`\mathbf{S} = (1-\alpha)\mathbf{P} + \alpha\mathbf{H}^{(0)}` (``weight2=None``), or
+    the GCNII* form with :math:`\mathbf{W}_2` applied to :math:`\alpha\mathbf{H}^{(0)}`.
+
+    Args:
+        p (torch.Tensor): aggregated features :math:`\hat{\mathbf{P}}\mathbf{H}`, ``[M, F]``.
+        x_0 (torch.Tensor): initial features :math:`\mathbf{H}^{(0)}`, ``[N_0, F]`` with
+            :math:`N_0 \ge M` (the first :math:`M` rows are used). Pass the **same tensor
+            object** to every layer: its compressed copy is then made and kept once.
+        weight1 (torch.Tensor): :math:`\mathbf{W}_1`, ``[F, F]`` (applied as
+            :math:`\mathbf{S}\mathbf{W}_1`, not transposed, as in PyG).
+        weight2 (torch.Tensor, optional): :math:`\mathbf{W}_2` for separate weights.
+        alpha (float): :math:`\alpha`.
+        beta (float): :math:`\beta`.
+        config (Config, optional): storage of the kept activations. (default: ``Config()``)
+
+    Returns:
+        ``[M, F]``.
+
+    Saved for backward: :math:`\mathbf{S}` (shared) or :math:`(1-\alpha)\mathbf{P}` and the
+    shared copy of :math:`\mathbf{H}^{(0)}` (separate) at ``config.bits`` bits, and the weights.
+    """
+    if p.dim() != 2 or x_0.dim() != 2:
+        raise ValueError(f"p and x_0 must be 2-D, got shapes {tuple(p.shape)} and "
+                         f"{tuple(x_0.shape)}")
+    if x_0.size(0) < p.size(0) or x_0.size(1) != p.size(1):
+        raise ValueError(f"x_0 {tuple(x_0.shape)} must have at least the {p.size(0)} rows and "
+                         f"exactly the {p.size(1)} columns of the aggregated features")
+    for name, w in (("weight1", weight1), ("weight2", weight2)):
+        if w is not None and tuple(w.shape) != (p.size(1), p.size(1)):
+            raise ValueError(f"{name} must be [{p.size(1)}, {p.size(1)}], got {tuple(w.shape)}")
+    return _GCN2Residual.apply(p, x_0, weight1, weight2, float(alpha), float(beta),
+                               config or Config())

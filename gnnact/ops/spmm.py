@@ -1,0 +1,97 @@
+r"""Sparse-dense matrix product whose backward needs nothing but the graph.
+
+.. math::
+    Y = A X \quad(\text{sum}), \qquad Y = D^{-1} A X \quad(\text{mean}),
+
+with :math:`A` a :class:`~gnnact.ops.graph.Graph` (values: the graph's own, or ``value``).
+Backward: :math:`\nabla X = A^\top \nabla Y` (mean: :math:`A^\top D^{-1} \nabla Y`) through the
+transposed CSR, so a constant adjacency keeps **no node features** for backward, only the
+structure it already holds. Only when ``value`` needs a gradient,
+:math:`\nabla a_{ij} = \langle \nabla Y_i, X_j \rangle` needs :math:`X`, which is then kept
+compressed (``config.bits``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from gnnact.config import Config
+from gnnact.ops.context import load_context, records_graph, save_context
+from gnnact.ops.graph import Graph
+
+__all__ = ["spmm"]
+
+
+def _inv_degree(graph: Graph, dtype: torch.dtype) -> Tensor:
+    return graph.in_degree(dtype).clamp_(min=1).reciprocal_()
+
+
+def _aggregate(x: Tensor, graph: Graph, value: Tensor | None, mean: bool) -> Tensor:
+    edge_value = graph.value if value is None else value
+    y = graph.matrix(edge_value, x.dtype) @ x.reshape(x.size(0), -1)
+    if mean:
+        y.mul_(_inv_degree(graph, x.dtype)[:, None])
+    return y.view(graph.num_dst, *x.shape[1:])
+
+
+class _SpMM(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, value: Tensor | None, graph: Graph, mean: bool,
+                config: Config) -> Tensor:
+        ctx.graph, ctx.mean, ctx.feature_shape = graph, mean, x.shape[1:]
+        need_x = value is not None and ctx.needs_input_grad[1]
+        x2 = x.reshape(x.size(0), -1) if need_x else None
+        save_context(ctx, config, (x2, config.bits), (value, 32))
+        return _aggregate(x, graph, value, mean)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple:
+        graph: Graph = ctx.graph
+        x_hat, value = load_context(ctx)
+        g = grad.reshape(graph.num_dst, -1)
+        if ctx.mean:
+            g = g * _inv_degree(graph, g.dtype)[:, None]
+        grad_x = grad_value = None
+        if ctx.needs_input_grad[0]:
+            edge_value = graph.value if value is None else value
+            grad_x = (graph.matrix_t(edge_value, g.dtype) @ g).view(graph.num_src,
+                                                                     *ctx.feature_shape)
+        if ctx.needs_input_grad[1]:
+            # E x F transient (not kept): one gather of each side per edge.
+            grad_value = (g[graph.dst] * x_hat[graph.src]).sum(dim=-1)
+        return grad_x, grad_value, None, None, None
+
+
+def spmm(x: Tensor, graph: Graph, value: Tensor | None = None, reduce: str = "sum",
+         config: Config | None = None) -> Tensor:
+    r"""Aggregate neighbour features: :math:`Y = A X` (``"sum"``) or :math:`D^{-1} A X`
+    (``"mean"``).
+
+    Args:
+        x (torch.Tensor): source features ``[N_src, *]``.
+        graph (Graph): the adjacency.
+        value (torch.Tensor, optional): edge values in CSR order ``[E]``, replacing the graph's
+            own; when it requires grad, :math:`X` is kept compressed for its gradient.
+        reduce (str, optional): ``"sum"`` or ``"mean"``. (default: :obj:`"sum"`)
+        config (Config, optional): storage of the kept features. (default: ``Config()``)
+
+    Returns:
+        ``[N_dst, *]``.
+
+    Saved for backward: the graph (already held by its cache) and, only when ``value`` needs a
+    gradient, ``value`` and a compressed copy of :math:`X`.
+    """
+    if reduce not in ("sum", "add", "mean"):
+        raise ValueError(f"reduce must be 'sum' or 'mean', got {reduce!r}")
+    if x.size(0) != graph.num_src:
+        raise ValueError(f"x has {x.size(0)} rows but the graph has {graph.num_src} source nodes")
+    if value is not None and value.numel() != graph.num_edges:
+        raise ValueError(f"value has {value.numel()} entries but the graph has "
+                         f"{graph.num_edges} edges")
+    mean = reduce == "mean"
+    if not records_graph(x, value):
+        return _aggregate(x, graph, value, mean)
+    return _SpMM.apply(x, value, graph, mean, config or Config())
