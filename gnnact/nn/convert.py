@@ -10,7 +10,7 @@ from torch import nn
 from gnnact.config import Config
 from gnnact.nn import modules
 from gnnact.nn._base import _Compressed
-from gnnact.nn.conv import GCNConv, SAGEConv
+from gnnact.nn.conv import GATConv, GCN2Conv, GCNConv, SAGEConv
 
 __all__ = ["convert", "register_conversion"]
 
@@ -19,6 +19,8 @@ __all__ = ["convert", "register_conversion"]
 CONVERSIONS: dict[type[nn.Module], type[_Compressed]] = {
     pyg_nn.GCNConv: GCNConv,
     pyg_nn.SAGEConv: SAGEConv,
+    pyg_nn.GATConv: GATConv,
+    pyg_nn.GCN2Conv: GCN2Conv,
     nn.Linear: modules.Linear,
     nn.BatchNorm1d: modules.BatchNorm1d,
     nn.ReLU: modules.ReLU,
@@ -37,8 +39,9 @@ def convert(model: nn.Module, config: Config | None = None) -> nn.Module:
     for, inside any :class:`torch.nn.Module`.
 
     Converted: :class:`torch_geometric.nn.GCNConv`, :class:`~torch_geometric.nn.SAGEConv`
-    (``aggr`` of mean/sum/add; others are left alone with a warning), ``GATConv`` and
-    ``GCN2Conv`` (once registered by :mod:`gnnact.nn`), :class:`torch.nn.Linear`,
+    (``aggr`` of mean/sum/add; others are left alone with a warning),
+    :class:`~torch_geometric.nn.GATConv`, :class:`~torch_geometric.nn.GCN2Conv`,
+    :class:`torch.nn.Linear`,
     :class:`~torch.nn.BatchNorm1d`, :class:`~torch.nn.ReLU`, :class:`~torch.nn.LeakyReLU` and
     :class:`~torch.nn.Dropout`; modules already converted get the new ``config``. Only exact
     classes are converted: subclasses (which may override ``forward``) and unknown modules are

@@ -2,6 +2,8 @@
 
 from gnnact.ops.context import load_context, save_context, shared_quantize
 from gnnact.ops.dense import batch_norm, dropout, leaky_relu, linear, relu
+from gnnact.ops.gat import gat_attention
+from gnnact.ops.gcn2 import gcn2_residual
 from gnnact.ops.graph import Graph, graph_from
 from gnnact.ops.spmm import spmm
 
@@ -9,6 +11,8 @@ __all__ = [
     "Graph",
     "batch_norm",
     "dropout",
+    "gat_attention",
+    "gcn2_residual",
     "graph_from",
     "leaky_relu",
     "linear",

@@ -1,20 +1,23 @@
 r"""What gnnact's autograd functions keep for backward, and how.
 
-:func:`save_context` stores each tensor a backward needs either
+:func:`save_context` keeps each tensor a backward needs either
 
-* quantized, as a :class:`~gnnact.quant.PackedTensor` held by the ``ctx`` (the compressed
-  case: ``bits`` of 1–8, or 16 for a float32 input), or
-* as the tensor itself through ``ctx.save_for_backward`` (``bits`` of 32, or 16 for a 16-bit
-  input), so that autograd's version counter still catches an in-place change of a saved
-  tensor, exactly as in PyTorch's own layers.
+* quantized, as a :class:`~gnnact.quant.PackedTensor` (``bits`` of 1–8, or 16 for a float32
+  input), or as a 1-bit :class:`~gnnact.quant.PackedMask`, or
+* as the tensor itself (``bits`` of 32, or 16 for a 16-bit input).
+
+Either way every tensor goes through ``ctx.save_for_backward`` and only metadata stays on the
+``ctx``. So autograd frees the compressed context when backward has used it, exactly as it frees
+its own saved tensors (a ``ctx`` attribute would live on as long as the graph object does: in a
+training loop, through the next forward pass), and its version counter still catches an in-place
+change of a tensor kept as is.
 
 A tensor consumed by several compressed ops in one forward pass (SAGE's ``lin_l`` and
 ``lin_r``, a GCNII layer's :math:`H^0`) is quantized **once**: :func:`shared_quantize` returns the
-same :class:`~gnnact.quant.PackedTensor` for the same tensor object, version and format, until a
-backward pass reads that copy (or the graph holding it is freed). The next forward pass then
-quantizes afresh with new noise, even for a tensor that stays alive across steps (the input
-features): reusing one rounding across steps would correlate the noise of successive gradients
-and bias their average.
+same packed tensors for the same tensor object, version and format, until a backward pass reads
+them (or autograd frees them). The next forward pass then quantizes afresh with new noise, even
+for a tensor that stays alive across steps (the input features): reusing one rounding across
+steps would correlate the noise of successive gradients and bias their average.
 """
 
 from __future__ import annotations
@@ -26,25 +29,26 @@ import torch
 from torch import Tensor
 
 from gnnact.config import Config
-from gnnact.quant import PackedTensor, dequantize, quantize
+from gnnact.quant import PackedMask, PackedTensor, dequantize, quantize, unpack_mask
 
 __all__ = ["load_context", "records_graph", "save_context", "shared_quantize"]
 
-# id(tensor) -> (weakref to the tensor, its _version, format, weakref to the packed copy). Weak
-# references only: the cache never keeps a tensor or a packed copy alive.
-_CACHE: dict[int, tuple[weakref.ref, int, tuple, weakref.ref]] = {}
+# id(tensor) -> (weakref to the tensor, its _version, format, weakrefs to the packed tensors,
+# the PackedTensor's metadata). Weak references only: the cache never keeps anything alive;
+# the packed tensors live exactly as long as autograd keeps them for some backward.
+_CACHE: dict[int, tuple] = {}
 
 
 def _forget(key: int, ref: weakref.ref) -> None:
     entry = _CACHE.get(key)
-    if entry is not None and (entry[0] is ref or entry[3] is ref):
+    if entry is not None and entry[0] is ref:
         del _CACHE[key]
 
 
-def _release(packed: PackedTensor) -> None:
-    """Stop sharing ``packed``: a backward pass has read it, so its forward pass is over."""
+def _release(codes: Tensor) -> None:
+    """Stop sharing the packed copy whose codes are ``codes``: a backward pass has read it."""
     for key, entry in list(_CACHE.items()):
-        if entry[3]() is packed:
+        if entry[3][0]() is codes:
             del _CACHE[key]
 
 
@@ -56,54 +60,78 @@ def records_graph(*tensors: Tensor | None) -> bool:
 
 def shared_quantize(x: Tensor, bits: int, config: Config) -> PackedTensor:
     """:func:`gnnact.quantize` with ``config``'s grouping, sharing one copy per tensor."""
-    fmt = (bits, config.group_size, config.per_row)
+    fmt = (bits, config.group_size, config.per_row, config.backend)
     key = id(x)
     entry = _CACHE.get(key)
     if entry is not None:
-        ref, version, cached_fmt, packed_ref = entry
-        packed = packed_ref()
-        if ref() is x and version == x._version and cached_fmt == fmt and packed is not None:
-            return packed
+        ref, version, cached_fmt, refs, meta = entry
+        parts = [r() for r in refs]
+        if (ref() is x and version == x._version and cached_fmt == fmt
+                and all(t is not None for t in parts)):
+            return PackedTensor(*parts, *meta)
     packed = quantize(x, bits, config.group_size, per_row=config.per_row,
                       backend=config.backend)
     if not packed.is_passthrough:
         x_ref = weakref.ref(x, lambda r, k=key: _forget(k, r))
-        packed_ref = weakref.ref(packed, lambda r, k=key: _forget(k, r))
-        _CACHE[key] = (x_ref, x._version, fmt, packed_ref)
+        refs = tuple(weakref.ref(t) for t in (packed.codes, packed.scales, packed.zeros))
+        meta = (packed.bits, packed.shape, packed.dtype, packed.group_size)
+        _CACHE[key] = (x_ref, x._version, fmt, refs, meta)
     return packed
 
 
-def save_context(ctx: Any, config: Config, *items: tuple[Tensor | None, int]) -> None:
-    """Keep each ``(tensor, bits)`` of ``items`` for backward (see the module docstring).
+Entry = tuple[Tensor | None, int] | PackedMask | Tensor | None
 
-    Must be called at most once per ``ctx`` (it calls ``ctx.save_for_backward``).
+
+def save_context(ctx: Any, config: Config, *items: Entry) -> None:
+    """Keep ``items`` for backward (see the module docstring); :func:`load_context` returns them
+    in order.
+
+    Each item is ``(tensor, bits)`` (quantized through :func:`shared_quantize`, or kept as is
+    for a pass-through width; ``tensor`` may be ``None``), a :class:`~gnnact.quant.PackedMask`
+    (returned unpacked, as ``torch.bool``), a tensor (kept as is) or ``None``. Call it at most
+    once per ``ctx``: it calls ``ctx.save_for_backward``.
     """
-    slots: list[Any] = []
-    direct: list[Tensor] = []
-    for x, bits in items:
-        if x is None:
+    tensors: list[Tensor] = []
+    slots: list[tuple | None] = []
+    for item in items:
+        if isinstance(item, tuple):
+            x, bits = item
+            item = None if x is None else shared_quantize(x, bits, config)
+            if isinstance(item, PackedTensor) and item.is_passthrough and item.codes is x:
+                item = x
+        if item is None:
             slots.append(None)
-            continue
-        packed = shared_quantize(x, bits, config)
-        if packed.is_passthrough and packed.codes is x:
-            slots.append(len(direct))
-            direct.append(x)
+        elif isinstance(item, Tensor):
+            slots.append(("tensor", len(tensors)))
+            tensors.append(item)
+        elif isinstance(item, PackedMask):
+            slots.append(("mask", len(tensors), item.shape))
+            tensors.append(item.data)
         else:
-            slots.append(packed)
-    ctx.save_for_backward(*direct)
-    ctx.gnnact_context = slots
+            parts = item.tensors()
+            slots.append(("packed", len(tensors), len(parts),
+                          (item.bits, item.shape, item.dtype, item.group_size)))
+            tensors.extend(parts)
+    ctx.save_for_backward(*tensors)
+    ctx.gnnact_slots = slots
 
 
 def load_context(ctx: Any) -> list[Tensor | None]:
-    """The tensors :func:`save_context` kept, in order (dequantized where they were packed)."""
-    direct = ctx.saved_tensors
+    """What :func:`save_context` kept, in order: dequantized, unpacked or as is."""
+    saved = ctx.saved_tensors
     out: list[Tensor | None] = []
-    for slot in ctx.gnnact_context:
+    for slot in ctx.gnnact_slots:
         if slot is None:
             out.append(None)
-        elif isinstance(slot, int):
-            out.append(direct[slot])
+        elif slot[0] == "tensor":
+            out.append(saved[slot[1]])
+        elif slot[0] == "mask":
+            out.append(unpack_mask(PackedMask(saved[slot[1]], slot[2])))
         else:
-            _release(slot)
-            out.append(dequantize(slot, backend="auto"))
+            _, start, count, meta = slot
+            parts = list(saved[start:start + count])
+            if count == 1:  # a 16-bit copy: no scales or zeros
+                parts += [None, None]
+            _release(parts[0])
+            out.append(dequantize(PackedTensor(*parts, *meta)))
     return out

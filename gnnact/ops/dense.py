@@ -31,9 +31,12 @@ from torch import Tensor
 
 from gnnact.config import Config
 from gnnact.ops.context import load_context, records_graph, save_context
-from gnnact.quant import pack_mask, unpack_mask
+from gnnact.quant import pack_mask
 
 __all__ = ["batch_norm", "dropout", "leaky_relu", "linear", "relu"]
+
+# Masks are exact; no quantization settings apply to them.
+_NO_QUANT = Config(bits=32)
 
 
 class _Linear(torch.autograd.Function):
@@ -82,18 +85,17 @@ class _BatchNorm(torch.autograd.Function):
                                                     True, momentum, eps)
         ctx.has_weight, ctx.has_bias = weight is not None, bias is not None
         # Per-channel statistics, at least float32 (native BN returns float32 for 16-bit inputs).
-        ctx.mean, ctx.invstd = mean, invstd
-        save_context(ctx, config, (x, config.bits), (weight, 32))
+        save_context(ctx, config, (x, config.bits), (weight, 32), mean, invstd)
         return out
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple:
-        x_hat, weight = load_context(ctx)
+        x_hat, weight, mean, invstd = load_context(ctx)
         shape = [1, -1] + [1] * (grad.dim() - 2)
         dims = [0, *range(2, grad.dim())]
         n = grad.numel() // grad.size(1)
-        mean = ctx.mean.to(grad.dtype).view(shape)
-        invstd = ctx.invstd.to(grad.dtype).view(shape)
+        mean = mean.to(grad.dtype).view(shape)
+        invstd = invstd.to(grad.dtype).view(shape)
         xn = (x_hat - mean) * invstd
         sum_g = grad.sum(dims)
         sum_gx = (grad * xn).sum(dims)
@@ -136,7 +138,7 @@ class _Masked(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x: Tensor, mask: Tensor, divisor: float, slope: float) -> Tensor:
-        ctx.mask = pack_mask(mask)
+        save_context(ctx, _NO_QUANT, pack_mask(mask))
         ctx.divisor, ctx.slope = divisor, slope
         if slope != 0.0:
             return torch.where(mask, x, x * slope)
@@ -147,7 +149,7 @@ class _Masked(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple:
-        mask = unpack_mask(ctx.mask)
+        (mask,) = load_context(ctx)
         if ctx.slope != 0.0:
             out = torch.where(mask, grad, grad * ctx.slope)
         elif ctx.divisor == 1.0:

@@ -77,7 +77,7 @@ from torch_geometric.utils import softmax
 from gnnact.config import Config
 from gnnact.ops.context import load_context, save_context
 from gnnact.ops.graph import Graph, _csr
-from gnnact.quant import pack_mask, unpack_mask
+from gnnact.quant import pack_mask
 
 __all__ = ["gat_attention"]
 
@@ -129,6 +129,7 @@ def _aggregate(weights_t: Tensor, x: Tensor, graph: Graph, transpose: bool) -> T
     """
     num_out = graph.num_src if transpose else graph.num_dst
     heads, channels = x.shape[1], x.shape[2]
+    weights_t = weights_t.contiguous()  # each head's values one dense row (CSR values)
     if x.dtype in _CSR_DTYPES:
         # One CSR x dense product per head: no [E, H, C] transient at all.
         x_t = x.transpose(0, 1).contiguous()  # [H, N_in, C]
@@ -226,7 +227,7 @@ class _GATAttention(torch.autograd.Function):
         ctx.graph, ctx.dst_mode = graph, dst_mode
         ctx.negative_slope, ctx.p = negative_slope, p
         ctx.has_edge = a_edge is not None
-        ctx.shape_s, ctx.shape_d = xs.shape, None if x_dst is None else x_dst.shape
+        ctx.shape_s = xs.shape
         if any(ctx.needs_input_grad[:5]):
             keep_xd = dst_mode == _SEPARATE and ctx.needs_input_grad[3]
             # alpha.t(): the [H, E] view, so that quantization groups run along the edges of
@@ -235,12 +236,11 @@ class _GATAttention(torch.autograd.Function):
                          (xd if keep_xd else None, config.bits),
                          (alpha.t(), config.attention),
                          (att_src, 32),
-                         (att_dst if x_dst is not None else None, 32))
-            ctx.leaky_mask = pack_mask(positive)
-            ctx.keep_mask = None if keep is None else pack_mask(keep)
+                         (att_dst if x_dst is not None else None, 32),
+                         pack_mask(positive),
+                         None if keep is None else pack_mask(keep))
         else:
             save_context(ctx, config)
-            ctx.leaky_mask = ctx.keep_mask = None
 
         if not want_alpha:
             return out
@@ -250,7 +250,7 @@ class _GATAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_out: Tensor | None, grad_alpha: Tensor | None = None) -> tuple:
         graph: Graph = ctx.graph
-        xs_hat, xd_hat, alpha_t, att_src, att_dst = load_context(ctx)
+        xs_hat, xd_hat, alpha_t, att_src, att_dst, positive, keep = load_context(ctx)
         dtype = xs_hat.dtype
         alpha = alpha_t.t()  # [E, H]
         heads = alpha.size(1)
@@ -259,8 +259,7 @@ class _GATAttention(torch.autograd.Function):
         grad_out = grad_out.to(dtype)
 
         scale = None
-        if ctx.keep_mask is not None:
-            keep = unpack_mask(ctx.keep_mask)
+        if keep is not None:
             scale = (keep.to(dtype) / (1 - ctx.p)) if ctx.p < 1.0 else keep.to(dtype)
         alpha_d = alpha if scale is None else alpha * scale
 
@@ -277,7 +276,6 @@ class _GATAttention(torch.autograd.Function):
         # Softmax backward per target and head.
         weighted = alpha * grad_a
         grad_s = weighted - alpha * _segment_sum(weighted, graph).index_select(0, graph.dst)
-        positive = unpack_mask(ctx.leaky_mask)
         grad_s = torch.where(positive, grad_s, grad_s * ctx.negative_slope)
 
         grad_a_src = grad_s.new_zeros(graph.num_src, heads).index_add_(0, graph.src, grad_s)

@@ -11,6 +11,7 @@ from torch_geometric.typing import OptTensor
 
 from gnnact import ops
 from gnnact.config import Config
+from gnnact.nn._base import _Compressed
 from gnnact.nn.conv.norm import normalized_graph
 from gnnact.ops.gcn2 import gcn2_residual
 from gnnact.ops.graph import Graph, build_graph
@@ -21,7 +22,7 @@ __all__ = ["GCN2Conv"]
 SUPPORTED_AGGR = ("add", "sum", "mean")
 
 
-class GCN2Conv(pyg_nn.GCN2Conv):
+class GCN2Conv(_Compressed, pyg_nn.GCN2Conv):
     r"""The GCNII operator from `"Simple and Deep Graph Convolutional Networks"
     <https://arxiv.org/abs/2007.02133>`_, as :class:`torch_geometric.nn.GCN2Conv` (same
     arguments, parameters ``weight1``/``weight2`` and ``state_dict`` keys), storing its context
@@ -55,7 +56,11 @@ class GCN2Conv(pyg_nn.GCN2Conv):
       model** when every layer receives the same ``x_0`` object (see
       :func:`gnnact.ops.gcn2.gcn2_residual`).
 
-    With ``config=Config(bits=32)`` outputs and gradients equal PyG's.
+    Only an ``edge_weight`` that needs a gradient makes the aggregation keep :math:`\mathbf{X}`
+    as well (compressed, for :math:`\nabla w_{ij} = \langle\nabla\mathbf{Y}_i,
+    \mathbf{X}_j\rangle`). With ``config=Config(bits=32)`` outputs and gradients equal PyG's.
+    The aggregation does not go through :meth:`propagate`, so propagate/message hooks and
+    explainers do not see it.
 
     Args:
         channels (int): size of each input and output sample.
@@ -99,7 +104,7 @@ class GCN2Conv(pyg_nn.GCN2Conv):
         self._init_gnnact(config)
 
     def _init_gnnact(self, config: Config | None) -> None:
-        self.config = config or Config()
+        super()._init_gnnact(config)
         self._cached_graph: tuple[Graph, Tensor | None] | None = None
 
     @classmethod
@@ -117,9 +122,7 @@ class GCN2Conv(pyg_nn.GCN2Conv):
         if not cls.supports(module):
             raise ValueError(f"gnnact GCN2Conv supports aggr in {SUPPORTED_AGGR}, got "
                              f"{module.aggr!r}")
-        module.__class__ = cls
-        module._init_gnnact(config)
-        return module
+        return super()._adopt(module, config)
 
     def reset_parameters(self) -> None:
         super().reset_parameters()
@@ -129,13 +132,17 @@ class GCN2Conv(pyg_nn.GCN2Conv):
                x: Tensor) -> tuple[Graph, Tensor | None]:
         """The (normalised) graph and the edge values that need a gradient (else ``None``)."""
         num_nodes = x.size(self.node_dim)
+        sparse = not isinstance(edge_index, Tensor) or edge_index.layout != torch.strided
+        if sparse and self.flow != "source_to_target":
+            # As PyG's propagate(): an adj_t is already oriented target x source.
+            raise ValueError(f'Flow direction "{self.flow}" is invalid for message propagation '
+                             f"via `torch_sparse.SparseTensor` or `torch.sparse.Tensor`")
         if self.normalize and self.cached:
             if self._cached_graph is None:
                 self._cached_graph = self._take_over_pyg_cache(num_nodes)
             if self._cached_graph is not None:
                 return self._cached_graph
-        if not self.normalize and (not isinstance(edge_index, Tensor)
-                                   or edge_index.layout != torch.strided):
+        if not self.normalize and sparse:
             # A sparse adj_t takes PyG's fused path, which reads the adjacency's own values and
             # ignores edge_weight.
             edge_weight = None

@@ -1,0 +1,65 @@
+"""The model configurations of EXACT's full-batch benchmarks, built from plain PyG and PyTorch
+layers so that :func:`gnnact.convert` applies to them unchanged.
+
+- GCN / SAGE: 3 layers, hidden 256, BatchNorm, ReLU, dropout 0.5.
+- GAT: 3 layers, 3 heads x 128 channels (concatenated), BatchNorm, ReLU, dropout 0.5.
+- GCNII: 16 layers of width 256, alpha 0.1, theta 0.5, ReLU, dropout 0.5.
+"""
+
+from __future__ import annotations
+
+import torch_geometric.nn as pyg_nn
+from torch import Tensor, nn
+
+MODELS = ("gcn", "sage", "gat", "gcnii")
+
+
+class Stack(nn.Module):
+    """conv -> BatchNorm -> ReLU -> dropout, repeated; the last conv maps to the classes."""
+
+    def __init__(self, convs: list[nn.Module], hidden: int, dropout: float = 0.5) -> None:
+        super().__init__()
+        self.convs = nn.ModuleList(convs)
+        self.bns = nn.ModuleList([nn.BatchNorm1d(hidden) for _ in convs[:-1]])
+        self.act = nn.ReLU()
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, adj) -> Tensor:
+        for conv, bn in zip(self.convs[:-1], self.bns, strict=True):
+            x = self.drop(self.act(bn(conv(x, adj))))
+        return self.convs[-1](x, adj)
+
+
+class GCNII(nn.Module):
+    """GCNII (Chen et al. 2020): input and output linear maps around GCN2Conv layers."""
+
+    def __init__(self, f_in: int, hidden: int, classes: int, layers: int = 16,
+                 alpha: float = 0.1, theta: float = 0.5, dropout: float = 0.5) -> None:
+        super().__init__()
+        self.lins = nn.ModuleList([nn.Linear(f_in, hidden), nn.Linear(hidden, classes)])
+        self.convs = nn.ModuleList([pyg_nn.GCN2Conv(hidden, alpha, theta, layer + 1)
+                                    for layer in range(layers)])
+        self.act = nn.ReLU()
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, adj) -> Tensor:
+        x = x_0 = self.act(self.lins[0](self.drop(x)))
+        for conv in self.convs:
+            x = self.act(conv(self.drop(x), x_0, adj))
+        return self.lins[1](self.drop(x))
+
+
+def build(name: str, f_in: int, classes: int) -> nn.Module:
+    """One of :data:`MODELS` with EXACT's sizes."""
+    if name == "gcn":
+        return Stack([pyg_nn.GCNConv(f_in, 256), pyg_nn.GCNConv(256, 256),
+                      pyg_nn.GCNConv(256, classes)], 256)
+    if name == "sage":
+        return Stack([pyg_nn.SAGEConv(f_in, 256), pyg_nn.SAGEConv(256, 256),
+                      pyg_nn.SAGEConv(256, classes)], 256)
+    if name == "gat":
+        return Stack([pyg_nn.GATConv(f_in, 128, heads=3), pyg_nn.GATConv(384, 128, heads=3),
+                      pyg_nn.GATConv(384, classes, heads=3, concat=False)], 384)
+    if name == "gcnii":
+        return GCNII(f_in, 256, classes)
+    raise ValueError(f"model must be one of {MODELS}, got {name!r}")
