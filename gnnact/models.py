@@ -1,5 +1,7 @@
 """The model configurations of EXACT's full-batch benchmarks, built from plain PyG and PyTorch
-layers so that :func:`gnnact.convert` applies to them unchanged.
+modules (no functional ReLU or dropout) so that :func:`gnnact.convert` reaches every layer.
+
+Defaults (:func:`build`):
 
 - GCN / SAGE: 3 layers, hidden 256, BatchNorm, ReLU, dropout 0.5.
 - GAT: 3 layers, 3 heads x 128 channels (concatenated), BatchNorm, ReLU, dropout 0.5.
@@ -7,6 +9,8 @@ layers so that :func:`gnnact.convert` applies to them unchanged.
 """
 
 from __future__ import annotations
+
+import itertools
 
 import torch_geometric.nn as pyg_nn
 from torch import Tensor, nn
@@ -18,6 +22,8 @@ class Stack(nn.Module):
     """conv -> BatchNorm -> ReLU -> dropout, repeated; the last conv maps to the classes."""
 
     def __init__(self, convs: list[nn.Module], hidden: int, dropout: float = 0.5) -> None:
+        if len(convs) < 2:
+            raise ValueError(f"a stack needs at least 2 layers, got {len(convs)}")
         super().__init__()
         self.convs = nn.ModuleList(convs)
         self.bns = nn.ModuleList([nn.BatchNorm1d(hidden) for _ in convs[:-1]])
@@ -49,17 +55,21 @@ class GCNII(nn.Module):
         return self.lins[1](self.drop(x))
 
 
-def build(name: str, f_in: int, classes: int) -> nn.Module:
-    """One of :data:`MODELS` with EXACT's sizes."""
-    if name == "gcn":
-        return Stack([pyg_nn.GCNConv(f_in, 256), pyg_nn.GCNConv(256, 256),
-                      pyg_nn.GCNConv(256, classes)], 256)
-    if name == "sage":
-        return Stack([pyg_nn.SAGEConv(f_in, 256), pyg_nn.SAGEConv(256, 256),
-                      pyg_nn.SAGEConv(256, classes)], 256)
+def build(name: str, f_in: int, classes: int, *, hidden: int | None = None,
+          layers: int | None = None, heads: int = 3, dropout: float = 0.5) -> nn.Module:
+    """One of :data:`MODELS`; ``hidden`` and ``layers`` default to EXACT's sizes (GAT: ``hidden``
+    channels per head)."""
+    if name in ("gcn", "sage"):
+        hidden, layers = hidden or 256, layers or 3
+        conv = pyg_nn.GCNConv if name == "gcn" else pyg_nn.SAGEConv
+        dims = [f_in] + [hidden] * (layers - 1) + [classes]
+        return Stack([conv(a, b) for a, b in itertools.pairwise(dims)], hidden, dropout)
     if name == "gat":
-        return Stack([pyg_nn.GATConv(f_in, 128, heads=3), pyg_nn.GATConv(384, 128, heads=3),
-                      pyg_nn.GATConv(384, classes, heads=3, concat=False)], 384)
+        hidden, layers = hidden or 128, layers or 3
+        dims = [f_in] + [hidden * heads] * (layers - 1)
+        convs = [pyg_nn.GATConv(a, hidden, heads=heads) for a in dims]
+        convs.append(pyg_nn.GATConv(hidden * heads, classes, heads=heads, concat=False))
+        return Stack(convs, hidden * heads, dropout)
     if name == "gcnii":
-        return GCNII(f_in, 256, classes)
+        return GCNII(f_in, hidden or 256, classes, layers=layers or 16, dropout=dropout)
     raise ValueError(f"model must be one of {MODELS}, got {name!r}")

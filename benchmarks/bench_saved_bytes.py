@@ -1,0 +1,89 @@
+"""Saved-context bytes of EXACT's model configurations: PyG fp32 against gnnact at 1/2/4/8 bits.
+
+Device-independent (``gnnact.memory.saved_bytes`` walks the autograd graph), so it runs on the
+CPU. One training-mode forward pass per configuration on an ogbn-arxiv-shaped synthetic graph
+(169,343 nodes, ~1.17M undirected edges stored in both directions, 128 features, 40 classes);
+the loss is cross-entropy on the training nodes. The input features, labels and edge index are
+excluded from both sides (they stay resident whatever the model keeps). Targets at 2 bits
+(DESIGN.md §5): GCN/SAGE >= 24x, GAT >= 10x, GCNII >= 16x.
+
+Usage::
+
+    python benchmarks/bench_saved_bytes.py [--models gcn sage gat gcnii] [--bits 1 2 4 8]
+        [--nodes 169343] [--smoke]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import RESULTS, append_rows, environment
+
+import gnnact
+from gnnact.data import synthetic_graph
+from gnnact.memory import saved_bytes
+from gnnact.models import MODELS, build
+
+ARXIV = {"num_nodes": 169_343, "avg_degree": 13.77, "num_features": 128, "num_classes": 40}
+
+
+def measure(model: torch.nn.Module, data, exclude: list) -> int:
+    model.train()
+    torch.manual_seed(0)
+    out = model(data.x, data.edge_index)
+    loss = F.cross_entropy(out[data.train_mask], data.y[data.train_mask])
+    nbytes = saved_bytes(loss, exclude=exclude)
+    del out, loss
+    gc.collect()
+    return nbytes
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
+    parser.add_argument("--bits", nargs="+", type=int, default=[1, 2, 4, 8])
+    parser.add_argument("--nodes", type=int, default=ARXIV["num_nodes"])
+    parser.add_argument("--smoke", action="store_true", help="a 2,000-node graph, no results")
+    parser.add_argument("--out", type=Path, default=RESULTS / "saved_bytes.jsonl")
+    args = parser.parse_args(argv)
+
+    shape = dict(ARXIV, num_nodes=2_000 if args.smoke else args.nodes)
+    data = synthetic_graph(shape["num_nodes"], shape["avg_degree"], shape["num_features"],
+                           shape["num_classes"], seed=0)
+    exclude = [data.x, data.y, data.edge_index]
+    env = environment(torch.device("cpu"))
+    rows = []
+    for name in args.models:
+        torch.manual_seed(0)
+        model = build(name, shape["num_features"], shape["num_classes"])
+        fp32 = measure(model, data, exclude)
+        print(f"{name:6s} PyG fp32 {fp32 / 2**20:10.1f} MiB")
+        for bits in args.bits:
+            gnnact.convert(model, gnnact.Config(bits=bits))
+            packed = measure(model, data, exclude)
+            ratio = fp32 / packed
+            print(f"{name:6s} {bits:2d} bits  {packed / 2**20:10.1f} MiB  {ratio:6.2f}x")
+            rows.append({"bench": "saved_bytes", **env, "model": name, "bits": bits,
+                         "attention_bits": gnnact.Config(bits=bits).attention,
+                         "num_nodes": data.num_nodes, "num_edges": data.num_edges,
+                         "num_features": shape["num_features"], "pyg_fp32_bytes": fp32,
+                         "gnnact_bytes": packed, "ratio": round(ratio, 3)})
+        del model
+        gc.collect()
+    if not args.smoke:
+        append_rows(args.out, rows)
+        print(f"{len(rows)} rows -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,71 @@
+"""Facts about the running environment that every result row carries: device, versions, commit,
+date. Shared by the command line and the benchmark scripts."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import platform
+import subprocess
+from pathlib import Path
+
+import torch
+
+__all__ = ["device_name", "environment", "git_commit"]
+
+_ROOT = Path(__file__).resolve().parent.parent
+
+
+def git_commit(short: bool = True) -> str | None:
+    """HEAD of the checkout this package runs from (``-dirty`` if tracked files changed), or
+    ``None`` outside a git checkout."""
+    try:
+        args = ["git", "rev-parse", *(["--short"] if short else []), "HEAD"]
+        head = subprocess.run(args, cwd=_ROOT, check=True, capture_output=True, text=True,
+                              timeout=5).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=_ROOT, capture_output=True, text=True, timeout=5).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("-dirty" if dirty.strip() else "") if head else None
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def device_name(device: torch.device | str) -> str:
+    """The GPU's name, or the CPU model with the number of torch threads."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{_cpu_name()} ({torch.get_num_threads()} threads)"
+
+
+def environment(device: torch.device | str = "cpu") -> dict:
+    """Device, versions, commit and date, as a flat dict for a JSON result row."""
+    import torch_geometric
+
+    try:
+        import cupy
+
+        cupy_version = cupy.__version__
+    except Exception:  # not installed, or no usable CUDA
+        cupy_version = None
+    device = torch.device(device)
+    return {
+        "device": device.type,
+        "device_name": device_name(device),
+        "torch": torch.__version__,
+        "torch_geometric": torch_geometric.__version__,
+        "cupy": cupy_version,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "commit": git_commit(),
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
