@@ -31,4 +31,8 @@ python benchmarks/bench_quantize.py --device cuda --out "$out/quantize.jsonl" ||
 python benchmarks/bench_quantize.py --device cuda --dtype bfloat16 --bits 2 4 8 \
   --out "$out/quantize.jsonl" || status=1
 
+echo "== training step: PyG fp32 vs gnnact side by side (arxiv-shaped synthetic graph)"
+python benchmarks/bench_train.py --device cuda --models gcn sage gat gcnii --bits 2 4 \
+  --out "$out/train.jsonl" || status=1
+
 exit $status

@@ -76,7 +76,7 @@ from torch_geometric.utils import softmax
 
 from gnnact.config import Config
 from gnnact.ops.context import load_context, save_context
-from gnnact.ops.graph import Graph, _csr
+from gnnact.ops.graph import Graph, csr_tensor
 from gnnact.quant import pack_mask
 
 __all__ = ["gat_attention"]
@@ -165,7 +165,7 @@ def _edge_dot(grad: Tensor, x: Tensor, graph: Graph) -> Tensor:
     if x.dtype in _CSR_DTYPES:
         g_t = grad.transpose(0, 1).contiguous()  # [H, N_dst, C]
         x_t = x.transpose(0, 1).contiguous()  # [H, N_src, C]
-        pattern = _csr(graph.ptr, graph.src, x.new_zeros(num_edges),
+        pattern = csr_tensor(graph.ptr, graph.src, x.new_zeros(num_edges),
                        (graph.num_dst, graph.num_src))
         out = x.new_empty(heads, num_edges)
         for h in range(heads):

@@ -31,7 +31,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["Graph", "build_graph", "cache_on", "check_edge_index", "graph_from"]
+__all__ = ["Graph", "build_graph", "cache_on", "check_edge_index", "csr_tensor", "graph_from",
+           "is_sparse_tensor"]
 
 _INT32_MAX = 2**31 - 1
 
@@ -40,7 +41,8 @@ def _index_dtype(*sizes: int) -> torch.dtype:
     return torch.int32 if max(sizes, default=0) <= _INT32_MAX else torch.int64
 
 
-def _csr(ptr: Tensor, col: Tensor, value: Tensor, size: tuple[int, int]) -> Tensor:
+def csr_tensor(ptr: Tensor, col: Tensor, value: Tensor, size: tuple[int, int]) -> Tensor:
+    """A ``torch.sparse_csr`` tensor, without invariant checks or the beta warning."""
     with warnings.catch_warnings():
         # "Sparse CSR tensor support is in beta": we rely only on CSR @ dense.
         warnings.simplefilter("ignore", UserWarning)
@@ -107,14 +109,15 @@ class Graph:
     def matrix(self, value: Tensor | None, dtype: torch.dtype) -> Tensor:
         r""":math:`A` as a ``torch.sparse_csr`` tensor with ``value`` (CSR order; ones if
         ``None``)."""
-        return _csr(self.ptr, self.src, self._values(value, dtype), (self.num_dst, self.num_src))
+        return csr_tensor(self.ptr, self.src, self._values(value, dtype),
+                          (self.num_dst, self.num_src))
 
     def matrix_t(self, value: Tensor | None, dtype: torch.dtype) -> Tensor:
         r""":math:`A^\top` as a ``torch.sparse_csr`` tensor."""
         v = self._values(value, dtype)
         if value is not None:
             v = v[self.t_perm]
-        return _csr(self.t_ptr, self.t_dst, v, (self.num_src, self.num_dst))
+        return csr_tensor(self.t_ptr, self.t_dst, v, (self.num_src, self.num_dst))
 
     def nbytes(self) -> int:
         """Bytes of the index structure (what a fixed-adjacency SpMM keeps)."""
@@ -221,7 +224,7 @@ def build_graph(adj: Any, num_src: int | None = None, num_dst: int | None = None
         num_dst = num_src
     if flow not in ("source_to_target", "target_to_source"):
         raise ValueError(f"flow must be 'source_to_target' or 'target_to_source', got {flow!r}")
-    if _is_sparse_tensor(adj):
+    if is_sparse_tensor(adj):
         n_dst, n_src = adj.sparse_sizes()
         _check_size("num_src", n_src, num_src)
         _check_size("num_dst", n_dst, num_dst)
@@ -273,7 +276,8 @@ def check_edge_index(adj: Tensor, num_src: int | None, num_dst: int | None,
     return edge_index
 
 
-def _is_sparse_tensor(adj: Any) -> bool:
+def is_sparse_tensor(adj: Any) -> bool:
+    """Whether ``adj`` is a ``torch_sparse.SparseTensor`` (false when torch-sparse is absent)."""
     try:
         from torch_geometric.typing import SparseTensor
     except ImportError:  # pragma: no cover

@@ -28,7 +28,7 @@ from gnnact.config import Config
 from gnnact.nn._base import _Compressed
 from gnnact.nn._lazy import linear_weight
 from gnnact.ops.gat import gat_attention
-from gnnact.ops.graph import Graph, _is_sparse_tensor, build_graph, cache_on
+from gnnact.ops.graph import Graph, build_graph, cache_on, is_sparse_tensor
 
 __all__ = ["GATConv"]
 
@@ -152,7 +152,7 @@ class GATConv(_Compressed, pyg_nn.GATConv):
         """``(N_src, N_dst)`` as PyG's ``propagate`` infers and checks them."""
         if isinstance(adj, EdgeIndex):
             dims: list[int | None] = [adj.num_rows, adj.num_cols]
-        elif is_torch_sparse_tensor(adj) or _is_sparse_tensor(adj):
+        elif is_torch_sparse_tensor(adj) or is_sparse_tensor(adj):
             if self.flow == "target_to_source":
                 raise ValueError("Flow direction 'target_to_source' is invalid for message "
                                  "propagation via a sparse adjacency; pass adj_t.t() instead")

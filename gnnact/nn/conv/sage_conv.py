@@ -14,7 +14,7 @@ from gnnact import ops
 from gnnact.config import Config
 from gnnact.nn._base import _Compressed
 from gnnact.nn._lazy import linear_weight
-from gnnact.ops.graph import _is_sparse_tensor
+from gnnact.ops.graph import is_sparse_tensor
 
 __all__ = ["SAGEConv"]
 
@@ -96,7 +96,7 @@ class SAGEConv(_Compressed, pyg_nn.SAGEConv):
             raise ValueError(f"size[0]={size[0]} does not match the {x_src.size(0)} rows of the "
                              f"source features")
         graph = ops.graph_from(edge_index, x_src.size(0), num_dst, flow=self.flow)
-        if _is_sparse_tensor(edge_index) and graph.value is not None:
+        if is_sparse_tensor(edge_index) and graph.value is not None:
             # PyG drops a SparseTensor's values here (set_value(None)); torch.sparse keeps them.
             graph = dataclasses.replace(graph, value=None)
         out = ops.spmm(x_src, graph, None, self.aggr, cfg)

@@ -1,0 +1,156 @@
+"""Full-batch training step: epoch time and memory of PyG fp32 against gnnact, side by side.
+
+For each model, one process trains the plain PyG model and the same model after
+:func:`gnnact.convert` at each bit width, on an ogbn-arxiv-shaped synthetic graph (or
+``--nodes``). Per configuration it reports, after ``--warmup`` steps:
+
+- ``epoch_ms``: median of ``--epochs`` training steps (forward, backward, optimizer), timed
+  with CUDA events on a GPU and ``perf_counter`` on the CPU;
+- ``kept_bytes`` (GPU): ``memory_allocated`` after forward minus before, minus the output;
+- ``peak_bytes`` (GPU): ``max_memory_allocated`` over one step, from a reset;
+- ``saved_bytes``: the device-independent graph walk (:func:`gnnact.memory.saved_bytes`).
+
+Target on a GPU (DESIGN.md §5): gnnact's epoch time within +10 % of PyG fp32.
+
+Usage::
+
+    python benchmarks/bench_train.py [--device cuda] [--models gcn sage gat gcnii]
+        [--bits 2 4] [--nodes 169343] [--smoke]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import RESULTS, append_rows, environment
+
+import gnnact
+from gnnact.data import synthetic_graph
+from gnnact.memory import saved_bytes
+from gnnact.models import MODELS, build
+
+ARXIV = {"num_nodes": 169_343, "avg_degree": 13.77, "num_features": 128, "num_classes": 40}
+
+
+def loss_of(model: torch.nn.Module, data) -> torch.Tensor:
+    out = model(data.x, data.edge_index)
+    return F.cross_entropy(out[data.train_mask], data.y[data.train_mask])
+
+
+def run(model: torch.nn.Module, data, device: torch.device, epochs: int, warmup: int) -> dict:
+    model.train()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    cuda = device.type == "cuda"
+
+    def step() -> torch.Tensor:
+        opt.zero_grad(set_to_none=True)
+        loss = loss_of(model, data)
+        loss.backward()
+        opt.step()
+        return loss
+
+    for _ in range(warmup):
+        step()
+    result: dict = {}
+    # Memory: one instrumented step.
+    opt.zero_grad(set_to_none=True)
+    if cuda:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+    out = model(data.x, data.edge_index)
+    loss = F.cross_entropy(out[data.train_mask], data.y[data.train_mask])
+    if cuda:
+        torch.cuda.synchronize(device)
+        result["kept_bytes"] = (torch.cuda.memory_allocated(device) - before
+                                - out.numel() * out.element_size())
+    result["saved_bytes"] = saved_bytes(loss, exclude=[model, data.x, data.y, data.edge_index])
+    del out
+    loss.backward()
+    opt.step()
+    if cuda:
+        torch.cuda.synchronize(device)
+        result["peak_bytes"] = torch.cuda.max_memory_allocated(device) - before
+    del loss
+    # Time: median step.
+    times = []
+    for _ in range(epochs):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            step()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            step()
+            times.append(1e3 * (time.perf_counter() - t0))
+    result["epoch_ms"] = statistics.median(times)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=["gcn", "sage"])
+    parser.add_argument("--bits", nargs="+", type=int, default=[2, 4])
+    parser.add_argument("--nodes", type=int, default=ARXIV["num_nodes"])
+    parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--smoke", action="store_true", help="2,000 nodes, 2 steps, no results")
+    parser.add_argument("--out", type=Path, default=RESULTS / "train.jsonl")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    if args.smoke:
+        args.nodes, args.epochs, args.warmup = 2_000, 2, 1
+
+    data = synthetic_graph(args.nodes, ARXIV["avg_degree"], ARXIV["num_features"],
+                           ARXIV["num_classes"], seed=0).to(device)
+    env = environment(device)
+    rows = []
+    for name in args.models:
+        base = None
+        for bits in [32, *args.bits]:
+            torch.manual_seed(0)
+            model = build(name, ARXIV["num_features"], ARXIV["num_classes"]).to(device)
+            if bits < 32:
+                gnnact.convert(model, gnnact.Config(bits=bits))
+            result = run(model, data, device, args.epochs, args.warmup)
+            base = base or result
+            row = {"bench": "train_step", **env, "model": name, "bits": bits,
+                   "impl": "pyg" if bits == 32 else "gnnact", "num_nodes": data.num_nodes,
+                   "num_edges": data.num_edges, "epochs_timed": args.epochs, **result,
+                   "time_vs_pyg": result["epoch_ms"] / base["epoch_ms"],
+                   "saved_ratio_vs_pyg": base["saved_bytes"] / result["saved_bytes"]}
+            if "peak_bytes" in result:
+                row["peak_ratio_vs_pyg"] = base["peak_bytes"] / result["peak_bytes"]
+            rows.append(row)
+            mem = (f" kept {result['kept_bytes'] / 2**20:8.1f} MiB peak "
+                   f"{result['peak_bytes'] / 2**20:8.1f} MiB" if "peak_bytes" in result else "")
+            print(f"{name:6s} {row['impl']:6s} {bits:2d} bits {result['epoch_ms']:9.2f} ms "
+                  f"({row['time_vs_pyg']:.2f}x) saved {result['saved_bytes'] / 2**20:8.1f} MiB"
+                  + mem)
+            del model
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    if not args.smoke:
+        append_rows(args.out, rows)
+        print(f"{len(rows)} rows -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
