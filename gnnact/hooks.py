@@ -16,8 +16,9 @@ import torch
 from torch import Tensor
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from gnnact.memory import _exclude_keys, _storages
-from gnnact.quant import SUPPORTED_BITS, PackedTensor, dequantize, quantize
+from gnnact.config import Config
+from gnnact.memory import storage_keys, tensor_storages
+from gnnact.quant import PackedTensor, dequantize, quantize
 from gnnact.quant.core import FLOAT_DTYPES
 
 __all__ = ["quantized_saved_tensors"]
@@ -124,21 +125,17 @@ class quantized_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         min_numel: int = 4096,
         generator: torch.Generator | None = None,
     ) -> None:
-        if isinstance(bits, bool) or not isinstance(bits, int) or bits not in SUPPORTED_BITS:
-            raise ValueError(f"bits must be one of {SUPPORTED_BITS}, got {bits!r}")
-        if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size <= 0:
-            raise ValueError(f"group_size must be a positive int, got {group_size!r}")
+        # Config validates bits, group_size and backend (same rules, same messages).
+        Config(bits=bits, group_size=group_size, per_row=per_row, backend=backend)
         if isinstance(min_numel, bool) or not isinstance(min_numel, int) or min_numel < 0:
             raise ValueError(f"min_numel must be a non-negative int, got {min_numel!r}")
-        if backend not in ("auto", "torch", "cupy"):
-            raise ValueError(f"backend must be one of ('auto', 'torch', 'cupy'), got {backend!r}")
         self.bits = bits
         self.group_size = group_size
         self.per_row = per_row
         self.backend = backend
         self.min_numel = min_numel
         self.generator = generator
-        self._skip = _exclude_keys(skip)
+        self._skip = storage_keys(skip)
         self._cache: dict[_CacheKey, tuple[weakref.ref, weakref.ref]] = {}
         self.reset_stats()
         super().__init__(self._pack, self._unpack)
@@ -221,7 +218,7 @@ class quantized_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         """Tally the storages of a tensor that is saved as is."""
         if t.is_leaf and t.requires_grad:  # a graph leaf: saved_bytes leaves it out too
             return
-        for _, _, nbytes, key in _storages(t, "saved"):
+        for _, _, nbytes, key in tensor_storages(t, "saved"):
             if key not in self._skip and key not in self._passed:
                 self._passed.add(key)
                 self.passthrough_bytes += nbytes

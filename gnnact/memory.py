@@ -48,7 +48,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from gnnact.quant.packed import PackedMask, PackedTensor
 
-__all__ = ["SavedRecord", "saved_bytes", "saved_tensors"]
+__all__ = ["SavedRecord", "saved_bytes", "saved_tensors", "storage_keys", "tensor_storages"]
 
 #: Storage identity: ``(device type, device index, data pointer)``.
 StorageKey = tuple[str, int | None, int]
@@ -170,7 +170,7 @@ def saved_tensors(
         list[SavedRecord]: the records.
     """
     outputs = _as_outputs(output)
-    excluded = _exclude_keys(exclude)
+    excluded = storage_keys(exclude)
 
     raw: list[tuple[str, str, Tensor, int, StorageKey]] = []
     leaf_keys: set[StorageKey] = set()
@@ -187,10 +187,10 @@ def saved_tensors(
         name = type(node).__name__
 
         if isinstance(node, _AccumulateGrad):  # its variable is a graph leaf
-            leaf_keys.update(key for _, _, _, key in _storages(node.variable, ""))
+            leaf_keys.update(key for _, _, _, key in tensor_storages(node.variable, ""))
         else:
             for attr, tensor in _node_tensors(node):
-                for suffix, part, nbytes, key in _storages(tensor, attr):
+                for suffix, part, nbytes, key in tensor_storages(tensor, attr):
                     raw.append((name, suffix, part, nbytes, key))
 
         for next_node, _ in reversed(node.next_functions):
@@ -225,7 +225,8 @@ def _as_outputs(output: Any) -> list[Tensor]:
                     f"not {type(output).__name__}")
 
 
-def _exclude_keys(exclude: Any) -> set[StorageKey]:
+def storage_keys(exclude: Any) -> set[StorageKey]:
+    """Storage keys of tensors, modules (their parameters and buffers) and packed objects."""
     # A single tensor or module is accepted as well; iterating a tensor would give its rows.
     if isinstance(exclude, (Tensor, torch.nn.Module, *_PACKED_TYPES)):
         exclude = [exclude]
@@ -244,7 +245,7 @@ def _exclude_keys(exclude: Any) -> set[StorageKey]:
         else:
             raise TypeError(f"argument 'exclude' must hold Tensors and Modules, "
                             f"got {type(item).__name__}")
-    return {key for t in tensors for _, _, _, key in _storages(t, "")}
+    return {key for t in tensors for _, _, _, key in tensor_storages(t, "")}
 
 
 def _node_tensors(node: Any) -> Iterator[tuple[str, Tensor]]:
@@ -298,7 +299,7 @@ def _ctx_tensors(value: Any, path: str, seen: set[int]) -> Iterator[tuple[str, T
             yield from _ctx_tensors(v, f"{path}[{k!r}]", seen)
 
 
-def _storages(t: Tensor, path: str) -> Iterator[tuple[str, Tensor, int, StorageKey]]:
+def tensor_storages(t: Tensor, path: str) -> Iterator[tuple[str, Tensor, int, StorageKey]]:
     """Reduce ``t`` to the strided tensors that own its memory: ``(path, part, nbytes, key)``.
 
     Storages of zero bytes (meta and empty tensors) are left out: they hold no memory, and
@@ -314,17 +315,17 @@ def _storages(t: Tensor, path: str) -> Iterator[tuple[str, Tensor, int, StorageK
             inner.setdefault(name, value)
         for name, value in inner.items():
             if isinstance(value, Tensor):
-                yield from _storages(value, f"{path}.{name}")
+                yield from tensor_storages(value, f"{path}.{name}")
             elif isinstance(value, (tuple, list)):
                 for i, v in enumerate(value):
                     if isinstance(v, Tensor):
-                        yield from _storages(v, f"{path}.{name}[{i}]")
+                        yield from tensor_storages(v, f"{path}.{name}[{i}]")
         return
 
     parts = _SPARSE_PARTS.get(t.layout)
     if parts is not None:
         for name in parts:
-            yield from _storages(getattr(t, name)(), f"{path}.{name}")
+            yield from tensor_storages(getattr(t, name)(), f"{path}.{name}")
         return
 
     if t.is_meta:
