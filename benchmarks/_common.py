@@ -13,7 +13,7 @@ import torch
 
 from gnnact.env import environment
 
-__all__ = ["RESULTS", "ROOT", "append_rows", "environment", "median_time"]
+__all__ = ["RESULTS", "ROOT", "append_rows", "environment", "finish", "median_time"]
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -24,6 +24,14 @@ def append_rows(path: Path, rows: list[dict]) -> None:
     with path.open("a") as f:
         for row in rows:
             f.write(json.dumps(row) + "\n")
+
+
+def finish(path: Path, rows: list[dict], *, smoke: bool = False) -> int:
+    """Append ``rows`` to ``path`` (not in a smoke run) and return the exit status."""
+    if not smoke:
+        append_rows(path, rows)
+        print(f"{len(rows)} rows -> {path}")
+    return 0
 
 
 def median_time(fn: Callable[[], object], device: torch.device, *, repeats: int,

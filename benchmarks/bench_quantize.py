@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RESULTS, append_rows, environment, median_time
+from _common import RESULTS, environment, finish, median_time
 
 import gnnact
 from gnnact.kernels import cupy_available
@@ -96,10 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             numel, repeats = 1 << 14, 2
         rows += bench_device(device, numel, args.bits, getattr(torch, args.dtype),
                              args.group_size, repeats)
-    if not args.smoke:
-        append_rows(args.out, rows)
-        print(f"{len(rows)} rows -> {args.out}")
-    return 0
+    return finish(args.out, rows, smoke=args.smoke)
 
 
 if __name__ == "__main__":

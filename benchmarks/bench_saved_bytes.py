@@ -26,7 +26,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RESULTS, append_rows, environment
+from _common import RESULTS, environment, finish
 
 import gnnact
 from gnnact.data import synthetic_graph
@@ -79,10 +79,7 @@ def main(argv: list[str] | None = None) -> int:
                          "gnnact_bytes": packed, "ratio": round(ratio, 3)})
         del model
         gc.collect()
-    if not args.smoke:
-        append_rows(args.out, rows)
-        print(f"{len(rows)} rows -> {args.out}")
-    return 0
+    return finish(args.out, rows, smoke=args.smoke)
 
 
 if __name__ == "__main__":
