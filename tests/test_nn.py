@@ -214,11 +214,41 @@ def test_gcn3_saved_bytes_exact_formula():
     per_hidden_layer = (packed(nh)                 # BatchNorm input
                         + 2 * hidden * 4           # batch mean and inverse std
                         + 2 * math.ceil(nh / 8))   # ReLU and dropout masks
-    expected = (packed(n * f_in) + 2 * packed(nh)  # inputs of the three linear maps
-                + 2 * per_hidden_layer)
+    # The first linear map keeps its input; the inputs of the other two are dropout(relu(BN))
+    # outputs, rebuilt from the BatchNorm input, statistics and masks above: no extra bytes.
+    expected = packed(n * f_in) + 2 * per_hidden_layer
     assert saved_bytes(loss, exclude=[x]) == expected
     # Nothing of size E (graph structure lives in the cache, not in the autograd graph).
     assert all(r.shape[0] not in (8000, 8000 + n) for r in saved_tensors(loss, exclude=[x]))
+
+
+@pytest.mark.parametrize("act", ["relu", "leaky_relu"])
+def test_derived_linear_input_is_rebuilt_unbiased(act):
+    # BN -> activation -> dropout -> linear: the linear map keeps no copy of its input but
+    # rebuilds it from the BN input (2 bits), statistics and masks. Only W's gradient is taken,
+    # g^T z_hat, which is linear in the rounding: its error against g^T z of the same forward
+    # pass (z exact) must average to zero.
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(200, 16, generator=gen, dtype=torch.float64)
+    w_bn = torch.rand(16, generator=gen, dtype=torch.float64, requires_grad=True)
+    b_bn = torch.randn(16, generator=gen, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(8, 16, generator=gen, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(200, 8, generator=gen, dtype=torch.float64)
+    config = Config(bits=2, group_size=64)
+    errors = []
+    for d in range(300):
+        torch.manual_seed(d)
+        h = ops.batch_norm(x, None, None, w_bn, b_bn, training=True, config=config)
+        h = ops.relu(h) if act == "relu" else ops.leaky_relu(h, 0.1)
+        z = ops.dropout(h, 0.3)
+        out = ops.linear(z, weight, None, config)
+        (grad_w,) = torch.autograd.grad(out, weight, g)
+        errors.append(grad_w - g.t() @ z.detach())
+    e = torch.stack(errors)
+    mean, std = e.mean(0), e.std(0)
+    live = (z != 0).any(0)  # a feature the activation zeroes everywhere carries no noise
+    assert (std[:, live] > 0).all()  # the rebuilt input really is stochastic ...
+    assert (mean.abs() <= 5 * std / math.sqrt(len(errors)) + 1e-12).all()  # ... and unbiased
 
 
 def test_convert_keeps_weights_objects_and_outputs():

@@ -18,6 +18,15 @@ same packed tensors for the same tensor object, version and format, until a back
 them (or autograd frees them). The next forward pass then quantizes afresh with new noise, even
 for a tensor that stays alive across steps (the input features): reusing one rounding across
 steps would correlate the noise of successive gradients and bias their average.
+
+A tensor that is an elementwise function of context other ops already keep costs nothing more.
+The output of a compressed BatchNorm, then of ReLU/LeakyReLU/dropout, is such a *derived*
+tensor: :math:`z = m_k \circ \dots \circ m_1(\gamma (X - \mu)\sigma^{-1} + \beta)` with the
+masks :math:`m_i`. When a later op asks to keep :math:`z` (the next layer's linear map), it keeps
+references to :math:`\hat X`, :math:`\mu`, :math:`\sigma^{-1}`, :math:`\gamma`,
+:math:`\beta` and the masks instead, the very storages those ops hold, and rebuilds
+:math:`\hat z` in backward. :math:`\hat z` is affine in :math:`\hat X` on each mask pattern,
+with masks taken from the exact forward pass, so it is unbiased: :math:`\mathbb{E}[\hat z] = z`.
 """
 
 from __future__ import annotations
@@ -31,7 +40,8 @@ from torch import Tensor
 from gnnact.config import Config
 from gnnact.quant import PackedMask, PackedTensor, dequantize, quantize, unpack_mask
 
-__all__ = ["load_context", "records_graph", "save_context", "shared_quantize"]
+__all__ = ["apply_mask", "derive", "load_context", "records_graph", "save_context",
+           "shared_quantize"]
 
 # id(tensor) -> (weakref to the tensor, its _version, format, weakrefs to the packed tensors,
 # the PackedTensor's metadata). Weak references only: the cache never keeps anything alive;
@@ -50,6 +60,81 @@ def _release(codes: Tensor) -> None:
     for key, entry in list(_CACHE.items()):
         if entry[3][0]() is codes:
             del _CACHE[key]
+
+
+# id(tensor) -> (weakref to the derived tensor, its _version, steps); each step is
+# (kind, tuple of weakrefs to its tensors (or None), metadata). See the module docstring.
+_DERIVED: dict[int, tuple] = {}
+
+
+def _ref(t: Tensor | None) -> weakref.ref | None:
+    return None if t is None else weakref.ref(t)
+
+
+def derive(out: Tensor, source: Tensor | None, kind: str, tensors: tuple, meta: tuple) -> None:
+    """Record that ``out`` is step ``(kind, tensors, meta)`` applied to ``source`` (``None``:
+    a base step, which needs no source). Nothing is recorded if ``source`` is not derived."""
+    steps: tuple = ()
+    if source is not None:
+        entry = _resolve(source)
+        if entry is None:
+            return
+        steps = _DERIVED[id(source)][2]
+    key = id(out)
+    out_ref = weakref.ref(out, lambda r, k=key: _forget_derived(k, r))
+    _DERIVED[key] = (out_ref, out._version, (*steps, (kind, tuple(map(_ref, tensors)), meta)))
+
+
+def _forget_derived(key: int, ref: weakref.ref) -> None:
+    entry = _DERIVED.get(key)
+    if entry is not None and entry[0] is ref:
+        del _DERIVED[key]
+
+
+def _resolve(x: Tensor) -> list[tuple] | None:
+    """The steps that rebuild ``x`` with strong references, or ``None`` if ``x`` is not derived
+    (or changed in place, or a piece is gone)."""
+    entry = _DERIVED.get(id(x))
+    if entry is None or entry[0]() is not x or entry[1] != x._version:
+        return None
+    steps = []
+    for kind, refs, meta in entry[2]:
+        tensors = tuple(None if r is None else r() for r in refs)
+        if any(t is None and r is not None for t, r in zip(tensors, refs, strict=True)):
+            return None
+        steps.append((kind, tensors, meta))
+    return steps
+
+
+def apply_mask(x: Tensor, mask: Tensor, divisor: float, slope: float) -> Tensor:
+    r""":math:`X \odot M / d + s X \odot (1 - M)`, as ReLU, LeakyReLU and dropout compute it."""
+    if slope != 0.0:
+        return torch.where(mask, x, x * slope)
+    scale = mask.to(x.dtype)
+    if divisor != 1.0:
+        scale.div_(divisor)  # as F.dropout builds its noise
+    return x * scale  # (not where(): a NaN input must stay NaN, as in torch.relu)
+
+
+def _rebuild(steps: list[tuple]) -> Tensor:
+    value: Tensor | None = None
+    for kind, tensors, meta in steps:
+        if kind == "batch_norm":
+            codes, scales, zeros, mean, invstd, weight, bias = tensors
+            _release(codes)  # read by a backward: its forward pass is over
+            x = dequantize(PackedTensor(codes, scales, zeros, *meta))
+            shape = [1, -1] + [1] * (x.dim() - 2)
+            value = (x - mean.to(x.dtype).view(shape)) * invstd.to(x.dtype).view(shape)
+            if weight is not None:
+                value = value * weight.view(shape)
+            if bias is not None:
+                value = value + bias.view(shape)
+        else:  # "mask"
+            (data,) = tensors
+            shape, divisor, slope = meta
+            value = apply_mask(value, unpack_mask(PackedMask(data, shape)), divisor, slope)
+    assert value is not None
+    return value
 
 
 def records_graph(*tensors: Tensor | None) -> bool:
@@ -79,23 +164,33 @@ def shared_quantize(x: Tensor, bits: int, config: Config) -> PackedTensor:
     return packed
 
 
-Entry = tuple[Tensor | None, int] | PackedMask | Tensor | None
+Entry = tuple[Tensor | None, int] | PackedTensor | PackedMask | Tensor | None
 
 
 def save_context(ctx: Any, config: Config, *items: Entry) -> None:
     """Keep ``items`` for backward (see the module docstring); :func:`load_context` returns them
     in order.
 
-    Each item is ``(tensor, bits)`` (quantized through :func:`shared_quantize`, or kept as is
-    for a pass-through width; ``tensor`` may be ``None``), a :class:`~gnnact.quant.PackedMask`
-    (returned unpacked, as ``torch.bool``), a tensor (kept as is) or ``None``. Call it at most
-    once per ``ctx``: it calls ``ctx.save_for_backward``.
+    Each item is ``(tensor, bits)`` (quantized through :func:`shared_quantize`, kept as is for a
+    pass-through width, or rebuilt from other ops' context if it is derived; ``tensor`` may be
+    ``None``), a :class:`~gnnact.quant.PackedTensor` (returned dequantized), a
+    :class:`~gnnact.quant.PackedMask` (returned unpacked, as ``torch.bool``), a tensor (kept as
+    is) or ``None``. Call it at most once per ``ctx``: it calls ``ctx.save_for_backward``.
     """
     tensors: list[Tensor] = []
     slots: list[tuple | None] = []
     for item in items:
         if isinstance(item, tuple):
             x, bits = item
+            steps = None if x is None or bits > 8 else _resolve(x)
+            # A derived tensor: keep what rebuilds it, if that is at least as precise.
+            if steps is not None and steps[0][2][0] >= bits:
+                layout, start = [], len(tensors)
+                for kind, parts, meta in steps:
+                    layout.append((kind, tuple(t is not None for t in parts), meta))
+                    tensors.extend(t for t in parts if t is not None)
+                slots.append(("derived", start, layout))
+                continue
             item = None if x is None else shared_quantize(x, bits, config)
             if isinstance(item, PackedTensor) and item.is_passthrough and item.codes is x:
                 item = x
@@ -121,6 +216,17 @@ def load_context(ctx: Any) -> list[Tensor | None]:
     saved = ctx.saved_tensors
     out: list[Tensor | None] = []
     for slot in ctx.gnnact_slots:
+        if slot is not None and slot[0] == "derived":
+            _, position, layout = slot
+            steps = []
+            for kind, present, meta in layout:
+                parts = []
+                for here in present:
+                    parts.append(saved[position] if here else None)
+                    position += here
+                steps.append((kind, tuple(parts), meta))
+            out.append(_rebuild(steps))
+            continue
         if slot is None:
             out.append(None)
         elif slot[0] == "tensor":

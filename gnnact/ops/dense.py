@@ -30,7 +30,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gnnact.config import Config
-from gnnact.ops.context import load_context, records_graph, save_context
+from gnnact.ops.context import (
+    apply_mask,
+    derive,
+    load_context,
+    records_graph,
+    save_context,
+    shared_quantize,
+)
 from gnnact.quant import pack_mask
 
 __all__ = ["batch_norm", "dropout", "leaky_relu", "linear", "relu"]
@@ -84,8 +91,13 @@ class _BatchNorm(torch.autograd.Function):
         out, mean, invstd = torch.native_batch_norm(x, weight, bias, running_mean, running_var,
                                                     True, momentum, eps)
         ctx.has_weight, ctx.has_bias = weight is not None, bias is not None
+        packed = shared_quantize(x, config.bits, config)
+        kept = x if packed.is_passthrough and packed.codes is x else packed
         # Per-channel statistics, at least float32 (native BN returns float32 for 16-bit inputs).
-        save_context(ctx, config, (x, config.bits), (weight, 32), mean, invstd)
+        save_context(ctx, config, kept, (weight, 32), mean, invstd)
+        if kept is packed:  # the output is derived from kept context (picked up by batch_norm)
+            ctx.gnnact_base = ((*packed.tensors(), mean, invstd, weight, bias),
+                               (packed.bits, packed.shape, packed.dtype, packed.group_size))
         return out
 
     @staticmethod
@@ -127,8 +139,20 @@ def batch_norm(x: Tensor, running_mean: Tensor | None, running_var: Tensor | Non
     """
     if not training or not records_graph(x, weight, bias):
         return F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
-    return _BatchNorm.apply(x, weight, bias, running_mean, running_var, momentum, eps,
-                            config or Config())
+    out = _BatchNorm.apply(x, weight, bias, running_mean, running_var, momentum, eps,
+                           config or Config())
+    _record_derived(out, None, "batch_norm")
+    return out
+
+
+def _record_derived(out: Tensor, source: Tensor | None, kind: str) -> None:
+    """Register ``out`` as derived from context its op keeps (the op left the pieces on its
+    ``ctx`` as ``gnnact_base``; they are dropped from there so the ``ctx`` holds no tensor)."""
+    ctx = out.grad_fn
+    base = getattr(ctx, "gnnact_base", None)
+    if base is not None:
+        del ctx.gnnact_base
+        derive(out, source, kind, *base)
 
 
 class _Masked(torch.autograd.Function):
@@ -138,14 +162,11 @@ class _Masked(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x: Tensor, mask: Tensor, divisor: float, slope: float) -> Tensor:
-        save_context(ctx, _NO_QUANT, pack_mask(mask))
+        packed = pack_mask(mask)
+        save_context(ctx, _NO_QUANT, packed)
         ctx.divisor, ctx.slope = divisor, slope
-        if slope != 0.0:
-            return torch.where(mask, x, x * slope)
-        scale = mask.to(x.dtype)
-        if divisor != 1.0:
-            scale.div_(divisor)  # as F.dropout builds its noise
-        return x * scale  # (not where(): a NaN input must stay NaN, as in torch.relu)
+        ctx.gnnact_base = ((packed.data,), (packed.shape, divisor, slope))
+        return apply_mask(x, mask, divisor, slope)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple:
@@ -159,18 +180,24 @@ class _Masked(torch.autograd.Function):
         return out, None, None, None
 
 
+def _masked(x: Tensor, mask: Tensor, divisor: float, slope: float) -> Tensor:
+    out = _Masked.apply(x, mask, divisor, slope)
+    _record_derived(out, x, "mask")
+    return out
+
+
 def relu(x: Tensor) -> Tensor:
     """ReLU keeping a 1-bit mask :math:`[X > 0]`."""
     if not records_graph(x):
         return F.relu(x)
-    return _Masked.apply(x, x > 0, 1.0, 0.0)
+    return _masked(x, x > 0, 1.0, 0.0)
 
 
 def leaky_relu(x: Tensor, negative_slope: float = 0.01) -> Tensor:
     """LeakyReLU keeping a 1-bit mask :math:`[X > 0]`."""
     if not records_graph(x):
         return F.leaky_relu(x, negative_slope)
-    return _Masked.apply(x, x > 0, 1.0, float(negative_slope))
+    return _masked(x, x > 0, 1.0, float(negative_slope))
 
 
 def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
@@ -186,4 +213,4 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
     if p == 1.0 or not records_graph(x):
         return F.dropout(x, p, training)
     keep = torch.empty_like(x).bernoulli_(1 - p).bool()
-    return _Masked.apply(x, keep, 1.0 - p, 0.0)
+    return _masked(x, keep, 1.0 - p, 0.0)

@@ -31,9 +31,11 @@ class SAGEConv(_Compressed, pyg_nn.SAGEConv):
         \mathbf{x}^{\prime}_i = \mathbf{W}_1 \mathbf{x}_i + \mathbf{W}_2 \cdot
         \mathrm{mean}_{j \in \mathcal{N}(i)} \mathbf{x}_j.
 
-    Kept for backward: the aggregated :math:`\mathrm{mean}_j \mathbf{x}_j` and the root
-    :math:`\mathbf{x}_i` at ``config.bits`` bits (for :math:`\nabla \mathbf{W}_2`,
-    :math:`\nabla \mathbf{W}_1`), and the cached graph; the aggregation keeps no node features.
+    It is computed as :math:`\mathbf{W}_1 \mathbf{x}_i + \mathrm{mean}_{j}(\mathbf{W}_2
+    \mathbf{x}_j)`, equal up to round-off, so that both linear maps read :math:`\mathbf{x}`.
+    Kept for backward: :math:`\mathbf{x}` once, at ``config.bits`` bits (or nothing if it is
+    the output of a compressed BatchNorm/ReLU/dropout, which is rebuilt from their context),
+    and the cached graph; the aggregation keeps no node features.
     With ``project=True`` the projection's input and a 1-bit ReLU mask are kept as well.
     ``normalize=True`` applies :func:`torch.nn.functional.normalize`, whose context stays in
     full precision. Only ``aggr`` of ``"mean"``, ``"sum"`` or ``"add"`` is supported.
@@ -99,8 +101,14 @@ class SAGEConv(_Compressed, pyg_nn.SAGEConv):
         if is_sparse_tensor(edge_index) and graph.value is not None:
             # PyG drops a SparseTensor's values here (set_value(None)); torch.sparse keeps them.
             graph = dataclasses.replace(graph, value=None)
-        out = ops.spmm(x_src, graph, None, self.aggr, cfg)
-        out = ops.linear(out, linear_weight(self.lin_l, out), self.lin_l.bias, cfg)
+        # mean_j(x_j) W = mean_j(x_j W): transform first, so that this linear map keeps x_src
+        # (shared with lin_r, or rebuilt from the previous layer's context) instead of a
+        # compressed copy of the aggregate; the bias is added after aggregating, so isolated
+        # nodes still get exactly the bias, as in PyG.
+        h = ops.linear(x_src, linear_weight(self.lin_l, x_src), None, cfg)
+        out = ops.spmm(h, graph, None, self.aggr, cfg)
+        if self.lin_l.bias is not None:
+            out = out + self.lin_l.bias
         if self.root_weight and x_dst is not None:
             out = out + ops.linear(x_dst, linear_weight(self.lin_r, x_dst), None, cfg)
         if self.normalize:
