@@ -121,6 +121,25 @@ def test_sage_bipartite_parity(kind):
     assert_parity(ours, ref, ((x_src, x_dst), adj, size), grads_of=(x_src, x_dst))
 
 
+def test_gcn_constant_edge_weight_keeps_no_edge_tensor():
+    x, ei = graph_inputs()
+    x.requires_grad_()
+    w = torch.rand(E, dtype=torch.float64)  # constant: folded into the cached graph
+    for normalize in (True, False):
+        conv = gnnact.nn.GCNConv(F_IN, F_OUT, normalize=normalize, add_self_loops=normalize,
+                                 config=Config(bits=2)).double()
+        for _call in range(2):  # the second call reuses the cached graph
+            loss = conv(x, ei, w).sum()
+            assert saved_bytes(loss, exclude=[x]) == packed(N * F_IN)
+
+
+def test_sparse_adjacency_rejects_reversed_flow():
+    x, ei = graph_inputs()
+    conv = gnnact.nn.GCNConv(F_IN, F_OUT, flow="target_to_source").double()
+    with pytest.raises(ValueError, match='Flow direction "target_to_source" is invalid'):
+        conv(x, adjacency("csr", ei))
+
+
 def test_lazy_in_channels():
     x, ei = graph_inputs()
     conv = gnnact.nn.GCNConv(-1, F_OUT).double()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-import torch
 import torch_geometric.nn as pyg_nn
 from torch import Tensor
 from torch_geometric.typing import OptTensor
@@ -132,20 +131,11 @@ class GCN2Conv(_Compressed, pyg_nn.GCN2Conv):
                x: Tensor) -> tuple[Graph, Tensor | None]:
         """The (normalised) graph and the edge values that need a gradient (else ``None``)."""
         num_nodes = x.size(self.node_dim)
-        sparse = not isinstance(edge_index, Tensor) or edge_index.layout != torch.strided
-        if sparse and self.flow != "source_to_target":
-            # As PyG's propagate(): an adj_t is already oriented target x source.
-            raise ValueError(f'Flow direction "{self.flow}" is invalid for message propagation '
-                             f"via `torch_sparse.SparseTensor` or `torch.sparse.Tensor`")
         if self.normalize and self.cached:
             if self._cached_graph is None:
                 self._cached_graph = self._take_over_pyg_cache(num_nodes)
             if self._cached_graph is not None:
                 return self._cached_graph
-        if not self.normalize and sparse:
-            # A sparse adj_t takes PyG's fused path, which reads the adjacency's own values and
-            # ignores edge_weight.
-            edge_weight = None
         graph, value = normalized_graph(edge_index, edge_weight, num_nodes, improved=False,
                                         add_self_loops=self.add_self_loops, flow=self.flow,
                                         dtype=x.dtype, normalize=self.normalize)

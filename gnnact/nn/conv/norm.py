@@ -11,13 +11,14 @@ invalidated by any in-place change. Weights that need a gradient are normalised 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
 from torch import Tensor
 from torch_geometric.nn.conv.gcn_conv import gcn_norm
 
-from gnnact.ops.graph import Graph, build_graph, cache_on, check_edge_index
+from gnnact.ops.graph import Graph, build_graph, cache_on, check_edge_index, is_sparse_tensor
 
 __all__ = ["normalized_graph"]
 
@@ -48,6 +49,14 @@ def normalized_graph(adj: Any, edge_weight: Tensor | None, num_nodes: int, *, im
         ``(graph, value)``: pass both to :func:`gnnact.ops.spmm`; ``value`` (CSR order) is
         ``None`` when the values are constant and live in ``graph.value``.
     """
+    sparse = is_sparse_tensor(adj) or (isinstance(adj, Tensor) and adj.layout != torch.strided)
+    if sparse and flow != "source_to_target":
+        # As PyG's propagate(): an adj_t is already oriented target x source.
+        raise ValueError(f'Flow direction "{flow}" is invalid for message propagation via '
+                         f"`torch_sparse.SparseTensor` or `torch.sparse.Tensor`")
+    if sparse and not normalize:
+        # As PyG's fused path: the adjacency's own values are the weights; edge_weight is unused.
+        edge_weight = None
     needs_grad = edge_weight is not None and edge_weight.requires_grad and (
         torch.is_grad_enabled())
     if not normalize:
@@ -58,7 +67,11 @@ def normalized_graph(adj: Any, edge_weight: Tensor | None, num_nodes: int, *, im
         if edge_weight.numel() != graph.num_edges:
             raise ValueError(f"edge_weight has {edge_weight.numel()} entries but the graph has "
                              f"{graph.num_edges} edges")
-        return graph, edge_weight[graph.input_perm]
+        if needs_grad:
+            return graph, edge_weight[graph.input_perm]
+        # Constant weights join the cached graph, like the normalised ones below.
+        return cache_on(adj, ("plain_weighted", num_nodes, flow), lambda: dataclasses.replace(
+            graph, value=edge_weight.detach()[graph.input_perm]), also=(edge_weight,)), None
     if needs_grad:
         return _normalize(adj, edge_weight, num_nodes, improved, add_self_loops, flow, dtype)
 
