@@ -270,6 +270,21 @@ def test_derived_linear_input_is_rebuilt_unbiased(act):
     assert (mean.abs() <= 5 * std / math.sqrt(len(errors)) + 1e-12).all()  # ... and unbiased
 
 
+def test_compressed_batchnorm_input_gradient_sums_to_zero():
+    # Exact BatchNorm: sum_n dX_n = 0 per channel, so a bias just before it gets no gradient.
+    # Rounding noise must not break that (Adam would turn leaked noise into full-size steps).
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(300, 32, generator=gen, dtype=torch.float64).mul(0.05).requires_grad_()
+    bias = torch.zeros(32, dtype=torch.float64, requires_grad=True)
+    weight = torch.rand(32, generator=gen, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(300, 32, generator=gen, dtype=torch.float64)
+    out = ops.batch_norm(x + bias, None, None, weight, None, training=True,
+                         config=Config(bits=2))
+    grad_x, grad_bias = torch.autograd.grad(out, (x, bias), g)
+    assert grad_x.abs().max() > 1
+    assert grad_bias.abs().max() < 1e-9 * grad_x.abs().max()
+
+
 def test_convert_keeps_weights_objects_and_outputs():
     torch.manual_seed(0)
     x, ei = graph_inputs()

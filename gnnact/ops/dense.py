@@ -109,6 +109,12 @@ class _BatchNorm(torch.autograd.Function):
         mean = mean.to(grad.dtype).view(shape)
         invstd = invstd.to(grad.dtype).view(shape)
         xn = (x_hat - mean) * invstd
+        # The exact normalised input has zero mean per channel, so sum_n dX_n = 0: a shift
+        # before BatchNorm (the bias of the layer before) gets no gradient. Rounding noise
+        # breaks that, and Adam blows the leaked noise up to full-size steps that random-walk
+        # those biases (and the running means behind them). Centring keeps the sum exactly
+        # zero and, being linear, keeps E[xn] unchanged.
+        xn = xn - xn.mean(dims, keepdim=True)
         sum_g = grad.sum(dims)
         sum_gx = (grad * xn).sum(dims)
         grad_x = None
@@ -132,7 +138,10 @@ def batch_norm(x: Tensor, running_mean: Tensor | None, running_var: Tensor | Non
     .. math::
         \nabla X = \frac{\gamma \sigma^{-1}}{n}\Big(n \nabla Y - \sum \nabla Y
         - \hat X_n \sum \nabla Y \odot \hat X_n\Big), \qquad
-        \hat X_n = (\hat X - \mu)\sigma^{-1}.
+        \hat X_n = (\hat X - \mu)\sigma^{-1} - \overline{(\hat X - \mu)\sigma^{-1}},
+
+    centred per channel like the exact :math:`X_n`, so that :math:`\sum_n \nabla X_n = 0`
+    holds exactly, as it does without compression.
 
     With running statistics (evaluation) it is an affine map that keeps nothing but
     :math:`\gamma`, so PyTorch's own op is used.
