@@ -92,7 +92,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="hidden width (GAT: per head, 3 heads)")
     train.add_argument("--dropout", type=_fraction, default=0.5)
     # 40 epochs on 10,000 nodes: the default run (4 bit widths, 3-layer GCN) takes about
-    # 1.5 minutes on a 2-core machine, near convergence for fp32.
+    # 2 minutes on a 2-core machine, near convergence for fp32.
     train.add_argument("--epochs", type=_positive(int), default=40)
     train.add_argument("--lr", type=_positive(float), default=0.01)
     train.add_argument("--seed", type=int, default=0)
