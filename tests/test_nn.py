@@ -366,6 +366,24 @@ def test_no_grad_and_eval_keep_nothing_and_match():
         torch.testing.assert_close(out, ref(x, ei))
 
 
+@pytest.mark.parametrize("name", ["gcn", "sage", "gat", "gcnii"])
+def test_no_grad_quantizes_nothing(name, monkeypatch):
+    # needs_input_grad stays set under torch.no_grad: every op must still skip its context.
+    from gnnact.models import build
+    from gnnact.ops import context
+
+    calls = []
+    real = context.quantize
+    monkeypatch.setattr(context, "quantize", lambda *a, **k: calls.append(1) or real(*a, **k))
+    x, ei = graph_inputs()
+    model = gnnact.convert(build(name, F_IN, 3, hidden=8, layers=3), Config(bits=2)).double()
+    with torch.no_grad():
+        model(x, ei)
+    assert calls == []
+    model(x, ei).sum()  # and with grad, it does quantize
+    assert calls
+
+
 def test_bad_input_raises_clear_errors():
     x, ei = graph_inputs()
     conv = gnnact.nn.GCNConv(F_IN, F_OUT)

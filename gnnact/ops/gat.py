@@ -75,7 +75,7 @@ from torch import Tensor
 from torch_geometric.utils import softmax
 
 from gnnact.config import Config
-from gnnact.ops.context import load_context, save_context
+from gnnact.ops.context import load_context, records_graph, save_context
 from gnnact.ops.graph import Graph, csr_tensor
 from gnnact.quant import pack_mask
 
@@ -186,7 +186,7 @@ class _GATAttention(torch.autograd.Function):
     def forward(ctx: Any, xs: Tensor, xd: Tensor | None, att_src: Tensor,
                 att_dst: Tensor | None, a_edge: Tensor | None, graph: Graph, dst_mode: int,
                 negative_slope: float, p: float, training: bool, want_alpha: bool,
-                config: Config) -> Tensor | tuple[Tensor, Tensor]:
+                config: Config, record: bool) -> Tensor | tuple[Tensor, Tensor]:
         # Unused outputs (the attention weights, when nobody reads them) come back as None.
         ctx.set_materialize_grads(False)
         num_edges, heads = graph.num_edges, xs.size(1)
@@ -228,7 +228,9 @@ class _GATAttention(torch.autograd.Function):
         ctx.negative_slope, ctx.p = negative_slope, p
         ctx.has_edge = a_edge is not None
         ctx.shape_s = xs.shape
-        if any(ctx.needs_input_grad[:5]):
+        # `record` (grad mode on, some input needs a gradient) rather than needs_input_grad,
+        # which stays set under torch.no_grad: evaluation keeps (and quantizes) nothing.
+        if record:
             keep_xd = dst_mode == _SEPARATE and ctx.needs_input_grad[3]
             # alpha.t(): the [H, E] view, so that quantization groups run along the edges of
             # one head (see the module docstring).
@@ -300,7 +302,7 @@ class _GATAttention(torch.autograd.Function):
         if ctx.has_edge and ctx.needs_input_grad[4]:
             grad_edge = _to_input(grad_s, graph)
         return (grad_xs, grad_xd, grad_att_src, grad_att_dst, grad_edge,
-                None, None, None, None, None, None, None)
+                None, None, None, None, None, None, None, None)
 
 
 def gat_attention(xs: Tensor, xd: Tensor | None, att_src: Tensor, att_dst: Tensor | None,
@@ -377,4 +379,5 @@ def gat_attention(xs: Tensor, xd: Tensor | None, att_src: Tensor, att_dst: Tenso
         raise ValueError(f"dropout probability must be in [0, 1], got {dropout}")
     return _GATAttention.apply(xs, xd, att_src, att_dst, a_edge, graph, dst_mode,
                                float(negative_slope), float(dropout), bool(training),
-                               bool(return_attention), config or Config())
+                               bool(return_attention), config or Config(),
+                               records_graph(xs, xd, att_src, att_dst, a_edge))

@@ -57,7 +57,7 @@ import torch
 from torch import Tensor
 
 from gnnact.config import Config
-from gnnact.ops.context import load_context, save_context
+from gnnact.ops.context import load_context, records_graph, save_context
 
 __all__ = ["gcn2_residual"]
 
@@ -80,13 +80,15 @@ def _pad_rows(grad: Tensor, rows: int) -> Tensor:
 class _GCN2Residual(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, p: Tensor, x_0: Tensor, weight1: Tensor, weight2: Tensor | None,
-                alpha: float, beta: float, config: Config) -> Tensor:
+                alpha: float, beta: float, config: Config, record: bool) -> Tensor:
         m = p.size(0)
         # A view of the first M rows only for the arithmetic; what is kept below is x_0 itself,
         # so that every layer finds the same object in the shared quantization cache.
         h0 = x_0 if x_0.size(0) == m else x_0[:m]
-        need_p, need_h0, need_w1 = ctx.needs_input_grad[:3]
-        need_w2 = weight2 is not None and ctx.needs_input_grad[3]
+        # `record` (grad mode on, some input needs a gradient) gates all of them:
+        # needs_input_grad stays set under torch.no_grad, where nothing is to be kept.
+        need_p, need_h0, need_w1 = (record and n for n in ctx.needs_input_grad[:3])
+        need_w2 = record and weight2 is not None and ctx.needs_input_grad[3]
         # The same operations in the same order as PyG (x.mul_(1 - alpha); alpha * x_0), so
         # that 32-bit results are PyG's to the last bit. alpha * h0 is a transient: never kept.
         x = p * (1.0 - alpha)
@@ -132,7 +134,7 @@ class _GCN2Residual(torch.autograd.Function):
             if need_w2:
                 h0_hat = h0_hat[: grad.size(0)]
                 grad_w2 = (h0_hat.t() @ grad).mul_(alpha * beta)
-        return grad_p, grad_h0, grad_w1, grad_w2, None, None, None
+        return grad_p, grad_h0, grad_w1, grad_w2, None, None, None, None
 
 
 def gcn2_residual(p: Tensor, x_0: Tensor, weight1: Tensor, weight2: Tensor | None = None,
@@ -170,4 +172,4 @@ def gcn2_residual(p: Tensor, x_0: Tensor, weight1: Tensor, weight2: Tensor | Non
         if w is not None and tuple(w.shape) != (p.size(1), p.size(1)):
             raise ValueError(f"{name} must be [{p.size(1)}, {p.size(1)}], got {tuple(w.shape)}")
     return _GCN2Residual.apply(p, x_0, weight1, weight2, float(alpha), float(beta),
-                               config or Config())
+                               config or Config(), records_graph(p, x_0, weight1, weight2))
