@@ -31,8 +31,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["Graph", "build_graph", "cache_on", "check_edge_index", "csr_tensor", "graph_from",
-           "is_sparse_tensor"]
+__all__ = ["Graph", "build_graph", "cache_on", "check_edge_index", "check_sparse_flow",
+           "csr_tensor", "graph_from", "is_sparse_adjacency", "is_sparse_tensor"]
 
 _INT32_MAX = 2**31 - 1
 
@@ -224,6 +224,7 @@ def build_graph(adj: Any, num_src: int | None = None, num_dst: int | None = None
         num_dst = num_src
     if flow not in ("source_to_target", "target_to_source"):
         raise ValueError(f"flow must be 'source_to_target' or 'target_to_source', got {flow!r}")
+    check_sparse_flow(adj, flow)
     if is_sparse_tensor(adj):
         n_dst, n_src = adj.sparse_sizes()
         _check_size("num_src", n_src, num_src)
@@ -250,6 +251,19 @@ def build_graph(adj: Any, num_src: int | None = None, num_dst: int | None = None
     edge_index = check_edge_index(adj, num_src, num_dst, flow=flow)
     src, dst = edge_index if flow == "source_to_target" else edge_index.flip(0)
     return Graph.from_coo(src, dst, num_src, num_dst)
+
+
+def is_sparse_adjacency(adj: Any) -> bool:
+    """A ``torch_sparse.SparseTensor`` or a non-strided ``torch`` tensor (an ``adj_t``)."""
+    return is_sparse_tensor(adj) or (isinstance(adj, Tensor) and adj.layout != torch.strided)
+
+
+def check_sparse_flow(adj: Any, flow: str) -> None:
+    """As PyG's ``propagate``: a sparse ``adj_t`` is already oriented target x source, so it
+    only takes ``flow='source_to_target'``."""
+    if flow != "source_to_target" and is_sparse_adjacency(adj):
+        raise ValueError(f'Flow direction "{flow}" is invalid for message propagation via '
+                         f"`torch_sparse.SparseTensor` or `torch.sparse.Tensor`")
 
 
 def check_edge_index(adj: Tensor, num_src: int | None, num_dst: int | None,

@@ -28,7 +28,7 @@ from gnnact.config import Config
 from gnnact.nn._base import _Compressed
 from gnnact.nn._lazy import linear_weight
 from gnnact.ops.gat import gat_attention
-from gnnact.ops.graph import Graph, build_graph, cache_on, is_sparse_tensor
+from gnnact.ops.graph import Graph, build_graph, cache_on, check_sparse_flow, is_sparse_tensor
 
 __all__ = ["GATConv"]
 
@@ -153,9 +153,7 @@ class GATConv(_Compressed, pyg_nn.GATConv):
         if isinstance(adj, EdgeIndex):
             dims: list[int | None] = [adj.num_rows, adj.num_cols]
         elif is_torch_sparse_tensor(adj) or is_sparse_tensor(adj):
-            if self.flow == "target_to_source":
-                raise ValueError("Flow direction 'target_to_source' is invalid for message "
-                                 "propagation via a sparse adjacency; pass adj_t.t() instead")
+            check_sparse_flow(adj, self.flow)
             dims = [adj.size(1), adj.size(0)]
         else:
             dims = list(size) if size is not None else [None, None]

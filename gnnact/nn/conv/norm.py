@@ -18,7 +18,14 @@ import torch
 from torch import Tensor
 from torch_geometric.nn.conv.gcn_conv import gcn_norm
 
-from gnnact.ops.graph import Graph, build_graph, cache_on, check_edge_index, is_sparse_tensor
+from gnnact.ops.graph import (
+    Graph,
+    build_graph,
+    cache_on,
+    check_edge_index,
+    check_sparse_flow,
+    is_sparse_adjacency,
+)
 
 __all__ = ["normalized_graph"]
 
@@ -49,12 +56,8 @@ def normalized_graph(adj: Any, edge_weight: Tensor | None, num_nodes: int, *, im
         ``(graph, value)``: pass both to :func:`gnnact.ops.spmm`; ``value`` (CSR order) is
         ``None`` when the values are constant and live in ``graph.value``.
     """
-    sparse = is_sparse_tensor(adj) or (isinstance(adj, Tensor) and adj.layout != torch.strided)
-    if sparse and flow != "source_to_target":
-        # As PyG's propagate(): an adj_t is already oriented target x source.
-        raise ValueError(f'Flow direction "{flow}" is invalid for message propagation via '
-                         f"`torch_sparse.SparseTensor` or `torch.sparse.Tensor`")
-    if sparse and not normalize:
+    check_sparse_flow(adj, flow)  # before gcn_norm, which would not notice
+    if is_sparse_adjacency(adj) and not normalize:
         # As PyG's fused path: the adjacency's own values are the weights; edge_weight is unused.
         edge_weight = None
     needs_grad = edge_weight is not None and edge_weight.requires_grad and (
