@@ -27,6 +27,13 @@ class Config:
             Table 3), else ``bits``, so that ``Config(bits=32)`` is exact. (default: :obj:`None`)
         backend (str, optional): ``"auto"``, ``"torch"`` or ``"cupy"``, as in
             :func:`gnnact.quantize`. (default: :obj:`"auto"`)
+        resident_inputs (bool, optional): keep a tensor that needs no gradient and does not
+            come out of autograd (the input feature matrix) by reference instead of as a packed
+            copy: it stays in memory anyway, so a copy would add bytes, not save them, and the
+            first layer's weight gradient stays exact. Outputs of gnnact's own ops on such a
+            tensor (input dropout, say) are temporaries and are still packed. Set it to
+            :obj:`False` when such inputs are other temporaries, e.g. features computed under
+            :func:`torch.no_grad` by a frozen encoder. (default: :obj:`True`)
     """
 
     bits: int = 2
@@ -34,6 +41,7 @@ class Config:
     per_row: bool = False
     attention_bits: int | None = None
     backend: str = "auto"
+    resident_inputs: bool = True
 
     def __post_init__(self) -> None:
         for name in ("bits", "attention_bits"):
@@ -46,6 +54,9 @@ class Config:
         if isinstance(self.group_size, bool) or not isinstance(self.group_size, int) or (
                 self.group_size <= 0):
             raise ValueError(f"Config.group_size must be a positive int, got {self.group_size!r}")
+        if not isinstance(self.resident_inputs, bool):
+            raise ValueError(
+                f"Config.resident_inputs must be a bool, got {self.resident_inputs!r}")
         if self.backend not in _BACKENDS:
             raise ValueError(f"Config.backend must be one of {_BACKENDS}, got {self.backend!r}")
 

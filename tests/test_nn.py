@@ -222,6 +222,32 @@ class GCN3(nn.Module):
         return self.convs[-1](x, adj)
 
 
+def test_resident_inputs_kept_by_reference_temporaries_packed():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(600, 16, generator=gen)
+    lin = gnnact.nn.Linear(16, 8, config=Config(bits=2))
+    ref = nn.Linear(16, 8)
+    ref.load_state_dict(lin.state_dict())
+    # The input x needs no gradient: kept as is (no bytes beyond x), so grad W is exact.
+    out = lin(x)
+    records = saved_tensors(out.sum())
+    assert [r.shape for r in records if r.first] == [(600, 16)]
+    assert saved_bytes(out.sum(), exclude=[x]) == 0
+    torch.testing.assert_close(torch.autograd.grad(out.sum(), lin.weight)[0],
+                               torch.autograd.grad(ref(x).sum(), ref.weight)[0])
+    # Input dropout outside autograd makes a temporary: packed like any activation.
+    drop = gnnact.nn.Dropout(0.5)
+    assert saved_bytes(lin(drop(x)).sum()) == packed(600 * 16)
+    # A gnnact op's output under no_grad is not marked (nothing keeps it).
+    with torch.no_grad():
+        assert not hasattr(drop(x), "_gnnact_transient")
+    # Without resident inputs, x itself is packed too.
+    lin.config = Config(bits=2, resident_inputs=False)
+    assert saved_bytes(lin(x).sum(), exclude=[x]) == packed(600 * 16)
+    with pytest.raises(ValueError, match="resident_inputs"):
+        Config(resident_inputs=1)
+
+
 def test_gcn3_saved_bytes_exact_formula():
     n, f_in, hidden, classes = 1000, 64, 256, 7
     gen = torch.Generator().manual_seed(0)
@@ -233,10 +259,14 @@ def test_gcn3_saved_bytes_exact_formula():
     per_hidden_layer = (packed(nh)                 # BatchNorm input
                         + 2 * hidden * 4           # batch mean and inverse std
                         + 2 * math.ceil(nh / 8))   # ReLU and dropout masks
-    # The first linear map keeps its input; the inputs of the other two are dropout(relu(BN))
-    # outputs, rebuilt from the BatchNorm input, statistics and masks above: no extra bytes.
-    expected = packed(n * f_in) + 2 * per_hidden_layer
+    # The first linear map keeps its input x by reference (resident: it needs no gradient); the
+    # inputs of the other two are dropout(relu(BN)) outputs, rebuilt from the BatchNorm input,
+    # statistics and masks above: no extra bytes.
+    expected = 2 * per_hidden_layer
     assert saved_bytes(loss, exclude=[x]) == expected
+    # Without resident inputs the first linear map keeps x packed.
+    gnnact.convert(model, Config(bits=2, resident_inputs=False))
+    assert saved_bytes(model(x, ei).sum(), exclude=[x]) == expected + packed(n * f_in)
     # Nothing of size E (graph structure lives in the cache, not in the autograd graph).
     assert all(r.shape[0] not in (8000, 8000 + n) for r in saved_tensors(loss, exclude=[x]))
 

@@ -19,6 +19,12 @@ them (or autograd frees them). The next forward pass then quantizes afresh with 
 for a tensor that stays alive across steps (the input features): reusing one rounding across
 steps would correlate the noise of successive gradients and bias their average.
 
+An op's input that needs no gradient (the input feature matrix) is kept **by reference** when
+``config.resident_inputs`` is set (:func:`input_bits`): it stays resident for the whole
+training run anyway, so a packed copy would cost bytes rather than save them. Outputs of
+gnnact's ops computed outside autograd (input dropout) are marked :func:`transient` and are
+packed like any activation.
+
 A tensor that is an elementwise function of context other ops already keep costs nothing more.
 The output of a compressed BatchNorm, then of ReLU/LeakyReLU/dropout, is such a *derived*
 tensor: :math:`z = m_k \circ \dots \circ m_1(\gamma (X - \mu)\sigma^{-1} + \beta)` with the
@@ -40,8 +46,8 @@ from torch import Tensor
 from gnnact.config import Config
 from gnnact.quant import PackedMask, PackedTensor, dequantize, quantize, unpack_mask
 
-__all__ = ["apply_mask", "derive", "load_context", "records_graph", "save_context",
-           "shared_quantize"]
+__all__ = ["apply_mask", "derive", "input_bits", "load_context", "records_graph",
+           "save_context", "shared_quantize", "transient"]
 
 # id(tensor) -> (weakref to the tensor, its _version, format, weakrefs to the packed tensors,
 # the PackedTensor's metadata). Weak references only: the cache never keeps anything alive;
@@ -141,6 +147,28 @@ def records_graph(*tensors: Tensor | None) -> bool:
     """Whether autograd will record an op on ``tensors``: grad mode on and some input needs a
     gradient. Ops skip their context entirely otherwise (evaluation, ``torch.no_grad``)."""
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+_TRANSIENT = "_gnnact_transient"
+
+
+def transient(out: Tensor) -> Tensor:
+    """Mark ``out``, computed outside autograd from a tensor needing no gradient, as a
+    temporary: :func:`is_resident` is then false for it. Returns ``out``."""
+    if torch.is_grad_enabled() and not out.requires_grad:
+        setattr(out, _TRANSIENT, True)
+    return out
+
+
+def input_bits(x: Tensor | None, config: Config) -> int:
+    """Bits at which an op keeps its *input* ``x``: 32 (by reference) when ``x`` is resident,
+    i.e. needs no gradient, was not marked :func:`transient` and ``config.resident_inputs`` is
+    set; ``config.bits`` otherwise. Only for tensors passed to ``Function.apply``: inside
+    ``forward`` every tensor the op computes itself needs no gradient either."""
+    if (x is not None and config.resident_inputs and not x.requires_grad
+            and not getattr(x, _TRANSIENT, False)):
+        return 32
+    return config.bits
 
 
 def shared_quantize(x: Tensor, bits: int, config: Config) -> PackedTensor:

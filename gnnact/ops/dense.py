@@ -33,10 +33,12 @@ from gnnact.config import Config
 from gnnact.ops.context import (
     apply_mask,
     derive,
+    input_bits,
     load_context,
     records_graph,
     save_context,
     shared_quantize,
+    transient,
 )
 from gnnact.quant import pack_mask
 
@@ -51,7 +53,8 @@ class _Linear(torch.autograd.Function):
     def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor | None,
                 config: Config) -> Tensor:
         ctx.has_bias = bias is not None
-        save_context(ctx, config, (x if ctx.needs_input_grad[1] else None, config.bits),
+        save_context(ctx, config, (x if ctx.needs_input_grad[1] else None,
+                                   input_bits(x, config)),
                      (weight if ctx.needs_input_grad[0] else None, 32))
         return F.linear(x, weight, bias)
 
@@ -78,7 +81,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
     if x.size(-1) != weight.size(1):
         raise ValueError(f"x has {x.size(-1)} features but the weight expects {weight.size(1)}")
     if not records_graph(x, weight, bias):
-        return F.linear(x, weight, bias)
+        return transient(F.linear(x, weight, bias))
     return _Linear.apply(x, weight, bias, config or Config())
 
 
@@ -91,7 +94,7 @@ class _BatchNorm(torch.autograd.Function):
         out, mean, invstd = torch.native_batch_norm(x, weight, bias, running_mean, running_var,
                                                     True, momentum, eps)
         ctx.has_weight, ctx.has_bias = weight is not None, bias is not None
-        packed = shared_quantize(x, config.bits, config)
+        packed = shared_quantize(x, input_bits(x, config), config)
         kept = x if packed.is_passthrough and packed.codes is x else packed
         # Per-channel statistics, at least float32 (native BN returns float32 for 16-bit inputs).
         save_context(ctx, config, kept, (weight, 32), mean, invstd)
@@ -147,7 +150,8 @@ def batch_norm(x: Tensor, running_mean: Tensor | None, running_var: Tensor | Non
     :math:`\gamma`, so PyTorch's own op is used.
     """
     if not training or not records_graph(x, weight, bias):
-        return F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
+        return transient(F.batch_norm(x, running_mean, running_var, weight, bias, training,
+                                      momentum, eps))
     out = _BatchNorm.apply(x, weight, bias, running_mean, running_var, momentum, eps,
                            config or Config())
     _record_derived(out, None, "batch_norm")
@@ -198,14 +202,14 @@ def _masked(x: Tensor, mask: Tensor, divisor: float, slope: float) -> Tensor:
 def relu(x: Tensor) -> Tensor:
     """ReLU keeping a 1-bit mask :math:`[X > 0]`."""
     if not records_graph(x):
-        return F.relu(x)
+        return transient(F.relu(x))
     return _masked(x, x > 0, 1.0, 0.0)
 
 
 def leaky_relu(x: Tensor, negative_slope: float = 0.01) -> Tensor:
     """LeakyReLU keeping a 1-bit mask :math:`[X > 0]`."""
     if not records_graph(x):
-        return F.leaky_relu(x, negative_slope)
+        return transient(F.leaky_relu(x, negative_slope))
     return _masked(x, x > 0, 1.0, float(negative_slope))
 
 
@@ -220,6 +224,6 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
     if not training or p == 0.0:
         return x
     if p == 1.0 or not records_graph(x):
-        return F.dropout(x, p, training)
+        return transient(F.dropout(x, p, training))
     keep = torch.empty_like(x).bernoulli_(1 - p).bool()
     return _masked(x, keep, 1.0 - p, 0.0)

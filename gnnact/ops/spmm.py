@@ -19,7 +19,13 @@ import torch
 from torch import Tensor
 
 from gnnact.config import Config
-from gnnact.ops.context import load_context, records_graph, save_context
+from gnnact.ops.context import (
+    input_bits,
+    load_context,
+    records_graph,
+    save_context,
+    transient,
+)
 from gnnact.ops.graph import Graph
 
 __all__ = ["spmm"]
@@ -44,7 +50,7 @@ class _SpMM(torch.autograd.Function):
         ctx.graph, ctx.mean, ctx.feature_shape = graph, mean, x.shape[1:]
         need_x = value is not None and ctx.needs_input_grad[1]
         x2 = x.reshape(x.size(0), -1) if need_x else None
-        save_context(ctx, config, (x2, config.bits), (value, 32))
+        save_context(ctx, config, (x2, input_bits(x, config)), (value, 32))
         return _aggregate(x, graph, value, mean)
 
     @staticmethod
@@ -93,5 +99,5 @@ def spmm(x: Tensor, graph: Graph, value: Tensor | None = None, reduce: str = "su
                          f"{graph.num_edges} edges")
     mean = reduce == "mean"
     if not records_graph(x, value):
-        return _aggregate(x, graph, value, mean)
+        return transient(_aggregate(x, graph, value, mean))
     return _SpMM.apply(x, value, graph, mean, config or Config())
