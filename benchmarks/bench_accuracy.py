@@ -1,10 +1,11 @@
 """Full-batch accuracy on real graphs: PyG fp32 against gnnact at 4 and 2 bits, over seeds.
 
-Datasets are read from ``$GNNACT_DATA`` (default: ``../shared/datasets`` beside the checkout) in
-PyG's raw layouts, through PyG's own dataset classes, after copying the family folder to a
-temporary root (PyG writes ``processed/`` next to ``raw/``). Features are row-normalised. These
-datasets have no standard split: each seed draws a random 60/20/20 split and the initial
-weights; fp32 and every bit width share both, so each seed gives a paired comparison.
+Datasets are read by :func:`gnnact.data.load_dataset` from ``$GNNACT_DATA`` (default:
+``../shared/datasets`` beside the checkout), copied to a temporary folder first (PyG writes
+``processed/`` next to ``raw/``), prepared as the baselines do (row-normalised features for
+Amazon, Coauthor, CitationFull). Datasets without a standard split get a random 60/20/20 split
+per seed; each seed also draws the initial weights, and fp32 and every bit width share both,
+so each seed gives a paired comparison.
 
 Reported per (dataset, model, bits): test accuracy at the best validation epoch, mean ± std over
 seeds, and the difference to fp32 (target: within 0.3 points, DESIGN.md §5).
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
 import sys
 import tempfile
@@ -28,8 +28,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-import torch_geometric.transforms as T
-from torch_geometric.datasets import Amazon, CitationFull, Coauthor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -37,41 +35,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS, ROOT, append_rows, environment
 
 import gnnact
+from gnnact.data import load_dataset
 from gnnact.models import MODELS, build
-
-# name -> (family folder, PyG class, class argument)
-DATASETS = {
-    "computers": ("amazon", Amazon, "Computers"),
-    "photo": ("amazon", Amazon, "Photo"),
-    "physics": ("coauthor", Coauthor, "Physics"),
-    "cs": ("coauthor", Coauthor, "CS"),
-    "dblp": ("citation_full", CitationFull, "DBLP"),
-}
 
 
 def data_root() -> Path:
     return Path(os.environ.get("GNNACT_DATA", ROOT.parent / "shared" / "datasets"))
-
-
-def load(name: str, tmp: Path):
-    family, cls, arg = DATASETS[name]
-    source = data_root() / family
-    if not source.is_dir():
-        raise SystemExit(f"dataset folder {source} not found (set GNNACT_DATA)")
-    target = tmp / family
-    if not target.exists():
-        shutil.copytree(source, target)
-    return cls(str(target), arg, transform=T.NormalizeFeatures())[0]
-
-
-def split(num_nodes: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    perm = torch.randperm(num_nodes, generator=torch.Generator().manual_seed(seed))
-    n_train, n_val = int(0.6 * num_nodes), int(0.2 * num_nodes)
-    masks = [torch.zeros(num_nodes, dtype=torch.bool) for _ in range(3)]
-    masks[0][perm[:n_train]] = True
-    masks[1][perm[n_train:n_train + n_val]] = True
-    masks[2][perm[n_train + n_val:]] = True
-    return masks[0], masks[1], masks[2]
 
 
 def train(data, model: torch.nn.Module, masks, epochs: int, lr: float) -> float:
@@ -96,30 +65,36 @@ def train(data, model: torch.nn.Module, masks, epochs: int, lr: float) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--datasets", nargs="+", choices=list(DATASETS),
-                        default=["computers", "dblp", "physics"])
+    parser.add_argument("--datasets", nargs="+", default=["computers", "dblp", "physics"],
+                        help="names known to gnnact.data.load_dataset")
     parser.add_argument("--models", nargs="+", choices=MODELS, default=["gcn", "sage"])
     parser.add_argument("--bits", nargs="+", type=int, default=[4, 2])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--epochs", type=int, default=200)
     parser.add_argument("--lr", type=float, default=0.01)
-    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--hidden", type=int, default=None,
+                        help="default: gnnact.models.build's (256; GAT 128 per head)")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     parser.add_argument("--out", type=Path, default=RESULTS / "accuracy.jsonl")
     args = parser.parse_args(argv)
 
-    env = environment("cpu")
+    device = torch.device(args.device)
+    env = environment(device)
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.datasets:
-            data = load(name, Path(tmp))
-            classes = int(data.y.max()) + 1
             for model_name in args.models:
                 acc: dict[int, list[float]] = {b: [] for b in [32, *args.bits]}
                 for seed in args.seeds:
-                    masks = split(data.num_nodes, seed)
+                    # Datasets without a standard split get a random one per seed.
+                    data = load_dataset(name, data_root(), seed=seed, workdir=tmp,
+                                        download=False)
+                    classes = int(data.y.max()) + 1
+                    data = data.to(device)
+                    masks = (data.train_mask, data.val_mask, data.test_mask)
                     for bits in acc:
                         torch.manual_seed(seed)
                         model = build(model_name, data.num_features, classes,
-                                      hidden=args.hidden)
+                                      hidden=args.hidden).to(device)
                         if bits < 32:
                             gnnact.convert(model, gnnact.Config(bits=bits))
                         t0 = time.perf_counter()

@@ -1,6 +1,10 @@
-"""Shared test configuration: tests marked ``cuda`` need a GPU and CuPy, and skip otherwise."""
+"""Shared test configuration: tests marked ``cuda`` need a GPU and CuPy, and skip otherwise;
+``shared_datasets`` is the offline dataset collection."""
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -8,6 +12,18 @@ import torch
 from gnnact.kernels import cupy_available
 
 HAS_CUDA = torch.cuda.is_available() and cupy_available()
+
+# $GNNACT_DATA, else ../shared/datasets beside the checkout.
+SHARED = Path(os.environ.get("GNNACT_DATA", Path(__file__).resolve().parents[2] / "shared"
+                             / "datasets"))
+
+
+@pytest.fixture
+def shared_datasets() -> Path:
+    """The offline dataset collection (read only: load with ``workdir=``); skips if absent."""
+    if not SHARED.is_dir():
+        pytest.skip(f"no dataset collection at {SHARED}")
+    return SHARED
 
 
 @pytest.fixture(autouse=True)

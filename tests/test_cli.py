@@ -7,8 +7,9 @@ import runpy
 import sys
 
 import pytest
+import torch
 
-from gnnact.cli import main
+from gnnact.cli import _roc_auc, main
 
 TINY = ["--nodes", "300", "--degree", "4", "--features", "8", "--classes", "3", "--hidden", "16",
         "--epochs", "2", "--no-progress"]
@@ -94,3 +95,26 @@ def test_python_dash_m(monkeypatch, capsys):
         runpy.run_module("gnnact", run_name="__main__")
     assert info.value.code == 0
     assert "train" in capsys.readouterr().out
+
+
+def test_train_on_a_real_dataset(shared_datasets, tmp_path, capsys):
+    out = tmp_path / "cora.jsonl"
+    assert main(["--dataset", "Cora", "--root", str(shared_datasets), "--workdir",
+                 str(tmp_path), "--epochs", "3",
+                 "--hidden", "16", "--bits", "32,2", "--no-progress", "--out", str(out)]) == 0
+    rows = table_rows(capsys.readouterr().out)
+    assert list(rows) == ["32", "2"] and rows["2"][7] == "n/a (CPU)"
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["dataset"] for r in records] == ["Cora", "Cora"]
+    assert records[0]["num_nodes"] == 2708 and records[0]["num_features"] == 1433
+
+
+def test_roc_auc_matches_sklearn():
+    metrics = pytest.importorskip("sklearn.metrics")
+    gen = torch.Generator().manual_seed(0)
+    target = torch.rand(200, 5, generator=gen) < 0.3
+    score = torch.randn(200, 5, generator=gen) + target.float()
+    target[:, 4] = False  # a task with one class only is skipped, as OGB does
+    expected = sum(metrics.roc_auc_score(target[:, t].numpy(), score[:, t].numpy())
+                   for t in range(4)) / 4
+    assert abs(_roc_auc(score, target) - expected) < 1e-12

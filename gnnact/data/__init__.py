@@ -1,5 +1,15 @@
-"""Datasets: synthetic graphs with the shapes of the big benchmarks (loaders come later)."""
+"""Datasets: real graphs by name (:func:`load_dataset`) and synthetic graphs with the shapes
+of the big benchmarks (:func:`synthetic_graph`)."""
 
+from gnnact.data import datasets
+from gnnact.data.datasets import (
+           DATASETS,
+           DatasetNotFoundError,
+           data_root,
+           load_dataset,
+           random_split,
+)
 from gnnact.data.synthetic import synthetic_graph
 
-__all__ = ["synthetic_graph"]
+__all__ = ["DATASETS", "DatasetNotFoundError", "data_root", "datasets", "load_dataset",
+           "random_split", "synthetic_graph"]

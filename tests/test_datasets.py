@@ -1,0 +1,166 @@
+"""gnnact.data.load_dataset: fixtures in the real OGB and GraphSAINT raw layouts loaded through
+the real loaders, the offline error, and the datasets of ../shared/datasets."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+
+from gnnact.data import DATASETS, DatasetNotFoundError, datasets, load_dataset, random_split
+
+
+def _csv_gz(path: Path, rows) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wt") as f:
+        for row in rows:
+            f.write(",".join(str(v) for v in np.atleast_1d(row)) + "\n")
+
+
+def _ogb_arxiv_fixture(root: Path, n: int = 12, f: int = 5) -> dict:
+    """A tiny graph in ogbn-arxiv's exact layout: ``ogb/ogbn_arxiv/{RELEASE_v1.txt, raw/*.csv.gz,
+    split/time/*.csv.gz}`` (directed citation edges, float features, int labels, years)."""
+    gen = np.random.default_rng(0)
+    folder = root / "ogb" / "ogbn_arxiv"
+    edges = np.array([(i, (i + 1) % n) for i in range(n)] + [(0, 5), (3, 9)])
+    feats = gen.standard_normal((n, f)).round(6)
+    labels = gen.integers(0, 3, n)
+    _csv_gz(folder / "raw" / "edge.csv.gz", edges)
+    _csv_gz(folder / "raw" / "node-feat.csv.gz", feats)
+    _csv_gz(folder / "raw" / "node-label.csv.gz", labels)
+    _csv_gz(folder / "raw" / "node_year.csv.gz", gen.integers(2010, 2020, n))
+    _csv_gz(folder / "raw" / "num-node-list.csv.gz", [n])
+    _csv_gz(folder / "raw" / "num-edge-list.csv.gz", [len(edges)])
+    split = {"train": range(0, 6), "valid": range(6, 9), "test": range(9, n)}
+    for part, idx in split.items():
+        _csv_gz(folder / "split" / "time" / f"{part}.csv.gz", list(idx))
+    (folder / "RELEASE_v1.txt").write_text("# Release note for ogbn-arxiv\n")
+    return {"edges": edges, "feats": feats, "labels": labels, "split": split}
+
+
+def test_ogb_arxiv_layout_through_ogb_loader(tmp_path):
+    pytest.importorskip("ogb")
+    fx = _ogb_arxiv_fixture(tmp_path)
+    data = load_dataset("ogbn-arxiv", tmp_path, download=False)
+    n = len(fx["labels"])
+    torch.testing.assert_close(data.x, torch.tensor(fx["feats"], dtype=torch.float32))
+    assert data.y.tolist() == fx["labels"].tolist()  # [N, 1] in OGB, flattened
+    # Made undirected, as the OGB baselines do: every edge in both directions, once.
+    pairs = {tuple(e) for e in data.edge_index.t().tolist()}
+    expected = {(int(a), int(b)) for a, b in fx["edges"]} | {(int(b), int(a))
+                                                          for a, b in fx["edges"]}
+    assert pairs == expected and data.edge_index.size(1) == len(expected)
+    for key, part in (("train_mask", "train"), ("val_mask", "valid"), ("test_mask", "test")):
+        assert torch.nonzero(getattr(data, key)).view(-1).tolist() == list(fx["split"][part])
+    assert data.num_nodes == n and not hasattr(data, "node_year")
+    # A second load reads OGB's processed file (weights-only torch.load) and gives the same.
+    again = load_dataset("arxiv", tmp_path, download=False)
+    assert torch.equal(again.edge_index, data.edge_index) and torch.equal(again.x, data.x)
+
+
+def test_ogb_missing_release_file_is_reported_not_prompted(tmp_path):
+    pytest.importorskip("ogb")
+    _ogb_arxiv_fixture(tmp_path)
+    (tmp_path / "ogb" / "ogbn_arxiv" / "RELEASE_v1.txt").unlink()
+    with pytest.raises(DatasetNotFoundError, match="RELEASE_v1.txt"):
+        load_dataset("ogbn-arxiv", tmp_path, download=False)
+
+
+def _graphsaint_fixture(folder: Path, n: int = 10, f: int = 4) -> dict:
+    """GraphSAINT's layout: ``raw/{adj_full.npz, feats.npy, class_map.json, role.json}``."""
+    gen = np.random.default_rng(1)
+    raw = folder / "raw"
+    raw.mkdir(parents=True)
+    row = np.arange(n)
+    col = (row + 1) % n
+    adj = sp.coo_matrix((np.ones(2 * n), (np.r_[row, col], np.r_[col, row])), shape=(n, n))
+    adj = adj.tocsr()
+    np.savez(raw / "adj_full.npz", data=adj.data, indices=adj.indices, indptr=adj.indptr,
+             shape=np.array(adj.shape))
+    feats = gen.standard_normal((n, f)).astype(np.float32) * 3 + 1
+    np.save(raw / "feats.npy", feats)
+    labels = gen.integers(0, 3, n)
+    (raw / "class_map.json").write_text(json.dumps({str(i): int(c) for i, c in
+                                                    enumerate(labels)}))
+    role = {"tr": list(range(6)), "va": [6, 7], "te": [8, 9]}
+    (raw / "role.json").write_text(json.dumps(role))
+    return {"feats": feats, "labels": labels, "role": role, "adj": adj}
+
+
+def test_graphsaint_layout_through_pyg_loader(tmp_path):
+    fx = _graphsaint_fixture(tmp_path / "graphsaint" / "flickr")
+    data = load_dataset("flickr", tmp_path, download=False)
+    assert data.y.tolist() == fx["labels"].tolist()
+    assert data.edge_index.size(1) == fx["adj"].nnz
+    assert torch.nonzero(data.train_mask).view(-1).tolist() == fx["role"]["tr"]
+    assert torch.nonzero(data.test_mask).view(-1).tolist() == fx["role"]["te"]
+    # GraphSAINT standardises features with the training nodes' mean and std.
+    train = torch.tensor(fx["feats"][fx["role"]["tr"]], dtype=torch.float64)
+    expected = (torch.tensor(fx["feats"], dtype=torch.float64) - train.mean(0)) / \
+        train.std(0, unbiased=False)
+    torch.testing.assert_close(data.x, expected.float())
+    torch.testing.assert_close(data.x[data.train_mask].mean(0), torch.zeros(4),
+                               atol=1e-5, rtol=0)
+
+
+def test_offline_missing_files_fail_fast_naming_paths(tmp_path, monkeypatch):
+    # Every source at an unroutable address (TEST-NET-1): offline in every environment.
+    monkeypatch.setattr(datasets, "_source_url", lambda spec: "http://192.0.2.1/")
+    for name in ("ogbn-products", "reddit", "yelp", "computers"):
+        start = time.perf_counter()
+        with pytest.raises(DatasetNotFoundError) as info:
+            load_dataset(name, tmp_path, download=None, timeout=1.0)
+        assert time.perf_counter() - start < 5.0
+        spec = DATASETS[name]
+        assert str(tmp_path / spec.folder / spec.files[0]) in str(info.value)
+        assert "unreachable" in str(info.value)
+    with pytest.raises(DatasetNotFoundError, match="download=False"):
+        load_dataset("cora", tmp_path, download=False)
+
+
+def test_bad_names_and_splits(tmp_path):
+    with pytest.raises(ValueError, match="unknown dataset 'ogbn-mag'"):
+        load_dataset("ogbn-mag", tmp_path)
+    with pytest.raises(ValueError, match="tolokers"):
+        load_dataset("tolokerz", tmp_path)
+
+
+def test_random_split_deterministic_and_disjoint():
+    a, b = random_split(101, seed=3), random_split(101, seed=3)
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    assert int(sum(m.int() for m in a).max()) == 1 and int(sum(m.sum() for m in a)) == 101
+    assert [int(m.sum()) for m in a] == [60, 20, 21]
+    assert not torch.equal(a[0], random_split(101, seed=4)[0])
+
+
+# Counts as documented in ../shared/datasets/README.md (PyG-style directed edge counts).
+SHARED_COUNTS = {
+    "cora": (2708, 10556, 1433, 7), "citeseer": (3327, 9104, 3703, 6),
+    "computers": (13752, 491722, 767, 10), "photo": (7650, 238162, 745, 8),
+    "cs": (18333, 163788, 6805, 15),
+    "dblp": (17716, 105734, 1639, 4), "cora_ml": (2995, 16316, 2879, 7),
+    "citeseer_full": (4230, 10674, 602, 6), "tolokers": (11758, 1038000, 10, 2),
+    "minesweeper": (10000, 78804, 7, 2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SHARED_COUNTS))
+def test_shared_datasets(name, shared_datasets, tmp_path):
+    data = load_dataset(name, shared_datasets, workdir=tmp_path, download=False)
+    nodes, edges, features, classes = SHARED_COUNTS[name]
+    assert (data.num_nodes, data.num_edges, data.num_features) == (nodes, edges, features)
+    assert int(data.y.max()) + 1 == classes
+    masks = torch.stack([data.train_mask, data.val_mask, data.test_mask])
+    assert masks.dtype == torch.bool and int(masks.int().sum(0).max()) == 1
+    if name in ("cora", "citeseer"):  # the public split
+        assert int(data.train_mask.sum()) == 20 * classes and int(data.test_mask.sum()) == 1000
+    if name not in ("tolokers", "minesweeper"):  # row-normalised bag of words
+        sums = data.x.sum(-1)
+        assert torch.allclose(sums[sums > 0], torch.ones(()), atol=1e-5)
+    assert not (shared_datasets / DATASETS[name].folder / "processed").exists()  # root untouched
