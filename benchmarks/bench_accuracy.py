@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -37,30 +36,11 @@ from _common import RESULTS, ROOT, append_rows, environment
 import gnnact
 from gnnact.data import load_dataset
 from gnnact.models import MODELS, build
+from gnnact.training import train_full_batch
 
 
 def data_root() -> Path:
     return Path(os.environ.get("GNNACT_DATA", ROOT.parent / "shared" / "datasets"))
-
-
-def train(data, model: torch.nn.Module, masks, epochs: int, lr: float) -> float:
-    train_mask, val_mask, test_mask = masks
-    opt = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=5e-4)
-    best_val = test_at_best = 0.0
-    for _ in range(epochs):
-        model.train()
-        opt.zero_grad(set_to_none=True)
-        out = model(data.x, data.edge_index)
-        F.cross_entropy(out[train_mask], data.y[train_mask]).backward()
-        opt.step()
-        model.eval()
-        with torch.no_grad():
-            pred = model(data.x, data.edge_index).argmax(-1)
-        val = (pred[val_mask] == data.y[val_mask]).float().mean().item()
-        if val > best_val:
-            best_val = val
-            test_at_best = (pred[test_mask] == data.y[test_mask]).float().mean().item()
-    return 100 * test_at_best
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,7 +70,6 @@ def main(argv: list[str] | None = None) -> int:
                                         download=False)
                     classes = int(data.y.max()) + 1
                     data = data.to(device)
-                    masks = (data.train_mask, data.val_mask, data.test_mask)
                     for bits in acc:
                         torch.manual_seed(seed)
                         model = build(model_name, data.num_features, classes,
@@ -98,7 +77,9 @@ def main(argv: list[str] | None = None) -> int:
                         if bits < 32:
                             gnnact.convert(model, gnnact.Config(bits=bits))
                         t0 = time.perf_counter()
-                        acc[bits].append(train(data, model, masks, args.epochs, args.lr))
+                        run = train_full_batch(model, data, epochs=args.epochs, lr=args.lr,
+                                               weight_decay=5e-4, measure_saved=False)
+                        acc[bits].append(100 * run.test_acc)
                         print(f"{name:9s} {model_name:5s} seed {seed} {bits:2d} bits "
                               f"{acc[bits][-1]:6.2f}  ({time.perf_counter() - t0:.0f} s)",
                               flush=True)

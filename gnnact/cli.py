@@ -12,43 +12,26 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import sys
-import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from torch import Tensor
 from torch_geometric.data import Data
-from tqdm import tqdm
 
 from gnnact.config import Config
 from gnnact.data import load_dataset, synthetic_graph
 from gnnact.env import environment
-from gnnact.memory import saved_bytes
 from gnnact.models import MODELS, build
 from gnnact.nn import convert
 from gnnact.quant import SUPPORTED_BITS
+from gnnact.training import RunResult, train_full_batch
 
 __all__ = ["main"]
 
 _COMMANDS = ("train",)
-
-
-@dataclass
-class RunResult:
-    """One training run (one bit width)."""
-
-    bits: int
-    test_acc: float
-    best_val_acc: float
-    saved_bytes: int
-    epoch_ms: float
-    peak_bytes: int | None  # peak allocated device memory of a training step (CUDA only)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -209,113 +192,34 @@ def _train(args: argparse.Namespace) -> int:
 
     results = [_run(args, data, bits) for bits in args.bits]
 
-    ref = next((r for r in results if r.bits == 32), None)
+    ref = next((r for bits, r in results if bits == 32), None)
     print(_table(results, ref))
     if args.out is not None:
         _append_rows(args, data, results, ref)
     return 0
 
 
-def _run(args: argparse.Namespace, data: Data, bits: int) -> RunResult:
-    """Train one model at ``bits`` and evaluate the test accuracy at the best validation epoch.
-
-    ``bits`` of 32 trains the plain PyG model; below that the same model (same initial weights)
-    after :func:`gnnact.convert`.
-    """
-    torch.manual_seed(args.seed)  # same initial weights and dropout masks for every bit width
+def _run(args: argparse.Namespace, data: Data, bits: int) -> tuple[int, RunResult]:
+    """Train one model at ``bits``: 32 trains the plain PyG model, below that the same model
+    (same initial weights and dropout masks) after :func:`gnnact.convert`."""
+    torch.manual_seed(args.seed)
     model = build(args.model, args.features, args.classes, hidden=args.hidden,
                   layers=args.layers, dropout=args.dropout).to(args.device)
     if bits < 32:
         convert(model, Config(bits=bits, group_size=args.group_size))
-    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
-    # Resident tensors, the same for every run: not part of what the model keeps.
-    resident = [model, data.x, data.y, data.edge_index]
-
-    best_val = test_at_best = 0.0
-    measured: int | None = None
-    times: list[float] = []
-    cuda = args.device.type == "cuda"
-    peak: int | None = None
-    bar = tqdm(range(args.epochs), desc=f"{args.model} {bits:>2} bits", unit="epoch",
-               file=sys.stderr, disable=args.no_progress, leave=False)
-    for _epoch in bar:
-        model.train()
-        optimizer.zero_grad(set_to_none=True)
-        if cuda:
-            torch.cuda.synchronize(args.device)
-            torch.cuda.reset_peak_memory_stats(args.device)
-            base = torch.cuda.memory_allocated(args.device)
-        start = time.perf_counter()
-        loss = _loss(model, data)
-        if measured is None:
-            # Saved context of one forward pass, by graph walk: distinct storages the
-            # autograd graph keeps for backward, resident tensors excluded.
-            pause = time.perf_counter()
-            measured = saved_bytes(loss, exclude=resident)
-            start += time.perf_counter() - pause
-        loss.backward()
-        optimizer.step()
-        if cuda:
-            torch.cuda.synchronize(args.device)
-            # Above what was allocated before the step (data, weights, optimizer state).
-            step_peak = torch.cuda.max_memory_allocated(args.device) - base
-            peak = step_peak if peak is None else max(peak, step_peak)
-        times.append(time.perf_counter() - start)
-
-        val, test = _evaluate(model, data)
-        if val > best_val:
-            best_val, test_at_best = val, test
-        bar.set_postfix(loss=f"{loss.item():.3f}", val=f"{val:.3f}")
-    bar.close()
-
-    # The first epoch pays for allocator and kernel warm-up; the median of the rest is the
-    # steady state (training step only: forward, backward, optimizer; evaluation excluded).
-    steady = times[1:] if len(times) > 1 else times
-    assert measured is not None
-    return RunResult(bits=bits, test_acc=test_at_best, best_val_acc=best_val,
-                     saved_bytes=measured, epoch_ms=1e3 * statistics.median(steady),
-                     peak_bytes=peak)
+    progress = None if args.no_progress else f"{args.model} {bits:>2} bits"
+    return bits, train_full_batch(model, data, epochs=args.epochs, lr=args.lr,
+                                  progress=progress)
 
 
-def _loss(model: torch.nn.Module, data: Data) -> Tensor:
-    out = model(data.x, data.edge_index)[data.train_mask]
-    if data.y.dim() == 2:  # multi-label (ogbn-proteins, Yelp): one binary task per column
-        return F.binary_cross_entropy_with_logits(out, data.y[data.train_mask].float())
-    return F.cross_entropy(out, data.y[data.train_mask])
-
-
-@torch.no_grad()
-def _evaluate(model: torch.nn.Module, data: Data) -> tuple[float, float]:
-    """Accuracy on the validation and test nodes; mean ROC-AUC over tasks if multi-label."""
-    model.eval()
-    out = model(data.x, data.edge_index)
-    if data.y.dim() == 2:
-        return (_roc_auc(out[data.val_mask], data.y[data.val_mask]),
-                _roc_auc(out[data.test_mask], data.y[data.test_mask]))
-    correct = out.argmax(dim=-1) == data.y
-    return (correct[data.val_mask].float().mean().item(),
-            correct[data.test_mask].float().mean().item())
-
-
-def _roc_auc(score: Tensor, target: Tensor) -> float:
-    """Mean over tasks (columns with both classes) of the ROC-AUC, by the rank-sum formula
-    (ties broken by order, as OGB's evaluator would only differ on exact score ties)."""
-    ranks = score.double().argsort(0).argsort(0).double() + 1
-    pos = target.bool()
-    n_pos, n_neg = pos.sum(0).double(), (~pos).sum(0).double()
-    valid = (n_pos > 0) & (n_neg > 0)
-    auc = ((ranks * pos).sum(0) - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
-    return auc[valid].mean().item() if bool(valid.any()) else float("nan")
-
-
-def _table(results: list[RunResult], ref: RunResult | None) -> str:
+def _table(results: list[tuple[int, RunResult]], ref: RunResult | None) -> str:
     header = ("bits", "test acc @ best val (%)", "saved context (MB)", "ratio vs fp32",
               "epoch time (ms)", "time vs fp32", "acc vs fp32 (pt)", "peak step memory (MB)",
               "peak vs fp32")
     rows = [header]
-    for r in results:
+    for bits, r in results:
         rows.append((
-            str(r.bits),
+            str(bits),
             f"{100 * r.test_acc:.2f}",
             f"{r.saved_bytes / 1e6:.2f}",
             f"{ref.saved_bytes / r.saved_bytes:.2f}x" if ref and r.saved_bytes else "n/a",
@@ -332,7 +236,7 @@ def _table(results: list[RunResult], ref: RunResult | None) -> str:
     return "\n".join(lines)
 
 
-def _append_rows(args: argparse.Namespace, data: Data, results: list[RunResult],
+def _append_rows(args: argparse.Namespace, data: Data, results: list[tuple[int, RunResult]],
                  ref: RunResult | None) -> None:
     common = {
         "command": "train",
@@ -356,8 +260,8 @@ def _append_rows(args: argparse.Namespace, data: Data, results: list[RunResult],
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("a") as f:
-        for r in results:
-            row = {**common, **asdict(r),
+        for bits, r in results:
+            row = {**common, "bits": bits, **asdict(r),
                    "ratio_vs_fp32": ref.saved_bytes / r.saved_bytes if ref and r.saved_bytes
                    else None,
                    "time_vs_fp32": r.epoch_ms / ref.epoch_ms if ref else None}
