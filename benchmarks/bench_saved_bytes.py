@@ -29,11 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS, environment, finish
 
 import gnnact
-from gnnact.data import synthetic_graph
+from gnnact.data import SHAPES, synthetic_like
 from gnnact.memory import saved_bytes
 from gnnact.models import MODELS, build
-
-ARXIV = {"num_nodes": 169_343, "avg_degree": 13.77, "num_features": 128, "num_classes": 40}
 
 
 def measure(model: torch.nn.Module, data, exclude: list) -> int:
@@ -51,20 +49,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
     parser.add_argument("--bits", nargs="+", type=int, default=[1, 2, 4, 8])
-    parser.add_argument("--nodes", type=int, default=ARXIV["num_nodes"])
+    parser.add_argument("--nodes", type=int, default=SHAPES["arxiv"][0])
     parser.add_argument("--smoke", action="store_true", help="a 2,000-node graph, no results")
     parser.add_argument("--out", type=Path, default=RESULTS / "saved_bytes.jsonl")
     args = parser.parse_args(argv)
 
-    shape = dict(ARXIV, num_nodes=2_000 if args.smoke else args.nodes)
-    data = synthetic_graph(shape["num_nodes"], shape["avg_degree"], shape["num_features"],
-                           shape["num_classes"], seed=0)
+    data = synthetic_like("arxiv", num_nodes=2_000 if args.smoke else args.nodes)
+    classes = SHAPES["arxiv"][3]
     exclude = [data.x, data.y, data.edge_index]
     env = environment(torch.device("cpu"))
     rows = []
     for name in args.models:
         torch.manual_seed(0)
-        model = build(name, shape["num_features"], shape["num_classes"])
+        model = build(name, data.num_features, classes)
         fp32 = measure(model, data, exclude)
         print(f"{name:6s} PyG fp32 {fp32 / 2**20:10.1f} MiB")
         for bits in args.bits:
@@ -75,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append({"bench": "saved_bytes", **env, "model": name, "bits": bits,
                          "attention_bits": gnnact.Config(bits=bits).attention,
                          "num_nodes": data.num_nodes, "num_edges": data.num_edges,
-                         "num_features": shape["num_features"], "pyg_fp32_bytes": fp32,
+                         "num_features": data.num_features, "pyg_fp32_bytes": fp32,
                          "gnnact_bytes": packed, "ratio": round(ratio, 3)})
         del model
         gc.collect()

@@ -36,11 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS, environment, finish
 
 import gnnact
-from gnnact.data import synthetic_graph
+from gnnact.data import SHAPES, synthetic_like
 from gnnact.memory import saved_bytes
 from gnnact.models import MODELS, build
-
-ARXIV = {"num_nodes": 169_343, "avg_degree": 13.77, "num_features": 128, "num_classes": 40}
 
 
 def loss_of(model: torch.nn.Module, data) -> torch.Tensor:
@@ -106,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--models", nargs="+", choices=MODELS, default=["gcn", "sage"])
     parser.add_argument("--bits", nargs="+", type=int, default=[2, 4])
-    parser.add_argument("--nodes", type=int, default=ARXIV["num_nodes"])
+    parser.add_argument("--nodes", type=int, default=SHAPES["arxiv"][0])
     parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--smoke", action="store_true", help="2,000 nodes, 2 steps, no results")
@@ -116,15 +114,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         args.nodes, args.epochs, args.warmup = 2_000, 2, 1
 
-    data = synthetic_graph(args.nodes, ARXIV["avg_degree"], ARXIV["num_features"],
-                           ARXIV["num_classes"], seed=0).to(device)
+    data = synthetic_like("arxiv", num_nodes=args.nodes).to(device)
+    classes = SHAPES["arxiv"][3]
     env = environment(device)
     rows = []
     for name in args.models:
         base = None
         for bits in [32, *args.bits]:
             torch.manual_seed(0)
-            model = build(name, ARXIV["num_features"], ARXIV["num_classes"]).to(device)
+            model = build(name, data.num_features, classes).to(device)
             if bits < 32:
                 gnnact.convert(model, gnnact.Config(bits=bits))
             result = run(model, data, device, args.epochs, args.warmup)

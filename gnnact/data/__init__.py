@@ -9,7 +9,7 @@ from gnnact.data.datasets import (
            load_dataset,
            random_split,
 )
-from gnnact.data.synthetic import synthetic_graph
+from gnnact.data.synthetic import SHAPES, synthetic_graph, synthetic_like
 
-__all__ = ["DATASETS", "DatasetNotFoundError", "data_root", "datasets", "load_dataset",
-           "random_split", "synthetic_graph"]
+__all__ = ["DATASETS", "SHAPES", "DatasetNotFoundError", "data_root", "datasets",
+           "load_dataset", "random_split", "synthetic_graph", "synthetic_like"]

@@ -15,7 +15,16 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
-__all__ = ["synthetic_graph"]
+__all__ = ["SHAPES", "synthetic_graph", "synthetic_like"]
+
+# (nodes, average degree, features, classes) of the graphs the synthetic ones stand in for:
+# ogbn-arxiv and ogbn-products as the OGB baselines use them (arxiv made undirected), Reddit as
+# PyG's Reddit (114.6M directed edges).
+SHAPES: dict[str, tuple[int, float, int, int]] = {
+    "arxiv": (169_343, 13.77, 128, 40),
+    "products": (2_449_029, 50.52, 100, 47),
+    "reddit": (232_965, 491.99, 602, 41),
+}
 
 
 def synthetic_graph(
@@ -132,6 +141,20 @@ def synthetic_graph(
 
     return Data(x=x, y=y, edge_index=edge_index, train_mask=train_mask, val_mask=val_mask,
                 test_mask=test_mask)
+
+
+def synthetic_like(shape: str, *, num_nodes: int | None = None, seed: int = 0,
+                   **kwargs) -> Data:
+    """:func:`synthetic_graph` with the node count, average degree, feature width and classes
+    of ``shape`` (a key of :data:`SHAPES`: ``"arxiv"``, ``"products"``, ``"reddit"``);
+    ``num_nodes`` scales it down (same degree and widths), ``kwargs`` go to
+    :func:`synthetic_graph`."""
+    if shape not in SHAPES:
+        raise ValueError(f"shape must be one of {sorted(SHAPES)}, got {shape!r}")
+    nodes, degree, features, classes = SHAPES[shape]
+    nodes = nodes if num_nodes is None else num_nodes
+    return synthetic_graph(nodes, min(degree, (nodes - 2) / 2), features, classes, seed=seed,
+                           **kwargs)
 
 
 def _sample_edges(y: Tensor, num_classes: int, avg_degree: float, homophily: float,

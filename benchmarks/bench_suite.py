@@ -1,0 +1,184 @@
+"""The full-batch benchmark suite: memory-saving methods side by side on EXACT's model configs.
+
+Methods (each on the same graph, seeds, initial weights and epochs):
+
+- ``pyg``: plain PyG fp32, the reference;
+- ``gnnact2``, ``gnnact4``, ``gnnact8``: the same model after ``gnnact.convert`` at that many
+  bits;
+- ``amp``: PyG under ``torch.autocast`` in bfloat16 (what mixed precision alone saves);
+- ``checkpoint``: PyG with every layer block recomputed in backward
+  (``torch.utils.checkpoint``, non-reentrant; BatchNorm running statistics see each block
+  twice, as with any checkpointing);
+- ``save_on_cpu``: PyG with every saved tensor moved to host memory
+  (``torch.autograd.graph.save_on_cpu``; pinned on CUDA).
+
+Per (model, method): test accuracy at the best validation epoch (mean ± std over seeds), saved
+context bytes of one forward pass (graph walk; not for ``checkpoint`` and ``save_on_cpu``,
+whose saved tensors live outside the graph), median step time and, on CUDA, the peak memory a
+step allocates. Rows go to ``benchmarks/results/suite.jsonl``, a markdown table to
+``benchmarks/results/suite.md``; ``benchmarks/plot_suite.py`` draws the plots.
+
+Usage::
+
+    python benchmarks/bench_suite.py [--graph synthetic-arxiv | <dataset name>] [--nodes N]
+        [--models gcn sage gat gcnii] [--methods pyg gnnact2 ...] [--seeds 0 1 2]
+        [--epochs 100] [--device cuda] [--smoke]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import RESULTS, environment, finish
+
+import gnnact
+from gnnact.data import SHAPES, load_dataset, synthetic_like
+from gnnact.models import GCNII, MODELS, Stack, build
+from gnnact.training import RunResult, train_full_batch
+
+METHODS = ("pyg", "gnnact2", "gnnact4", "gnnact8", "amp", "checkpoint", "save_on_cpu")
+
+
+class Checkpointed(nn.Module):
+    """Runs a :class:`~gnnact.models.Stack` or :class:`~gnnact.models.GCNII` with each layer
+    block under :func:`torch.utils.checkpoint.checkpoint`: only block inputs are kept."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: Tensor, adj) -> Tensor:
+        m = self.model
+        if isinstance(m, Stack):
+            for conv, bn in zip(m.convs[:-1], m.bns, strict=True):
+                x = checkpoint(lambda h, c=conv, b=bn: m.drop(m.act(b(c(h, adj)))), x,
+                               use_reentrant=False)
+            return m.convs[-1](x, adj)
+        if isinstance(m, GCNII):
+            x = x_0 = m.act(m.lins[0](m.drop(x)))
+            for conv in m.convs:
+                x = checkpoint(lambda h, c=conv: m.act(c(m.drop(h), x_0, adj)), x,
+                               use_reentrant=False)
+            return m.lins[1](m.drop(x))
+        raise TypeError(f"cannot checkpoint {type(m).__name__}")
+
+
+def prepare(method: str, model: nn.Module,
+            device: torch.device) -> tuple[nn.Module, Callable | None, bool]:
+    """(model to train, context around each forward, whether to walk the saved context)."""
+    if method == "pyg":
+        return model, None, True
+    if method.startswith("gnnact"):
+        return gnnact.convert(model, gnnact.Config(bits=int(method[6:]))), None, True
+    if method == "amp":
+        return model, lambda: torch.autocast(device.type, dtype=torch.bfloat16), True
+    if method == "checkpoint":
+        return Checkpointed(model), None, False
+    if method == "save_on_cpu":
+        pin = device.type == "cuda"
+        return model, lambda: torch.autograd.graph.save_on_cpu(pin_memory=pin), False
+    raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+
+
+def load_graph(name: str, nodes: int | None, seed: int, workdir: str):
+    if name.startswith("synthetic-"):
+        return synthetic_like(name.removeprefix("synthetic-"), num_nodes=nodes, seed=0)
+    return load_dataset(name, seed=seed, workdir=workdir, download=False)
+
+
+def summary(rows: list[dict]) -> str:
+    """A markdown table of the rows, one line per (model, method)."""
+    lines = ["| graph | model | method | test acc (%) | Δ vs pyg (pt) | saved context (MB) | "
+             "vs pyg | step (ms) | vs pyg | peak step memory (MB) | vs pyg |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    ref = {(r["graph"], r["model"]): r for r in rows if r["method"] == "pyg"}
+
+    def ratio(r: dict, key: str, invert: bool = False) -> str:
+        base = ref.get((r["graph"], r["model"]), {}).get(key)
+        if not base or not r.get(key):
+            return "–"
+        return f"{(base / r[key]) if invert else (r[key] / base):.2f}x"
+
+    for r in rows:
+        base = ref.get((r["graph"], r["model"]))
+        delta = f"{r['acc_mean'] - base['acc_mean']:+.2f}" if base else "–"
+        saved = f"{r['saved_bytes'] / 1e6:.1f}" if r["saved_bytes"] else "–"
+        peak = f"{r['peak_bytes'] / 1e6:.1f}" if r["peak_bytes"] else "–"
+        lines.append(f"| {r['graph']} | {r['model']} | {r['method']} | {r['acc_mean']:.2f} ± "
+                     f"{r['acc_std']:.2f} | {delta} | {saved} | "
+                     f"{ratio(r, 'saved_bytes', True)} | {r['epoch_ms']:.1f} | "
+                     f"{ratio(r, 'epoch_ms')} | {peak} | {ratio(r, 'peak_bytes', True)} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--graph", default="synthetic-arxiv",
+                        help=f"synthetic-{{{','.join(SHAPES)}}} or a gnnact.data dataset name")
+    parser.add_argument("--nodes", type=int, default=None, help="scale a synthetic graph")
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--epochs", type=int, default=100)
+    parser.add_argument("--lr", type=float, default=0.01)
+    parser.add_argument("--device", type=torch.device, default=torch.device("cpu"))
+    parser.add_argument("--smoke", action="store_true",
+                        help="a 1,500-node graph, 3 epochs, one seed; no results written")
+    parser.add_argument("--out", type=Path, default=RESULTS / "suite.jsonl")
+    parser.add_argument("--summary", type=Path, default=RESULTS / "suite.md")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.nodes, args.epochs, args.seeds = 1_500, 3, args.seeds[:1]
+
+    env = environment(args.device)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for model_name in args.models:
+            runs: dict[str, list[RunResult]] = {m: [] for m in args.methods}
+            for seed in args.seeds:
+                data = load_graph(args.graph, args.nodes, seed, tmp).to(args.device)
+                classes = data.y.size(1) if data.y.dim() == 2 else int(data.y.max()) + 1
+                for method in args.methods:
+                    torch.manual_seed(seed)
+                    base = build(model_name, data.num_features, classes).to(args.device)
+                    model, context, walk = prepare(method, base, args.device)
+                    run = train_full_batch(model, data, epochs=args.epochs, lr=args.lr,
+                                           step_context=context, measure_saved=walk)
+                    runs[method].append(run)
+                    print(f"{model_name:6s} {method:12s} seed {seed}  acc "
+                          f"{100 * run.test_acc:6.2f}  step {run.epoch_ms:8.1f} ms", flush=True)
+            for method, results in runs.items():
+                accs = [100 * r.test_acc for r in results]
+                rows.append({
+                    "bench": "suite", **env, "graph": args.graph, "num_nodes": data.num_nodes,
+                    "num_edges": data.num_edges, "model": model_name, "method": method,
+                    "seeds": args.seeds, "epochs": args.epochs, "test_acc": accs,
+                    "acc_mean": statistics.mean(accs),
+                    "acc_std": statistics.stdev(accs) if len(accs) > 1 else 0.0,
+                    "saved_bytes": results[0].saved_bytes,
+                    "epoch_ms": statistics.mean(r.epoch_ms for r in results),
+                    "peak_bytes": None if results[0].peak_bytes is None
+                    else max(r.peak_bytes or 0 for r in results),
+                })
+    table = summary(rows)
+    print(table)
+    if not args.smoke:
+        args.summary.write_text(f"Commit {env['commit']}, {env['device_name']}, torch "
+                                f"{env['torch']}, {env['date']}\n\n{table}")
+    return finish(args.out, rows, smoke=args.smoke)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,53 @@
+"""The benchmark suite end to end on tiny graphs: smoke mode, result rows, summary, plots."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _script(name: str):
+    sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_suite_smoke_writes_nothing(tmp_path, capsys):
+    suite = _script("bench_suite")
+    out, summary = tmp_path / "suite.jsonl", tmp_path / "suite.md"
+    assert suite.main(["--smoke", "--models", "gcn", "gat", "--out", str(out),
+                       "--summary", str(summary)]) == 0
+    text = capsys.readouterr().out
+    for method in suite.METHODS:
+        assert f"| gcn | {method} |" in text and f"| gat | {method} |" in text
+    assert not out.exists() and not summary.exists()
+
+
+def test_suite_rows_summary_and_plots(tmp_path):
+    pytest.importorskip("matplotlib")
+    suite, plots = _script("bench_suite"), _script("plot_suite")
+    out, summary = tmp_path / "suite.jsonl", tmp_path / "suite.md"
+    assert suite.main(["--nodes", "300", "--epochs", "2", "--seeds", "0", "1", "--models",
+                       "gcn", "--methods", "pyg", "gnnact2", "amp", "checkpoint", "--out",
+                       str(out), "--summary", str(summary)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["method"] for r in rows] == ["pyg", "gnnact2", "amp", "checkpoint"]
+    for r in rows:
+        assert r["seeds"] == [0, 1] and len(r["test_acc"]) == 2 and r["commit"]
+        assert r["num_nodes"] == 300 and r["epoch_ms"] > 0 and r["peak_bytes"] is None
+    pyg, packed, amp, ckpt = rows
+    assert pyg["saved_bytes"] > 20 * packed["saved_bytes"] > 0
+    assert pyg["saved_bytes"] > amp["saved_bytes"] > 0 and ckpt["saved_bytes"] is None
+    assert "| synthetic-arxiv | gcn | gnnact2 |" in summary.read_text()
+    written = plots.plot(rows, tmp_path)
+    assert [p.name for p in written] == ["suite_memory_accuracy_synthetic-arxiv_cpu.png",
+                                         "suite_time_bits_synthetic-arxiv_cpu.png"]
+    assert all(p.stat().st_size > 5_000 for p in written)
