@@ -1,10 +1,23 @@
 #!/usr/bin/env bash
-# Everything a GPU machine should produce, in one device call: the CUDA tests and every GPU
-# benchmark. Runs from a checkout (PYTHONPATH=., no install needed). Result rows and logs are
-# written under $OUT (the device tool's output folder) or benchmarks/results/ when $OUT is unset;
-# copy them into benchmarks/results/ and commit them.
+# Everything a GPU machine should produce: the CUDA tests and every GPU benchmark. Runs from a
+# checkout (PYTHONPATH=., no install needed). Result rows and logs are written under $OUT (the
+# device tool's output folder) or benchmarks/results/ when $OUT is unset; copy them into
+# benchmarks/results/ and commit them.
 #
-#   bash benchmarks/gpu_all.sh
+#   bash benchmarks/gpu_all.sh                 # every part, in order
+#   bash benchmarks/gpu_all.sh tests train     # some parts
+#
+# Parts (each fits one 10-minute device call on an H100; together about 35 minutes):
+#   tests      CUDA tests (pytest -m cuda) and quantize/dequantize throughput
+#   train      training step time and memory, PyG fp32 vs gnnact 2/4 bits, arxiv-shaped graph,
+#              all four models
+#   products   the same on the ogbn-products-shaped graph (GCN, SAGE; PyG may run out of memory)
+#   suite      bench_suite on the arxiv-shaped graph: pyg, gnnact 2/4/8, bf16 autocast,
+#              checkpointing, save_on_cpu; GCN and SAGE, 2 seeds x 50 epochs
+#   suite-gat  the same for GAT and GCNII
+#   accuracy   bench_accuracy on Coauthor-Physics, Amazon-Computers and DBLP (GCN, SAGE, 3
+#              seeds, 2/4 bits vs fp32). Needs the data: copy ../shared/datasets/{coauthor,
+#              amazon,citation_full} into data_local/datasets/ and carry data_local.
 #
 # Extend this script whenever a GPU path or a GPU benchmark is added.
 set -uo pipefail
@@ -13,26 +26,59 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 out="${OUT:-benchmarks/results}"
 mkdir -p "$out"
 status=0
+parts=("$@")
+[ ${#parts[@]} -gt 0 ] || parts=(tests train products suite suite-gat accuracy)
 
 {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  echo "parts: ${parts[*]}"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1
   python -c "import torch, torch_geometric as g; print('torch', torch.__version__, 'cuda', torch.version.cuda, '| PyG', g.__version__)"
   python -c "import cupy; print('cupy', cupy.__version__)" 2>&1
-} | tee "$out/gpu_env.txt"
+} | tee -a "$out/gpu_env.txt"
 
-echo "== CUDA tests"
-python -m pytest -m cuda -q -rs -p no:cacheprovider 2>&1 | tee "$out/pytest_cuda.txt"
-[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-
-echo "== quantize/dequantize throughput"
-python benchmarks/bench_quantize.py --device cuda --out "$out/quantize.jsonl" || status=1
-python benchmarks/bench_quantize.py --device cuda --dtype bfloat16 --bits 2 4 8 \
-  --out "$out/quantize.jsonl" || status=1
-
-echo "== training step: PyG fp32 vs gnnact side by side (arxiv-shaped synthetic graph)"
-python benchmarks/bench_train.py --device cuda --models gcn sage gat gcnii --bits 2 4 \
-  --out "$out/train.jsonl" || status=1
+for part in "${parts[@]}"; do
+  echo "== $part"
+  case "$part" in
+    tests)
+      python -m pytest -m cuda -q -rs -p no:cacheprovider 2>&1 | tee "$out/pytest_cuda.txt"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      python benchmarks/bench_quantize.py --device cuda --out "$out/quantize.jsonl" || status=1
+      python benchmarks/bench_quantize.py --device cuda --dtype bfloat16 --bits 2 4 8 \
+        --out "$out/quantize.jsonl" || status=1
+      ;;
+    train)
+      python benchmarks/bench_train.py --device cuda --models gcn sage gat gcnii --bits 2 4 \
+        --out "$out/train.jsonl" || status=1
+      ;;
+    products)
+      python benchmarks/bench_train.py --device cuda --shape products --models gcn sage \
+        --bits 2 4 --epochs 5 --warmup 1 --out "$out/train.jsonl" || status=1
+      ;;
+    suite)
+      python benchmarks/bench_suite.py --device cuda --models gcn sage --seeds 0 1 \
+        --epochs 50 --out "$out/suite.jsonl" --summary "$out/suite_gcn_sage.md" || status=1
+      ;;
+    suite-gat)
+      python benchmarks/bench_suite.py --device cuda --models gat gcnii --seeds 0 1 \
+        --epochs 50 --out "$out/suite.jsonl" --summary "$out/suite_gat_gcnii.md" || status=1
+      ;;
+    accuracy)
+      if [ -d data_local/datasets ]; then
+        GNNACT_DATA="$PWD/data_local/datasets" python benchmarks/bench_accuracy.py \
+          --device cuda --datasets physics computers dblp --models gcn sage --seeds 0 1 2 \
+          --out "$out/accuracy.jsonl" || status=1
+      else
+        echo "no data_local/datasets: copy ../shared/datasets families there and carry it"
+        status=1
+      fi
+      ;;
+    *)
+      echo "unknown part: $part"
+      status=1
+      ;;
+  esac
+done
 
 exit $status
