@@ -4,7 +4,8 @@ What autograd keeps for backward is stored stochastically rounded to 1–8 bits 
 and restored just before backward needs it.
 """
 
-from gnnact import memory, nn, ops
+from gnnact import adaptive, memory, nn, ops
+from gnnact.adaptive import Controller
 from gnnact.config import Config
 from gnnact.nn import convert
 from gnnact.quant import (
@@ -20,9 +21,11 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Config",
+    "Controller",
     "PackedMask",
     "PackedTensor",
     "__version__",
+    "adaptive",
     "convert",
     "dequantize",
     "memory",

@@ -16,7 +16,7 @@ class Config:
 
     Args:
         bits (int, optional): bits per value of compressed activations (layer inputs, BatchNorm
-            inputs): 1, 2, 4, 8, or 16/32 to keep them uncompressed. ``Config(bits=32)``
+            inputs): 1 to 8, or 16/32 to keep them uncompressed. ``Config(bits=32)``
             reproduces PyG exactly. (default: :obj:`2`)
         group_size (int, optional): quantization group size :math:`G`; scale and zero cost
             :math:`64/G` bits per value. (default: :obj:`512`)
@@ -34,6 +34,9 @@ class Config:
             tensor (input dropout, say) are temporaries and are still packed. Set it to
             :obj:`False` when such inputs are other temporaries, e.g. features computed under
             :func:`torch.no_grad` by a frozen encoder. (default: :obj:`True`)
+        tag (str, optional): the name :class:`gnnact.Controller` addresses this module's
+            compressed tensors by (its path in the model); set by the controller, which also
+            gives each module its own ``bits``. (default: :obj:`None`)
     """
 
     bits: int = 2
@@ -42,6 +45,7 @@ class Config:
     attention_bits: int | None = None
     backend: str = "auto"
     resident_inputs: bool = True
+    tag: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("bits", "attention_bits"):
@@ -57,6 +61,8 @@ class Config:
         if not isinstance(self.resident_inputs, bool):
             raise ValueError(
                 f"Config.resident_inputs must be a bool, got {self.resident_inputs!r}")
+        if self.tag is not None and not isinstance(self.tag, str):
+            raise ValueError(f"Config.tag must be a str or None, got {self.tag!r}")
         if self.backend not in _BACKENDS:
             raise ValueError(f"Config.backend must be one of {_BACKENDS}, got {self.backend!r}")
 

@@ -66,7 +66,7 @@ def build(name: str, f_in: int, classes: int, *, hidden: int | None = None,
         return Stack([conv(a, b) for a, b in itertools.pairwise(dims)], hidden, dropout)
     if name == "gat":
         hidden, layers = hidden or 128, layers or 3
-        dims = [f_in] + [hidden * heads] * (layers - 1)
+        dims = [f_in] + [hidden * heads] * (layers - 2)  # inputs of the hidden layers
         convs = [pyg_nn.GATConv(a, hidden, heads=heads) for a in dims]
         convs.append(pyg_nn.GATConv(hidden * heads, classes, heads=heads, concat=False))
         return Stack(convs, hidden * heads, dropout)

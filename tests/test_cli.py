@@ -70,7 +70,7 @@ def test_default_subcommand_and_no_fp32(capsys):
 
 
 @pytest.mark.parametrize("argv", [
-    ["--bits", "3"],
+    ["--bits", "9"],
     ["--bits", "32,x"],
     ["--model", "gin"],
     ["--epochs", "0"],

@@ -235,7 +235,7 @@ def test_non_contiguous_and_half(dtype):
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [
-    ({"bits": 3}, "bits"),
+    ({"bits": 9}, "bits"),
     ({"bits": True}, "bits"),
     ({"bits": 2, "group_size": 0}, "group_size"),
     ({"bits": 2, "min_numel": -1}, "min_numel"),

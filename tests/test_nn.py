@@ -426,8 +426,8 @@ def test_bad_input_raises_clear_errors():
         gnnact.nn.GCNConv(5, F_OUT)(x.float(), ei)
     with pytest.raises(ValueError, match="edge_index must be an integer tensor of shape"):
         conv(x.float(), ei.float())
-    with pytest.raises(ValueError, match=r"Config.bits must be one of .* got 3"):
-        Config(bits=3)
+    with pytest.raises(ValueError, match=r"Config.bits must be one of .* got 9"):
+        Config(bits=9)
     with pytest.raises(ValueError, match="Config.group_size must be a positive int, got 0"):
         Config(group_size=0)
     with pytest.raises(ValueError, match="Config.backend must be one of"):

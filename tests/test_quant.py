@@ -13,7 +13,7 @@ import gnnact
 from gnnact.quant import DEFAULT_GROUP_SIZE, PackedTensor
 from gnnact.quant.packed import packed_code_bytes
 
-QBITS = (1, 2, 4, 8)
+QBITS = (1, 2, 3, 4, 5, 6, 7, 8)
 
 
 def expected_nbytes(numel: int, bits: int, group_size: int) -> int:
@@ -53,10 +53,10 @@ def test_hand_worked_packing(bits):
     q = torch.tensor([0, levels, 1 % (levels + 1), levels // 2] * 4, dtype=torch.int64)
     x = q.to(torch.float32) * 0.5  # R = levels / 2, B / R = 2: all exact
     p = gnnact.quantize(x, bits=bits, generator=torch.Generator().manual_seed(0))
-    expected = []
-    per = 8 // bits
-    for start in range(0, q.numel(), per):
-        expected.append(sum(int(v) << (k * bits) for k, v in enumerate(q[start:start + per])))
+    # The group's bit stream, code j in bits [j b, (j + 1) b), little-endian bytes (codes of
+    # 3, 5, 6, 7 bits straddle bytes).
+    stream = sum(int(v) << (j * bits) for j, v in enumerate(q))
+    expected = list(stream.to_bytes(packed_code_bytes(q.numel(), bits), "little"))
     assert p.codes.flatten().tolist() == expected
     assert p.scales.tolist() == [0.5] and p.zeros.tolist() == [0.0]
 
@@ -282,7 +282,12 @@ def test_mask_bit_layout():
     assert gnnact.pack_mask(mask.view(2, 5)[:, 1:].t()).shape == (4, 2)  # non-contiguous
 
 
-@pytest.mark.parametrize("bad_bits", [0, 3, 5, 7, 64, -1])
+def test_cupy_backend_takes_byte_aligned_widths_only():
+    with pytest.raises(ValueError, match=r"backend='cupy' implements bits \(1, 2, 4, 8\), got 3"):
+        gnnact.quantize(torch.randn(10), bits=3, backend="cupy")
+
+
+@pytest.mark.parametrize("bad_bits", [0, 9, 12, 64, -1])
 def test_unsupported_bits(bad_bits):
     with pytest.raises(ValueError, match=f"bits must be one of .* got {bad_bits}"):
         gnnact.quantize(torch.randn(8), bits=bad_bits)

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from gnnact.kernels._cupy import COMPILE_OPTIONS, device_ptr, launch
-from gnnact.quant.packed import QUANT_BITS, packed_code_bytes
+from gnnact.quant.packed import BYTE_ALIGNED_BITS, packed_code_bytes
 from gnnact.quant.rng import split_seed
 
 __all__ = ["COMPILE_OPTIONS", "KERNEL_NAMES", "dequantize_groups", "pack_mask_bits",
@@ -23,7 +23,7 @@ _DTYPE_NAMES = {torch.float32: "f32", torch.float64: "f64", torch.float16: "f16"
 #: Entry points each source must define (checked by tools/check_kernels.py).
 KERNEL_NAMES: dict[str, tuple[str, ...]] = {
     "quantize.cu": tuple(f"{op}_{dt}_{b}" for op in ("quantize", "dequantize")
-                         for dt in _DTYPE_NAMES.values() for b in QUANT_BITS),
+                         for dt in _DTYPE_NAMES.values() for b in BYTE_ALIGNED_BITS),
     "mask.cu": ("pack_mask", "unpack_mask"),
 }
 

@@ -37,7 +37,10 @@ with masks taken from the exact forward pass, so it is unbiased: :math:`\mathbb{
 
 from __future__ import annotations
 
+import contextlib
 import weakref
+import zlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -46,8 +49,8 @@ from torch import Tensor
 from gnnact.config import Config
 from gnnact.quant import PackedMask, PackedTensor, dequantize, quantize, unpack_mask
 
-__all__ = ["apply_mask", "derive", "input_bits", "load_context", "records_graph",
-           "save_context", "shared_quantize", "transient"]
+__all__ = ["apply_mask", "controlled_noise", "derive", "input_bits", "load_context",
+           "records_graph", "save_context", "shared_quantize", "transient"]
 
 # id(tensor) -> (weakref to the tensor, its _version, format, weakrefs to the packed tensors,
 # the PackedTensor's metadata). Weak references only: the cache never keeps anything alive;
@@ -171,8 +174,53 @@ def input_bits(x: Tensor | None, config: Config) -> int:
     return config.bits
 
 
-def shared_quantize(x: Tensor, bits: int, config: Config) -> PackedTensor:
-    """:func:`gnnact.quantize` with ``config``'s grouping, sharing one copy per tensor."""
+class _NoiseControl:
+    """Per-tensor rounding noise for :func:`controlled_noise`."""
+
+    def __init__(self, seed: int, perturb: tuple[str | None, str] | None,
+                 record: list | None) -> None:
+        self.seed, self.perturb, self.record = seed, perturb, record
+        self.calls: dict[tuple[str | None, str], int] = {}
+
+    def generator(self, x: Tensor, bits: int, config: Config, role: str) -> torch.Generator:
+        key = (config.tag, role)
+        index = self.calls.get(key, 0)
+        self.calls[key] = index + 1
+        if self.record is not None:
+            self.record.append((config.tag, role, x.numel(), tuple(x.shape), bits))
+        # The seed depends only on (pass seed, tensor name, role, call index) and on whether
+        # this is the tensor being perturbed: every other tensor rounds exactly as in the
+        # unperturbed pass.
+        word = zlib.crc32(f"{config.tag}|{role}|{index}".encode())
+        seed = (self.seed * 0x9E3779B1 + word) % (2**63 - 1)
+        if key == self.perturb:
+            seed = (seed + 0x632BE59BD9B4E019) % (2**63 - 1)
+        return torch.Generator().manual_seed(seed)
+
+
+_NOISE: _NoiseControl | None = None
+
+
+@contextlib.contextmanager
+def controlled_noise(seed: int, perturb: tuple[str | None, str] | None = None,
+                     record: list | None = None) -> Iterator[None]:
+    """Within the block, each quantization of a tensor named ``(config.tag, role)`` draws its
+    rounding noise from a seed fixed by ``seed``, the name and the call index, so two passes
+    with the same ``seed`` round identically; the tensor named ``perturb`` draws different
+    noise. ``record`` receives ``(tag, role, numel, shape, bits)`` per quantization. For
+    :class:`gnnact.Controller`'s sensitivity estimates."""
+    global _NOISE
+    previous, _NOISE = _NOISE, _NoiseControl(seed, perturb, record)
+    try:
+        yield
+    finally:
+        _NOISE = previous
+
+
+def shared_quantize(x: Tensor, bits: int, config: Config,
+                    role: str = "activations") -> PackedTensor:
+    """:func:`gnnact.quantize` with ``config``'s grouping, sharing one copy per tensor.
+    ``role`` names the tensor within its module for :func:`controlled_noise`."""
     fmt = (bits, config.group_size, config.per_row, config.backend)
     key = id(x)
     entry = _CACHE.get(key)
@@ -182,8 +230,11 @@ def shared_quantize(x: Tensor, bits: int, config: Config) -> PackedTensor:
         if (ref() is x and version == x._version and cached_fmt == fmt
                 and all(t is not None for t in parts)):
             return PackedTensor(*parts, *meta)
+    generator = None
+    if _NOISE is not None and bits <= 8:
+        generator = _NOISE.generator(x, bits, config, role)
     packed = quantize(x, bits, config.group_size, per_row=config.per_row,
-                      backend=config.backend)
+                      generator=generator, backend=config.backend)
     if not packed.is_passthrough:
         x_ref = weakref.ref(x, lambda r, k=key: _forget(k, r))
         refs = tuple(weakref.ref(t) for t in (packed.codes, packed.scales, packed.zeros))
@@ -192,16 +243,18 @@ def shared_quantize(x: Tensor, bits: int, config: Config) -> PackedTensor:
     return packed
 
 
-Entry = tuple[Tensor | None, int] | PackedTensor | PackedMask | Tensor | None
+Entry = (tuple[Tensor | None, int] | tuple[Tensor | None, int, str] | PackedTensor | PackedMask
+         | Tensor | None)
 
 
 def save_context(ctx: Any, config: Config, *items: Entry) -> None:
     """Keep ``items`` for backward (see the module docstring); :func:`load_context` returns them
     in order.
 
-    Each item is ``(tensor, bits)`` (quantized through :func:`shared_quantize`, kept as is for a
-    pass-through width, or rebuilt from other ops' context if it is derived; ``tensor`` may be
-    ``None``), a :class:`~gnnact.quant.PackedTensor` (returned dequantized), a
+    Each item is ``(tensor, bits)`` or ``(tensor, bits, role)`` (quantized through
+    :func:`shared_quantize`, kept as is for a pass-through width, or rebuilt from other ops'
+    context if it is derived; ``tensor`` may be ``None``), a
+    :class:`~gnnact.quant.PackedTensor` (returned dequantized), a
     :class:`~gnnact.quant.PackedMask` (returned unpacked, as ``torch.bool``), a tensor (kept as
     is) or ``None``. Call it at most once per ``ctx``: it calls ``ctx.save_for_backward``.
     """
@@ -209,7 +262,7 @@ def save_context(ctx: Any, config: Config, *items: Entry) -> None:
     slots: list[tuple | None] = []
     for item in items:
         if isinstance(item, tuple):
-            x, bits = item
+            x, bits, *role = item
             steps = None if x is None or bits > 8 else _resolve(x)
             # A derived tensor: keep what rebuilds it, if that is at least as precise.
             if steps is not None and steps[0][2][0] >= bits:
@@ -219,7 +272,7 @@ def save_context(ctx: Any, config: Config, *items: Entry) -> None:
                     tensors.extend(t for t in parts if t is not None)
                 slots.append(("derived", start, layout))
                 continue
-            item = None if x is None else shared_quantize(x, bits, config)
+            item = None if x is None else shared_quantize(x, bits, config, *role)
             if isinstance(item, PackedTensor) and item.is_passthrough and item.codes is x:
                 item = x
         if item is None:

@@ -236,7 +236,7 @@ class _GATAttention(torch.autograd.Function):
             # one head (see the module docstring).
             save_context(ctx, config, (xs, config.bits),
                          (xd if keep_xd else None, config.bits),
-                         (alpha.t(), config.attention),
+                         (alpha.t(), config.attention, "attention"),
                          (att_src, 32),
                          (att_dst if x_dst is not None else None, 32),
                          pack_mask(positive),

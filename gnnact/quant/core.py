@@ -17,6 +17,7 @@ from torch import Tensor
 
 from gnnact.quant import reference
 from gnnact.quant.packed import (
+    BYTE_ALIGNED_BITS,
     SUPPORTED_BITS,
     PackedMask,
     PackedTensor,
@@ -35,11 +36,16 @@ FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _BACKENDS = ("auto", "torch", "cupy")
 
 
-def _backend(backend: str, device: torch.device) -> ModuleType:
-    """The module implementing ``quantize_groups`` & co. for ``backend`` on ``device``."""
+def _backend(backend: str, device: torch.device, bits: int | None = None) -> ModuleType:
+    """The module implementing ``quantize_groups`` & co. for ``backend`` on ``device`` (and
+    ``bits``: the kernels implement the byte-aligned widths only)."""
     if backend not in _BACKENDS:
         raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
-    if backend == "torch" or (backend == "auto" and device.type != "cuda"):
+    aligned = bits is None or bits in BYTE_ALIGNED_BITS
+    if backend == "cupy" and not aligned:
+        raise ValueError(f"backend='cupy' implements bits {BYTE_ALIGNED_BITS}, got {bits}; "
+                         "use backend='auto' or 'torch'")
+    if backend == "torch" or (backend == "auto" and (device.type != "cuda" or not aligned)):
         return reference
     from gnnact.kernels import cupy_available
 
@@ -100,7 +106,8 @@ def quantize(x: Tensor, bits: int = 2, group_size: int = DEFAULT_GROUP_SIZE, *,
     Args:
         x (torch.Tensor): input of dtype float16, bfloat16, float32 or float64, any shape,
             contiguous or not. Arithmetic is done in float32.
-        bits (int, optional): 1, 2, 4 or 8 (packed), 16 or 32 (pass-through). (default: :obj:`2`)
+        bits (int, optional): 1 to 8 (packed; the CUDA kernels take 1, 2, 4 and 8, other widths
+            run on the torch path), 16 or 32 (pass-through). (default: :obj:`2`)
         group_size (int, optional): elements per group :math:`G`; need not divide ``x.numel()``
             (the last group is shorter). A tensor with fewer elements forms one group of its
             own size. (default: :obj:`512`)
@@ -148,7 +155,7 @@ def quantize(x: Tensor, bits: int = 2, group_size: int = DEFAULT_GROUP_SIZE, *,
             raise ValueError(f"noise must be float32 with x.numel()={x.numel()} elements on "
                              f"{x.device}, got dtype {noise.dtype} with {noise.numel()} elements "
                              f"on {noise.device}")
-    impl = _backend(backend, x.device)
+    impl = _backend(backend, x.device, bits)
 
     if bits == 32:
         return PackedTensor(x, None, None, 32, x.shape, x.dtype, 0)
@@ -185,7 +192,7 @@ def dequantize(packed: PackedTensor, *, backend: Backend = "auto") -> Tensor:
         return packed.codes
     if packed.bits == 16:
         return packed.codes.to(packed.dtype)
-    impl = _backend(backend, packed.device)
+    impl = _backend(backend, packed.device, packed.bits)
     if packed.numel == 0:
         return torch.empty(packed.shape, dtype=packed.dtype, device=packed.device)
     flat = impl.dequantize_groups(packed.codes, packed.scales, packed.zeros, packed.bits,

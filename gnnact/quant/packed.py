@@ -1,6 +1,6 @@
 r"""Packed containers for compressed activations.
 
-Layout of a :class:`PackedTensor` with :math:`b \in \{1, 2, 4, 8\}` bits, for an input of
+Layout of a :class:`PackedTensor` with :math:`b \in \{1, \dots, 8\}` bits, for an input of
 :math:`n` elements (flattened in row-major order) and group size :math:`G`:
 
 * the flat input is cut into :math:`n_g = \lceil n / G \rceil` groups of :math:`G` consecutive
@@ -8,8 +8,9 @@ Layout of a :class:`PackedTensor` with :math:`b \in \{1, 2, 4, 8\}` bits, for an
   tensor is a single group of its own size);
 * ``codes`` is a ``uint8`` tensor of shape ``[n_g, ceil(G * b / 8)]``: element :math:`j` of a
   group sits in byte :math:`\lfloor jb/8 \rfloor` at bit offset :math:`jb \bmod 8`, least
-  significant bits first; the unused tail of the last group (and of a group whose
-  :math:`G b` is not a multiple of 8) holds zero bits;
+  significant bits first (with :math:`b` of 3, 5, 6 or 7 a code may straddle two bytes; the
+  CUDA kernels implement the byte-aligned 1, 2, 4, 8); the unused tail of the last group (and
+  of a group whose :math:`G b` is not a multiple of 8) holds zero bits;
 * ``scales`` and ``zeros`` are ``float32`` tensors of shape ``[n_g]``: the group's
   :math:`R / (2^b - 1)` and minimum :math:`Z`.
 
@@ -34,10 +35,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["QUANT_BITS", "SUPPORTED_BITS", "PackedMask", "PackedTensor", "packed_code_bytes"]
+__all__ = ["BYTE_ALIGNED_BITS", "QUANT_BITS", "SUPPORTED_BITS", "PackedMask", "PackedTensor",
+           "packed_code_bytes"]
 
-#: Bit widths stored as packed integer codes.
-QUANT_BITS = (1, 2, 4, 8)
+#: Bit widths stored as packed integer codes (a dense LSB-first bit stream per group).
+QUANT_BITS = (1, 2, 3, 4, 5, 6, 7, 8)
+#: The widths whose codes never straddle a byte; the CUDA kernels implement these.
+BYTE_ALIGNED_BITS = (1, 2, 4, 8)
 #: Every accepted bit width: the packed ones plus the 16/32-bit pass-through.
 SUPPORTED_BITS = (*QUANT_BITS, 16, 32)
 
@@ -64,7 +68,7 @@ class PackedTensor:
         scales (torch.Tensor, optional): ``float32`` group scales :math:`R/(2^b-1)`,
             ``[num_groups]``.
         zeros (torch.Tensor, optional): ``float32`` group minima :math:`Z`, ``[num_groups]``.
-        bits (int): bits per element, one of 1, 2, 4, 8, 16, 32.
+        bits (int): bits per element: 1 to 8, 16 or 32.
         shape (torch.Size): shape of the original tensor.
         dtype (torch.dtype): dtype of the original tensor (and of the dequantized one).
         group_size (int): elements per group (0 for pass-through).

@@ -47,7 +47,7 @@ def quantize_groups(x: Tensor, bits: int, group_size: int, *, seed: int | None =
 
     Args:
         x (torch.Tensor): floating-point input; read in row-major order, any shape, non-empty.
-        bits (int): 1, 2, 4 or 8.
+        bits (int): 1 to 8 (codes of 3, 5, 6 and 7 bits straddle bytes).
         group_size (int): elements per group :math:`G`.
         seed (int, optional): seed of the noise when ``noise`` is ``None``
             (:func:`gnnact.quant.rng.seeded_uniform`).
@@ -98,8 +98,10 @@ def quantize_groups(x: Tensor, bits: int, group_size: int, *, seed: int | None =
     if pad:
         q.view(-1)[n:] = 0
 
-    per_byte = 8 // bits
     bytes_per_group = packed_code_bytes(group_size, bits)
+    if 8 % bits:
+        return _pack_stream(q, bits, bytes_per_group), scale, zero
+    per_byte = 8 // bits
     width = bytes_per_group * per_byte
     if width != group_size:
         q = torch.cat([q, q.new_zeros(num_groups, width - group_size)], dim=1)
@@ -120,7 +122,7 @@ def dequantize_groups(codes: Tensor, scales: Tensor, zeros: Tensor, bits: int, g
         codes (torch.Tensor): ``uint8 [n_g, ceil(G b / 8)]``.
         scales (torch.Tensor): ``float32 [n_g]``.
         zeros (torch.Tensor): ``float32 [n_g]``.
-        bits (int): 1, 2, 4 or 8.
+        bits (int): 1 to 8.
         group_size (int): elements per group :math:`G`.
         numel (int): number of elements of the original tensor.
         dtype (torch.dtype): dtype of the result.
@@ -128,6 +130,8 @@ def dequantize_groups(codes: Tensor, scales: Tensor, zeros: Tensor, bits: int, g
     num_groups = codes.shape[0]
     if bits == 8:
         q = codes
+    elif 8 % bits:
+        q = _unpack_stream(codes, bits, group_size)
     else:
         levels = (1 << bits) - 1
         q = (codes.to(torch.int32)[:, :, None] >> _bit_shifts(bits, codes.device)) & levels
@@ -135,6 +139,28 @@ def dequantize_groups(codes: Tensor, scales: Tensor, zeros: Tensor, bits: int, g
     q = q[:, :group_size].to(torch.float32)
     out = q * scales[:, None] + zeros[:, None]
     return out.reshape(-1)[:numel].to(dtype)
+
+
+def _pack_stream(q: Tensor, bits: int, bytes_per_group: int) -> Tensor:
+    """Codes ``q [n_g, G]`` (integral floats) as each group's LSB-first bit stream, code
+    :math:`j` in bits :math:`[jb, (j+1)b)`: the layout of the byte-aligned widths, here for
+    widths whose codes straddle bytes (3, 5, 6, 7)."""
+    num_groups = q.shape[0]
+    planes = (q.to(torch.int32)[:, :, None] >> torch.arange(bits, device=q.device)) & 1
+    stream = planes.view(num_groups, -1)
+    pad = bytes_per_group * 8 - stream.shape[1]
+    if pad:
+        stream = torch.cat([stream, stream.new_zeros(num_groups, pad)], dim=1)
+    weights = torch.exp2(_bit_shifts(1, q.device).to(torch.float32))
+    return (stream.view(-1, 8).to(torch.float32) @ weights).view(num_groups, -1).to(torch.uint8)
+
+
+def _unpack_stream(codes: Tensor, bits: int, group_size: int) -> Tensor:
+    """Inverse of :func:`_pack_stream`: ``int32 [n_g, G]``."""
+    num_groups = codes.shape[0]
+    stream = (codes.to(torch.int32)[:, :, None] >> _bit_shifts(1, codes.device)) & 1
+    planes = stream.view(num_groups, -1)[:, :group_size * bits].view(num_groups, group_size, bits)
+    return (planes << torch.arange(bits, dtype=torch.int32, device=codes.device)).sum(dim=2)
 
 
 def pack_mask_bits(mask: Tensor) -> Tensor:

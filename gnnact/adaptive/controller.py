@@ -1,0 +1,298 @@
+r"""``gnnact.Controller``: per-tensor adaptive bits from measured gradient sensitivity (GACT).
+
+Every compressed tensor of a converted model is named by the module that keeps it and its role
+there (``"convs.1:activations"``, ``"convs.0:attention"`` for GAT's coefficients). Its
+sensitivity :math:`c_l` is the compression variance it adds to the gradient per unit of
+:math:`S(b) = (2^b - 1)^{-2}` (GACT, Liu et al. 2022, Algorithm 1):
+
+.. math::
+    c_l = \frac{\lVert g_0 - g_l \rVert^2}{2\, S(b_l)},
+
+where :math:`g_0` and :math:`g_l` are gradients of two passes identical in everything (dropout
+masks, every other tensor's rounding noise) except tensor :math:`l`'s rounding noise, so
+:math:`\mathbb{E}\lVert g_0 - g_l\rVert^2 = 2 \operatorname{Var}_l = 2 c_l S(b_l)`. The
+widths then minimise :math:`\sum_l c_l S(b_l)` within :math:`\sum_l b_l D_l \le \bar b \sum_l
+D_l` (:func:`~gnnact.adaptive.allocate`, exact).
+
+An estimate costs one forward and backward pass per tensor plus one (the passes run on the
+model's parameters without touching ``.grad``; BatchNorm running statistics and the RNG
+states are restored afterwards), so it runs every ``adapt_interval`` steps.
+
+Use, two lines in a training loop (the closure is how the controller re-runs forward passes
+with controlled noise; it must return the loss and not call ``backward``)::
+
+    controller = gnnact.Controller(model, avg_bits=2, adapt_interval=100)
+    closure = lambda: F.cross_entropy(model(x, adj)[mask], y[mask])
+    for epoch in range(epochs):
+        controller.adapt(closure)          # re-estimates every adapt_interval calls
+        optimizer.zero_grad()
+        closure().backward()
+        optimizer.step()
+        controller.observe()               # optional: the variance alarm, reads .grad
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from gnnact.adaptive.allocator import WIDTHS, allocate, variance_factor
+from gnnact.nn._base import _Compressed
+from gnnact.ops.context import controlled_noise
+from gnnact.quant.packed import packed_code_bytes
+
+__all__ = ["CompressedTensor", "Controller"]
+
+_ROOT = "<model>"
+
+
+@dataclass
+class CompressedTensor:
+    """One named compressed tensor (all quantizations of a module's role in one pass)."""
+
+    name: str
+    module: str
+    role: str
+    shapes: list[tuple[int, ...]] = field(default_factory=list)
+    bits: int = 2
+    sensitivity: float | None = None
+
+    @property
+    def numel(self) -> int:
+        """:math:`D_l`: values quantized per forward pass."""
+        return sum(math.prod(s) for s in self.shapes)
+
+    def nbytes(self, group_size: int) -> int:
+        """Packed bytes at :attr:`bits`: codes plus a float32 scale and zero per group."""
+        total = 0
+        for shape in self.shapes:
+            n = math.prod(shape)
+            g = min(group_size, n)
+            total += -(-n // g) * (packed_code_bytes(g, self.bits) + 8)
+        return total
+
+
+class Controller:
+    r"""Adaptive per-tensor bit widths for a model converted by :func:`gnnact.convert`.
+
+    Args:
+        model (torch.nn.Module): the converted model; its gnnact modules get a ``config.tag``
+            (their path) and, after each adaptation, their own ``bits``.
+        avg_bits (float, optional): :math:`\bar b`, the average bits per compressed value.
+            (default: :obj:`2.0`)
+        adapt_interval (int, optional): re-estimate every this many :meth:`adapt` calls; the
+            first call always estimates. (default: :obj:`100`)
+        widths (tuple[int, ...], optional): allowed widths. (default: 1 to 8)
+        adapt_attention (bool, optional): also adapt GAT's attention coefficients; when
+            :obj:`False` they stay at ``config.attention`` (8 bits by default, GACT's
+            recommendation) and count against no budget. (default: :obj:`False`)
+        samples (int, optional): perturbed-pass pairs averaged per estimate. (default: :obj:`1`)
+        alarm_ratio (float, optional): :meth:`observe` warns when the estimated compression
+            variance exceeds this multiple of the gradient's own variance. (default: :obj:`1.0`)
+        seed (int, optional): seed of the estimation passes. (default: :obj:`0`)
+    """
+
+    def __init__(self, model: nn.Module, avg_bits: float = 2.0, adapt_interval: int = 100, *,
+                 widths: tuple[int, ...] = WIDTHS, adapt_attention: bool = False,
+                 samples: int = 1, alarm_ratio: float = 1.0, seed: int = 0) -> None:
+        if not avg_bits >= min(widths):
+            raise ValueError(f"avg_bits must be at least {min(widths)}, got {avg_bits}")
+        if isinstance(adapt_interval, bool) or not isinstance(adapt_interval, int) or \
+                adapt_interval < 1:
+            raise ValueError(f"adapt_interval must be a positive int, got {adapt_interval!r}")
+        if samples < 1:
+            raise ValueError(f"samples must be at least 1, got {samples}")
+        self.model = model
+        self.avg_bits = float(avg_bits)
+        self.adapt_interval = adapt_interval
+        self.widths = tuple(sorted(widths))
+        self.adapt_attention = adapt_attention
+        self.samples = samples
+        self.alarm_ratio = alarm_ratio
+        self.seed = seed
+        self.modules: dict[str, nn.Module] = {}
+        for name, module in model.named_modules():
+            if isinstance(module, _Compressed):
+                tag = name or _ROOT
+                module.config = dataclasses.replace(module.config, tag=tag)
+                self.modules[tag] = module
+        if not self.modules:
+            raise ValueError("model has no gnnact modules: call gnnact.convert(model) first")
+        self.tensors: dict[str, CompressedTensor] = {}
+        self.calls = 0
+        self.adaptations = 0
+        self.last_cost_s = 0.0  # seconds of the last estimate
+        self.last_passes = 0  # forward/backward passes of the last estimate
+        self._grad_mean: Tensor | None = None
+        self._grad_var = 0.0
+        self._observed = 0
+        self._warned_at = -1
+
+    # ------------------------------------------------------------------ estimation
+
+    def _params(self) -> list[Tensor]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def _gradient(self, closure: Callable[[], Tensor], params: list[Tensor], seed: int,
+                  perturb: tuple[str, str] | None, record: list | None = None) -> Tensor:
+        torch.manual_seed(seed)  # the same dropout masks in every pass
+        with controlled_noise(seed, perturb, record):
+            loss = closure()
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        return torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1).double()
+                          for g, p in zip(grads, params, strict=True)])
+
+    def estimate(self, closure: Callable[[], Tensor]) -> dict[str, float]:
+        """Measure :math:`c_l` for every compressed tensor (see the module docstring) at the
+        current widths; returns ``{name: c_l}``."""
+        start = time.perf_counter()
+        params = self._params()
+        buffers = {name: b.detach().clone() for name, b in self.model.named_buffers()}
+        devices = sorted({p.device.index for p in params if p.device.type == "cuda"})
+        was_training = self.model.training
+        self.model.train()
+        sums: dict[str, float] = {}
+        passes = 0
+        try:
+            with torch.random.fork_rng(devices=devices):
+                for sample in range(self.samples):
+                    seed = self.seed * 1_000_003 + self.adaptations * 101 + sample
+                    record: list = []
+                    g0 = self._gradient(closure, params, seed, None, record)
+                    passes += 1
+                    if sample == 0:
+                        self._discover(record)
+                    for name, t in self.tensors.items():
+                        g1 = self._gradient(closure, params, seed, (t.module, t.role))
+                        passes += 1
+                        sq = float((g0 - g1).pow(2).sum())
+                        sums[name] = sums.get(name, 0.0) + sq / (2 * variance_factor(t.bits))
+        finally:
+            with torch.no_grad():
+                for name, b in self.model.named_buffers():
+                    b.copy_(buffers[name])
+            self.model.train(was_training)
+        for name, total in sums.items():
+            self.tensors[name].sensitivity = total / self.samples
+        self.last_cost_s = time.perf_counter() - start
+        self.last_passes = passes
+        return {name: t.sensitivity for name, t in self.tensors.items()}
+
+    def _discover(self, record: list) -> None:
+        found: dict[str, CompressedTensor] = {}
+        for tag, role, _numel, shape, bits in record:
+            if tag not in self.modules or (role == "attention" and not self.adapt_attention):
+                continue
+            name = f"{tag}:{role}"
+            t = found.setdefault(name, CompressedTensor(name, tag, role, bits=bits))
+            t.shapes.append(shape)
+        for name, t in found.items():  # keep what is known across re-discoveries
+            if name in self.tensors:
+                t.sensitivity = self.tensors[name].sensitivity
+        self.tensors = found
+
+    # ------------------------------------------------------------------ allocation
+
+    def assign(self) -> dict[str, int]:
+        """Allocate widths from the current sensitivities and give them to the modules."""
+        tensors = [t for t in self.tensors.values() if t.sensitivity is not None]
+        if not tensors:
+            raise RuntimeError("no sensitivities yet: call estimate() (or adapt()) first")
+        bits = allocate([t.sensitivity for t in tensors], [t.numel for t in tensors],
+                        self.avg_bits, self.widths)
+        for t, b in zip(tensors, bits, strict=True):
+            t.bits = b
+            module = self.modules[t.module]
+            key = "attention_bits" if t.role == "attention" else "bits"
+            module.config = dataclasses.replace(module.config, **{key: b})
+        return {t.name: t.bits for t in tensors}
+
+    def adapt(self, closure: Callable[[], Tensor]) -> bool:
+        """Once per training step, before it: every ``adapt_interval`` calls (the first one
+        included) :meth:`estimate` and :meth:`assign`. Returns whether it adapted."""
+        due = self.calls % self.adapt_interval == 0
+        self.calls += 1
+        if due:
+            self.estimate(closure)
+            self.assign()
+            self.adaptations += 1
+        return due
+
+    # ------------------------------------------------------------------ monitoring
+
+    def compression_variance(self) -> float:
+        r""":math:`\sum_l c_l S(b_l)` at the current widths (0 before an estimate)."""
+        return sum(t.sensitivity * variance_factor(t.bits) for t in self.tensors.values()
+                   if t.sensitivity is not None)
+
+    def observe(self, momentum: float = 0.9, warmup: int = 10) -> dict[str, float]:
+        r"""Track the gradient's own variance from the parameters' ``.grad`` (after backward):
+        running mean :math:`m \leftarrow \mu m + (1-\mu) g` and
+        :math:`v \leftarrow \mu v + (1-\mu)\lVert g - m\rVert^2`. After ``warmup`` steps,
+        warns (once per adaptation) when the compression variance exceeds ``alarm_ratio``
+        times :math:`v`, naming the tensors that contribute most.
+
+        Returns ``{"gradient_variance": v, "compression_variance": ...}``.
+        """
+        grads = [p.grad.reshape(-1).double() for p in self._params() if p.grad is not None]
+        if not grads:
+            raise RuntimeError("no gradients to observe: call observe() after backward()")
+        g = torch.cat(grads)
+        if self._grad_mean is None or self._grad_mean.shape != g.shape:
+            self._grad_mean, self._grad_var = g.clone(), 0.0
+        else:
+            self._grad_var = momentum * self._grad_var + (1 - momentum) * float(
+                (g - self._grad_mean).pow(2).sum())
+            self._grad_mean.mul_(momentum).add_(g, alpha=1 - momentum)
+        self._observed += 1
+        comp = self.compression_variance()
+        # (The variance needs two observations.)
+        if (self._observed > max(warmup, 1) and comp > self.alarm_ratio * self._grad_var
+                and self._warned_at != self.adaptations):
+            self._warned_at = self.adaptations
+            worst = sorted(self.tensors.values(), key=lambda t: -(t.sensitivity or 0.0)
+                           * variance_factor(t.bits))[:3]
+            names = ", ".join(f"{t.name} ({t.bits} bits)" for t in worst)
+            warnings.warn(f"gnnact: compression variance {comp:.3g} exceeds {self.alarm_ratio}x "
+                          f"the gradient's own variance {self._grad_var:.3g}; largest "
+                          f"contributors: {names}. Raise avg_bits or the widths of these.",
+                          RuntimeWarning, stacklevel=2)
+        return {"gradient_variance": self._grad_var, "compression_variance": comp}
+
+    # ------------------------------------------------------------------ reporting
+
+    def report(self) -> list[dict]:
+        """One row per compressed tensor: name, module, role, shape (of its first
+        quantization), numel, sensitivity, bits, bytes."""
+        rows = []
+        for t in self.tensors.values():
+            group = self.modules[t.module].config.group_size
+            rows.append({"name": t.name, "module": t.module, "role": t.role,
+                         "shape": t.shapes[0] if t.shapes else (), "numel": t.numel,
+                         "sensitivity": t.sensitivity, "bits": t.bits,
+                         "bytes": t.nbytes(group)})
+        return rows
+
+    def summary(self) -> str:
+        """A plain-text table of :meth:`report`, with totals and the cost of the last
+        estimate."""
+        rows = self.report()
+        lines = [f"{'tensor':32s} {'values':>12s} {'sensitivity':>12s} {'bits':>4s} "
+                 f"{'bytes':>12s}"]
+        for r in rows:
+            c = "–" if r["sensitivity"] is None else f"{r['sensitivity']:.3e}"
+            lines.append(f"{r['name']:32s} {r['numel']:12,d} {c:>12s} {r['bits']:4d} "
+                         f"{r['bytes']:12,d}")
+        values = sum(r["numel"] for r in rows)
+        avg = sum(r["numel"] * r["bits"] for r in rows) / values if values else 0.0
+        lines.append(f"{len(rows)} tensors, {values:,d} values, {avg:.2f} bits on average "
+                     f"(budget {self.avg_bits:g}), {sum(r['bytes'] for r in rows):,d} bytes; "
+                     f"last estimate: {self.last_passes} passes, {self.last_cost_s:.2f} s")
+        return "\n".join(lines)
