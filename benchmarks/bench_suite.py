@@ -5,6 +5,8 @@ Methods (each on the same graph, seeds, initial weights and epochs):
 - ``pyg``: plain PyG fp32, the reference;
 - ``gnnact2``, ``gnnact4``, ``gnnact8``: the same model after ``gnnact.convert`` at that many
   bits;
+- ``adaptive2``, ``adaptive3``, ``adaptive4``: converted, with a ``gnnact.Controller`` at that
+  average (sensitivities re-estimated every 50 steps; its passes are outside the timing);
 - ``amp``: PyG under ``torch.autocast`` in bfloat16 (what mixed precision alone saves);
 - ``checkpoint``: PyG with every layer block recomputed in backward
   (``torch.utils.checkpoint``, non-reentrant; BatchNorm running statistics see each block
@@ -31,7 +33,6 @@ import argparse
 import statistics
 import sys
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -46,9 +47,13 @@ from _common import RESULTS, environment, finish
 import gnnact
 from gnnact.data import SHAPES, load_dataset, synthetic_like
 from gnnact.models import GCNII, MODELS, Stack, build
-from gnnact.training import RunResult, train_full_batch
+from gnnact.training import RunResult, loss_of, train_full_batch
 
-METHODS = ("pyg", "gnnact2", "gnnact4", "gnnact8", "amp", "checkpoint", "save_on_cpu")
+# Re-estimate sensitivities every this many steps (the first step estimates too).
+ADAPT_INTERVAL = 50
+
+METHODS = ("pyg", "gnnact2", "gnnact4", "gnnact8", "adaptive2", "adaptive3", "adaptive4", "amp",
+           "checkpoint", "save_on_cpu")
 
 
 class Checkpointed(nn.Module):
@@ -75,20 +80,27 @@ class Checkpointed(nn.Module):
         raise TypeError(f"cannot checkpoint {type(m).__name__}")
 
 
-def prepare(method: str, model: nn.Module,
-            device: torch.device) -> tuple[nn.Module, Callable | None, bool]:
-    """(model to train, context around each forward, whether to walk the saved context)."""
+def prepare(method: str, model: nn.Module, data,
+            device: torch.device) -> tuple[nn.Module, dict]:
+    """The model to train and the keyword arguments of :func:`train_full_batch` for
+    ``method``."""
     if method == "pyg":
-        return model, None, True
+        return model, {}
     if method.startswith("gnnact"):
-        return gnnact.convert(model, gnnact.Config(bits=int(method[6:]))), None, True
+        return gnnact.convert(model, gnnact.Config(bits=int(method[6:]))), {}
+    if method.startswith("adaptive"):
+        bits = int(method[8:])
+        gnnact.convert(model, gnnact.Config(bits=bits))
+        controller = gnnact.Controller(model, avg_bits=bits, adapt_interval=ADAPT_INTERVAL)
+        return model, {"before_step": lambda: controller.adapt(lambda: loss_of(model, data))}
     if method == "amp":
-        return model, lambda: torch.autocast(device.type, dtype=torch.bfloat16), True
+        return model, {"step_context": lambda: torch.autocast(device.type, dtype=torch.bfloat16)}
     if method == "checkpoint":
-        return Checkpointed(model), None, False
+        return Checkpointed(model), {"measure_saved": False}
     if method == "save_on_cpu":
         pin = device.type == "cuda"
-        return model, lambda: torch.autograd.graph.save_on_cpu(pin_memory=pin), False
+        return model, {"step_context": lambda: torch.autograd.graph.save_on_cpu(pin_memory=pin),
+                       "measure_saved": False}
     raise ValueError(f"method must be one of {METHODS}, got {method!r}")
 
 
@@ -153,9 +165,9 @@ def main(argv: list[str] | None = None) -> int:
                 for method in args.methods:
                     torch.manual_seed(seed)
                     base = build(model_name, data.num_features, classes).to(args.device)
-                    model, context, walk = prepare(method, base, args.device)
+                    model, kwargs = prepare(method, base, data, args.device)
                     run = train_full_batch(model, data, epochs=args.epochs, lr=args.lr,
-                                           step_context=context, measure_saved=walk)
+                                           **kwargs)
                     runs[method].append(run)
                     print(f"{model_name:6s} {method:12s} seed {seed}  acc "
                           f"{100 * run.test_acc:6.2f}  step {run.epoch_ms:8.1f} ms", flush=True)

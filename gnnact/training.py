@@ -89,12 +89,15 @@ def roc_auc(score: Tensor, target: Tensor) -> float:
 def train_full_batch(model: nn.Module, data: Data, *, epochs: int, lr: float = 0.01,
                      weight_decay: float = 0.0,
                      step_context: Callable[[], AbstractContextManager] | None = None,
+                     before_step: Callable[[], object] | None = None,
                      measure_saved: bool = True, progress: str | None = None) -> RunResult:
     """Train ``model`` on ``data`` (both on one device) with Adam for ``epochs`` epochs.
 
     Args:
         step_context (callable, optional): returns a context manager entered around each
             training forward pass (autocast, ``save_on_cpu``, ...).
+        before_step (callable, optional): called before each training step, outside the
+            timing (e.g. ``lambda: controller.adapt(closure)`` for adaptive bits).
         measure_saved (bool, optional): walk the autograd graph of the first step for
             :attr:`RunResult.saved_bytes` (off for methods whose saved tensors must not be
             unpacked outside backward, such as checkpointing). (default: :obj:`True`)
@@ -113,6 +116,8 @@ def train_full_batch(model: nn.Module, data: Data, *, epochs: int, lr: float = 0
                disable=progress is None, leave=False)
     for epoch in bar:
         model.train()
+        if before_step is not None:
+            before_step()
         optimizer.zero_grad(set_to_none=True)
         if cuda:
             torch.cuda.synchronize(device)
