@@ -10,7 +10,7 @@ excluded from both sides (they stay resident whatever the model keeps). Targets 
 Usage::
 
     python benchmarks/bench_saved_bytes.py [--models gcn sage gat gcnii] [--bits 1 2 4 8]
-        [--nodes 169343] [--smoke]
+        [--adaptive 2 3 4] [--nodes 169343] [--smoke]
 """
 
 from __future__ import annotations
@@ -49,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
     parser.add_argument("--bits", nargs="+", type=int, default=[1, 2, 4, 8])
+    parser.add_argument("--adaptive", nargs="*", type=float, default=[],
+                        help="also these average budgets with gnnact.Controller (one "
+                             "sensitivity estimate on this graph, then its widths)")
     parser.add_argument("--nodes", type=int, default=SHAPES["arxiv"][0])
     parser.add_argument("--smoke", action="store_true", help="a 2,000-node graph, no results")
     parser.add_argument("--out", type=Path, default=RESULTS / "saved_bytes.jsonl")
@@ -71,6 +74,23 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:6s} {bits:2d} bits  {packed / 2**20:10.1f} MiB  {ratio:6.2f}x")
             rows.append({"bench": "saved_bytes", **env, "model": name, "bits": bits,
                          "attention_bits": gnnact.Config(bits=bits).attention,
+                         "num_nodes": data.num_nodes, "num_edges": data.num_edges,
+                         "num_features": data.num_features, "pyg_fp32_bytes": fp32,
+                         "gnnact_bytes": packed, "ratio": round(ratio, 3)})
+        for avg in args.adaptive:
+            gnnact.convert(model, gnnact.Config(bits=round(avg)))
+            controller = gnnact.Controller(model, avg_bits=avg)
+            controller.adapt(lambda m=model: F.cross_entropy(
+                m(data.x, data.edge_index)[data.train_mask], data.y[data.train_mask]))
+            packed = measure(model, data, exclude)
+            ratio = fp32 / packed
+            widths = {t["name"]: t["bits"] for t in controller.report()}
+            print(f"{name:6s} adaptive {avg:g}  {packed / 2**20:10.1f} MiB  {ratio:6.2f}x  "
+                  f"(estimate: {controller.last_passes} passes, {controller.last_cost_s:.0f} s)")
+            rows.append({"bench": "saved_bytes", **env, "model": name, "bits": None,
+                         "adaptive_avg_bits": avg, "widths": widths,
+                         "estimate_passes": controller.last_passes,
+                         "estimate_s": round(controller.last_cost_s, 2),
                          "num_nodes": data.num_nodes, "num_edges": data.num_edges,
                          "num_features": data.num_features, "pyg_fp32_bytes": fp32,
                          "gnnact_bytes": packed, "ratio": round(ratio, 3)})

@@ -21,13 +21,14 @@ from typing import Any
 import torch
 from torch_geometric.data import Data
 
+from gnnact.adaptive import Controller
 from gnnact.config import Config
 from gnnact.data import load_dataset, synthetic_graph
 from gnnact.env import environment
 from gnnact.models import MODELS, build
 from gnnact.nn import convert
-from gnnact.quant import SUPPORTED_BITS
-from gnnact.training import RunResult, train_full_batch
+from gnnact.quant.packed import QUANT_BITS, SUPPORTED_BITS
+from gnnact.training import RunResult, loss_of, train_full_batch
 
 __all__ = ["main"]
 
@@ -84,9 +85,14 @@ def _parser() -> argparse.ArgumentParser:
                        help="which given split, for datasets with several")
     train.add_argument("--device", type=torch.device, default=torch.device("cpu"),
                        help="cpu, cuda, cuda:1, ...")
-    train.add_argument("--bits", type=_bits_list, default=[32, 8, 4, 2],
+    train.add_argument("--bits", type=_bits_list(SUPPORTED_BITS), default=[32, 8, 4, 2],
                        help="comma-separated bit widths, each one of "
                             f"{', '.join(map(str, SUPPORTED_BITS))}")
+    train.add_argument("--adaptive", type=_bits_list(QUANT_BITS), default=[],
+                       help="also train with gnnact.Controller at these average bits "
+                            "(comma-separated; 1-8)")
+    train.add_argument("--adapt-interval", type=_positive(int), default=50,
+                       help="steps between the controller's sensitivity estimates")
     train.add_argument("--layers", type=_positive(int), default=None,
                        help="default: 3 (GCN, SAGE, GAT), 16 (GCNII)")
     train.add_argument("--hidden", type=_positive(int), default=128,
@@ -118,17 +124,21 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _bits_list(text: str) -> list[int]:
-    try:
-        bits = [int(b) for b in text.split(",") if b.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}") from None
-    bad = [b for b in bits if b not in SUPPORTED_BITS]
-    if not bits or bad:
-        raise argparse.ArgumentTypeError(
-            f"each bit width must be one of {SUPPORTED_BITS}, got {text!r}")
-    return list(dict.fromkeys(bits))  # keep order, drop repeats
+def _bits_list(allowed: tuple[int, ...]) -> Any:
+    def parse(text: str) -> list[int]:
+        try:
+            bits = [int(b) for b in text.split(",") if b.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected comma-separated integers, got {text!r}") from None
+        bad = [b for b in bits if b not in allowed]
+        if not bits or bad:
+            raise argparse.ArgumentTypeError(
+                f"each bit width must be one of {allowed}, got {text!r}")
+        return list(dict.fromkeys(bits))  # keep order, drop repeats
+
+    parse.__name__ = "bits"
+    return parse
 
 
 def _positive(kind: type) -> Any:
@@ -191,35 +201,44 @@ def _train(args: argparse.Namespace) -> int:
     data = data.to(args.device)
 
     results = [_run(args, data, bits) for bits in args.bits]
+    results += [_run(args, data, avg, adaptive=True) for avg in args.adaptive]
 
-    ref = next((r for bits, r in results if bits == 32), None)
+    ref = next((r for label, _, _, r in results if label == "32"), None)
     print(_table(results, ref))
     if args.out is not None:
         _append_rows(args, data, results, ref)
     return 0
 
 
-def _run(args: argparse.Namespace, data: Data, bits: int) -> tuple[int, RunResult]:
+def _run(args: argparse.Namespace, data: Data, bits: int,
+         adaptive: bool = False) -> tuple[str, int, bool, RunResult]:
     """Train one model at ``bits``: 32 trains the plain PyG model, below that the same model
-    (same initial weights and dropout masks) after :func:`gnnact.convert`."""
+    (same initial weights and dropout masks) after :func:`gnnact.convert`; ``adaptive`` adds a
+    :class:`~gnnact.Controller` with ``bits`` as its average. Returns (label, bits, adaptive,
+    result)."""
     torch.manual_seed(args.seed)
     model = build(args.model, args.features, args.classes, hidden=args.hidden,
                   layers=args.layers, dropout=args.dropout).to(args.device)
+    label = f"adaptive {bits}" if adaptive else str(bits)
+    before_step = None
     if bits < 32:
         convert(model, Config(bits=bits, group_size=args.group_size))
-    progress = None if args.no_progress else f"{args.model} {bits:>2} bits"
-    return bits, train_full_batch(model, data, epochs=args.epochs, lr=args.lr,
-                                  progress=progress)
+    if adaptive:
+        controller = Controller(model, avg_bits=bits, adapt_interval=args.adapt_interval)
+        before_step = lambda: controller.adapt(lambda: loss_of(model, data))  # noqa: E731
+    progress = None if args.no_progress else f"{args.model} {label:>10}"
+    return label, bits, adaptive, train_full_batch(model, data, epochs=args.epochs, lr=args.lr,
+                                                   before_step=before_step, progress=progress)
 
 
-def _table(results: list[tuple[int, RunResult]], ref: RunResult | None) -> str:
+def _table(results: list[tuple[str, int, bool, RunResult]], ref: RunResult | None) -> str:
     header = ("bits", "test acc @ best val (%)", "saved context (MB)", "ratio vs fp32",
               "epoch time (ms)", "time vs fp32", "acc vs fp32 (pt)", "peak step memory (MB)",
               "peak vs fp32")
     rows = [header]
-    for bits, r in results:
+    for label, _, _, r in results:
         rows.append((
-            str(bits),
+            label,
             f"{100 * r.test_acc:.2f}",
             f"{r.saved_bytes / 1e6:.2f}",
             f"{ref.saved_bytes / r.saved_bytes:.2f}x" if ref and r.saved_bytes else "n/a",
@@ -236,8 +255,8 @@ def _table(results: list[tuple[int, RunResult]], ref: RunResult | None) -> str:
     return "\n".join(lines)
 
 
-def _append_rows(args: argparse.Namespace, data: Data, results: list[tuple[int, RunResult]],
-                 ref: RunResult | None) -> None:
+def _append_rows(args: argparse.Namespace, data: Data,
+                 results: list[tuple[str, int, bool, RunResult]], ref: RunResult | None) -> None:
     common = {
         "command": "train",
         "model": args.model,
@@ -260,8 +279,8 @@ def _append_rows(args: argparse.Namespace, data: Data, results: list[tuple[int, 
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("a") as f:
-        for bits, r in results:
-            row = {**common, "bits": bits, **asdict(r),
+        for _, bits, adaptive, r in results:
+            row = {**common, "bits": bits, "adaptive": adaptive, **asdict(r),
                    "ratio_vs_fp32": ref.saved_bytes / r.saved_bytes if ref and r.saved_bytes
                    else None,
                    "time_vs_fp32": r.epoch_ms / ref.epoch_ms if ref else None}

@@ -71,6 +71,7 @@ def test_default_subcommand_and_no_fp32(capsys):
 
 @pytest.mark.parametrize("argv", [
     ["--bits", "9"],
+    ["--adaptive", "16"],
     ["--bits", "32,x"],
     ["--model", "gin"],
     ["--epochs", "0"],
@@ -119,3 +120,15 @@ def test_roc_auc_matches_sklearn():
     expected = sum(metrics.roc_auc_score(target[:, t].numpy(), score[:, t].numpy())
                    for t in range(4)) / 4
     assert abs(roc_auc(score, target) - expected) < 1e-12
+
+
+def test_adaptive_runs_beside_fixed_bits(tmp_path, capsys):
+    out = tmp_path / "a.jsonl"
+    assert main([*TINY, "--epochs", "3", "--bits", "32,2", "--adaptive", "2,3",
+                 "--adapt-interval", "2", "--out", str(out)]) == 0
+    rows = table_rows(capsys.readouterr().out)
+    assert list(rows) == ["32", "2", "adaptive 2", "adaptive 3"]
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["bits"], r["adaptive"]) for r in records] == [(32, False), (2, False), (2, True),
+                                                           (3, True)]
+    assert records[3]["saved_bytes"] > records[2]["saved_bytes"] > 0
