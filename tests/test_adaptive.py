@@ -270,3 +270,6 @@ def test_controller_bad_input(graph):
         Controller(model, adapt_interval=0)
     with pytest.raises(RuntimeError, match="estimate"):
         Controller(model).assign()
+    exact = gnnact.convert(build("gcn", graph.num_features, 4, hidden=8), gnnact.Config(bits=32))
+    with pytest.raises(RuntimeError, match="no compressed tensor was recorded"):
+        Controller(exact).estimate(_closure(exact, graph))

@@ -169,6 +169,11 @@ class Controller:
                     passes += 1
                     if sample == 0:
                         self._discover(record)
+                        if not self.tensors:
+                            raise RuntimeError(
+                                "no compressed tensor was recorded in the closure's forward "
+                                "pass: convert the model with bits of 1-8 and let the "
+                                "closure run it in grad mode")
                     for name, t in self.tensors.items():
                         g1 = self._gradient(closure, params, seed, (t.module, t.role))
                         passes += 1

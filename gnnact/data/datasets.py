@@ -74,11 +74,9 @@ def random_split(num_nodes: int, seed: int, train: float = 0.6,
     from ``seed`` alone (the same split on every machine)."""
     perm = torch.randperm(num_nodes, generator=torch.Generator().manual_seed(seed))
     n_train, n_val = int(train * num_nodes), int(val * num_nodes)
-    masks = [torch.zeros(num_nodes, dtype=torch.bool) for _ in range(3)]
-    masks[0][perm[:n_train]] = True
-    masks[1][perm[n_train:n_train + n_val]] = True
-    masks[2][perm[n_train + n_val:]] = True
-    return masks[0], masks[1], masks[2]
+    return _index_masks(num_nodes, {"train": perm[:n_train],
+                                    "valid": perm[n_train:n_train + n_val],
+                                    "test": perm[n_train + n_val:]})
 
 
 def _row_normalize(x: Tensor) -> Tensor:
