@@ -7,6 +7,7 @@ Methods (each on the same graph, seeds, initial weights and epochs):
   bits;
 - ``adaptive2``, ``adaptive3``, ``adaptive4``: converted, with a ``gnnact.Controller`` at that
   average (sensitivities re-estimated every 50 steps; its passes are outside the timing);
+- ``pernode2``: converted at 2 bits with per-node mixed precision (``Config(per_node=True)``);
 - ``amp``: PyG under ``torch.autocast`` in bfloat16 (what mixed precision alone saves);
 - ``checkpoint``: PyG with every layer block recomputed in backward
   (``torch.utils.checkpoint``, non-reentrant; BatchNorm running statistics see each block
@@ -52,8 +53,8 @@ from gnnact.training import RunResult, loss_of, train_full_batch
 # Re-estimate sensitivities every this many steps (the first step estimates too).
 ADAPT_INTERVAL = 50
 
-METHODS = ("pyg", "gnnact2", "gnnact4", "gnnact8", "adaptive2", "adaptive3", "adaptive4", "amp",
-           "checkpoint", "save_on_cpu")
+METHODS = ("pyg", "gnnact2", "gnnact4", "gnnact8", "adaptive2", "adaptive3", "adaptive4",
+           "pernode2", "amp", "checkpoint", "save_on_cpu")
 
 
 class Checkpointed(nn.Module):
@@ -88,6 +89,9 @@ def prepare(method: str, model: nn.Module, data,
         return model, {}
     if method.startswith("gnnact"):
         return gnnact.convert(model, gnnact.Config(bits=int(method[6:]))), {}
+    if method.startswith("pernode"):
+        config = gnnact.Config(bits=int(method[7:]), per_node=True)
+        return gnnact.convert(model, config), {}
     if method.startswith("adaptive"):
         bits = int(method[8:])
         gnnact.convert(model, gnnact.Config(bits=bits))

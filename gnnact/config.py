@@ -34,9 +34,15 @@ class Config:
             tensor (input dropout, say) are temporaries and are still packed. Set it to
             :obj:`False` when such inputs are other temporaries, e.g. features computed under
             :func:`torch.no_grad` by a frozen encoder. (default: :obj:`True`)
-        tag (str, optional): the name :class:`gnnact.Controller` addresses this module's
-            compressed tensors by (its path in the model); set by the controller, which also
-            gives each module its own ``bits``. (default: :obj:`None`)
+        per_node (bool, optional): per-node mixed precision (ActNN's per-sample allocation,
+            nodes as samples): each row of a ``[N, F]`` activation gets its own width, ``bits``
+            on average, from the norm of the gradient that reached it at the previous step
+            times its range; rows with no gradient get 1 bit. Costs one group per row and a
+            4-byte row index. Off until measured to help (see the README).
+            (default: :obj:`False`)
+        tag (str, optional): the name this module's compressed tensors go by (its path in the
+            model), for per-node precision and :class:`gnnact.Controller`; set by
+            :func:`gnnact.convert`. (default: :obj:`None`)
     """
 
     bits: int = 2
@@ -45,6 +51,7 @@ class Config:
     attention_bits: int | None = None
     backend: str = "auto"
     resident_inputs: bool = True
+    per_node: bool = False
     tag: str | None = None
 
     def __post_init__(self) -> None:
@@ -58,9 +65,9 @@ class Config:
         if isinstance(self.group_size, bool) or not isinstance(self.group_size, int) or (
                 self.group_size <= 0):
             raise ValueError(f"Config.group_size must be a positive int, got {self.group_size!r}")
-        if not isinstance(self.resident_inputs, bool):
-            raise ValueError(
-                f"Config.resident_inputs must be a bool, got {self.resident_inputs!r}")
+        for name in ("resident_inputs", "per_node"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"Config.{name} must be a bool, got {getattr(self, name)!r}")
         if self.tag is not None and not isinstance(self.tag, str):
             raise ValueError(f"Config.tag must be a str or None, got {self.tag!r}")
         if self.backend not in _BACKENDS:

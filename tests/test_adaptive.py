@@ -3,6 +3,7 @@ assignment, variance alarm and report."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 import warnings
@@ -273,3 +274,75 @@ def test_controller_bad_input(graph):
     exact = gnnact.convert(build("gcn", graph.num_features, 4, hidden=8), gnnact.Config(bits=32))
     with pytest.raises(RuntimeError, match="no compressed tensor was recorded"):
         Controller(exact).estimate(_closure(exact, graph))
+
+
+# ------------------------------------------------------------------ per-node precision
+
+
+def test_allocate_rows_budget_zero_rows_and_order():
+    from gnnact.quant.mixed import allocate_rows
+
+    gen = torch.Generator().manual_seed(0)
+    w = torch.rand(1000, generator=gen) ** 4 * 1e3
+    w[:100] = 0.0
+    for avg in (1, 1.5, 2, 3, 5):
+        bits = allocate_rows(w, avg)
+        assert int(bits.sum()) <= avg * 1000 and bits.min() >= 1 and bits.max() <= 8
+        assert (bits[:100] == 1).all()  # no gradient: the smallest width
+        order = torch.argsort(w[100:])
+        assert (bits[100:][order].diff() >= 0).all()  # more weight, never fewer bits
+        factor = (2.0 ** bits.double() - 1) ** -2
+        if float(avg).is_integer():
+            uniform = (w.double() * (2.0**avg - 1) ** -2).sum()
+            assert (w.double() * factor).sum() <= uniform
+    assert (allocate_rows(torch.zeros(5), 3) == 1).all()
+    assert (allocate_rows(w, 8) == 8).all()
+
+
+def test_mixed_rows_round_trip_and_bytes():
+    from gnnact.quant.mixed import quantize_rows
+
+    f = 20
+    row_bits = torch.tensor([1, 3, 8, 3, 5, 1])
+    # Row n on its own grid: values k/4 for integers k spanning [0, B], so that R/B = 1/4 and
+    # every row round-trips exactly.
+    x = torch.stack([(torch.arange(f) * (2**b - 1) // (f - 1)) * 0.25
+                     for b in row_bits.tolist()]).float()
+    m = quantize_rows(x, row_bits, avg_bits=3, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(m.dequantize(), x)
+    assert m.nbytes == sum(4 + -(-f * b // 8) + 8 for b in row_bits.tolist())
+    rebuilt = type(m).from_parts(m.tensors(), m.meta)
+    assert torch.equal(rebuilt.dequantize(), x)
+
+
+def _set(model, **changes):
+    for module in model.modules():
+        if isinstance(module, gnnact.nn._base._Compressed):
+            module.config = dataclasses.replace(module.config, **changes)
+
+
+def test_per_node_lowers_variance_and_stays_unbiased(graph):
+    """Against the same one-group-per-row layout at a uniform 2 bits, weighting rows by the
+    previous gradient's row norms times their range cuts the rounding variance of the
+    gradient (measured: 0.44x on this GCN with a linear head)."""
+    model = _model("headgcn", graph)
+    _set(model, per_row=True)
+    uniform = _empirical_variance(model, graph)
+    _set(model, per_row=False, per_node=True)
+    torch.manual_seed(0)
+    _closure(model, graph)().backward()  # the row gradients the next steps weigh by
+    params = [p for p in model.parameters()]
+    runs, closure = 24, _closure(model, graph)
+    grads = []
+    for k in range(runs):
+        torch.manual_seed(0)
+        with controlled_noise(1000 + k):
+            grads.append(torch.cat([g.reshape(-1) for g in
+                                    torch.autograd.grad(closure(), params)]).double())
+    samples = torch.stack(grads)
+    assert float(samples.var(0).sum()) < 0.7 * uniform
+    _set(model, bits=32, per_node=False)
+    torch.manual_seed(0)
+    exact = torch.cat([g.reshape(-1) for g in torch.autograd.grad(closure(), params)]).double()
+    t_stat = float((samples.mean(0) - exact).pow(2).sum() / (samples.var(0).sum() / runs))
+    assert t_stat < 3.0, t_stat

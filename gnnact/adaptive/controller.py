@@ -50,9 +50,6 @@ from gnnact.quant.packed import packed_code_bytes
 
 __all__ = ["CompressedTensor", "Controller"]
 
-_ROOT = "<model>"
-
-
 @dataclass
 class CompressedTensor:
     """One named compressed tensor (all quantizations of a module's role in one pass)."""
@@ -120,7 +117,7 @@ class Controller:
         self.modules: dict[str, nn.Module] = {}
         for name, module in model.named_modules():
             if isinstance(module, _Compressed):
-                tag = name or _ROOT
+                tag = name or "<model>"  # as gnnact.convert tags it
                 module.config = dataclasses.replace(module.config, tag=tag)
                 self.modules[tag] = module
         if not self.modules:

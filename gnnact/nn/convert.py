@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import torch_geometric.nn as pyg_nn
@@ -69,8 +70,12 @@ def convert(model: nn.Module, config: Config | None = None) -> nn.Module:
         raise TypeError(f"config must be a gnnact.Config, got {type(config).__name__}")
     config = config or Config()
     for name, module in list(model.named_modules()):
+        # Each module's config is tagged with its path (unless the caller tagged it): the name
+        # per-node precision and gnnact.Controller know its tensors by.
+        own = config if config.tag is not None else dataclasses.replace(config,
+                                                                        tag=name or "<model>")
         if isinstance(module, _Compressed):
-            module.config = config
+            module.config = own
             continue
         target = CONVERSIONS.get(type(module))
         if target is None:
@@ -80,5 +85,5 @@ def convert(model: nn.Module, config: Config | None = None) -> nn.Module:
                           f"not supported by {target.__module__}.{target.__name__}",
                           stacklevel=2)
             continue
-        target._adopt(module, config)
+        target._adopt(module, own)
     return model

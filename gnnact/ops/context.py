@@ -47,7 +47,9 @@ import torch
 from torch import Tensor
 
 from gnnact.config import Config
-from gnnact.quant import PackedMask, PackedTensor, dequantize, quantize, unpack_mask
+from gnnact.quant import PackedMask, PackedTensor, quantize, unpack_mask
+from gnnact.quant.mixed import MixedPackedTensor, allocate_rows, quantize_rows
+from gnnact.quant.packed import BYTE_ALIGNED_BITS, QUANT_BITS
 
 __all__ = ["apply_mask", "controlled_noise", "derive", "input_bits", "load_context",
            "records_graph", "save_context", "shared_quantize", "transient"]
@@ -129,9 +131,10 @@ def _rebuild(steps: list[tuple]) -> Tensor:
     value: Tensor | None = None
     for kind, tensors, meta in steps:
         if kind == "batch_norm":
-            codes, scales, zeros, mean, invstd, weight, bias = tensors
-            _release(codes)  # read by a backward: its forward pass is over
-            x = dequantize(PackedTensor(codes, scales, zeros, *meta))
+            *parts, mean, invstd, weight, bias = tensors
+            _, cls, inner = meta
+            _release(parts[0])  # read by a backward: its forward pass is over
+            x = cls.from_parts(tuple(parts), inner).dequantize()
             shape = [1, -1] + [1] * (x.dim() - 2)
             value = (x - mean.to(x.dtype).view(shape)) * invstd.to(x.dtype).view(shape)
             if weight is not None:
@@ -217,6 +220,35 @@ def controlled_noise(seed: int, perturb: tuple[str | None, str] | None = None,
         _NOISE = previous
 
 
+# (tag, role, shape) -> norms of the rows of the gradient that reached that tensor at the last
+# backward: the per-node weights of the next quantization (see per_node_quantize).
+_ROW_GRADIENTS: dict[tuple, Tensor] = {}
+
+
+def per_node_quantize(x: Tensor, bits: int, config: Config, role: str,
+                      generator: torch.Generator | None) -> MixedPackedTensor:
+    r"""``x [N, F]`` at per-row widths averaging ``bits``: row :math:`n` weighs
+    :math:`g_n^2 R_n^2`, with :math:`R_n` its range and :math:`g_n` the norm of the gradient
+    that reached row :math:`n` of this tensor (same module, role and shape) at the previous
+    backward (1 before there was one); see :func:`gnnact.quant.mixed.allocate_rows`."""
+    key = (config.tag, role, tuple(x.shape))
+    detached = x.detach()
+    weights = (detached.amax(1) - detached.amin(1)).double().pow(2)
+    previous = _ROW_GRADIENTS.get(key)
+    if previous is not None and previous.device == x.device:
+        weights = weights * previous.double().pow(2)
+    if x.requires_grad:
+        def remember(grad: Tensor, key: tuple = key) -> None:
+            _ROW_GRADIENTS[key] = grad.detach().norm(dim=1)
+
+        x.register_hook(remember)
+    # The CUDA kernels take byte-aligned widths only; keep an explicit cupy backend on them.
+    widths = BYTE_ALIGNED_BITS if config.backend == "cupy" else QUANT_BITS
+    row_bits = allocate_rows(weights, bits, widths)
+    return quantize_rows(x, row_bits, avg_bits=bits, generator=generator,
+                         backend=config.backend)
+
+
 def shared_quantize(x: Tensor, bits: int, config: Config,
                     role: str = "activations") -> PackedTensor:
     """:func:`gnnact.quantize` with ``config``'s grouping, sharing one copy per tensor.
@@ -225,21 +257,23 @@ def shared_quantize(x: Tensor, bits: int, config: Config,
     key = id(x)
     entry = _CACHE.get(key)
     if entry is not None:
-        ref, version, cached_fmt, refs, meta = entry
-        parts = [r() for r in refs]
+        ref, version, cached_fmt, refs, cls, meta = entry
+        parts = tuple(r() for r in refs)
         if (ref() is x and version == x._version and cached_fmt == fmt
                 and all(t is not None for t in parts)):
-            return PackedTensor(*parts, *meta)
+            return cls.from_parts(parts, meta)
     generator = None
     if _NOISE is not None and bits <= 8:
         generator = _NOISE.generator(x, bits, config, role)
-    packed = quantize(x, bits, config.group_size, per_row=config.per_row,
-                      generator=generator, backend=config.backend)
+    if config.per_node and bits <= 8 and x.dim() == 2 and x.size(0) > 1:
+        packed = per_node_quantize(x, bits, config, role, generator)
+    else:
+        packed = quantize(x, bits, config.group_size, per_row=config.per_row,
+                          generator=generator, backend=config.backend)
     if not packed.is_passthrough:
         x_ref = weakref.ref(x, lambda r, k=key: _forget(k, r))
-        refs = tuple(weakref.ref(t) for t in (packed.codes, packed.scales, packed.zeros))
-        meta = (packed.bits, packed.shape, packed.dtype, packed.group_size)
-        _CACHE[key] = (x_ref, x._version, fmt, refs, meta)
+        refs = tuple(weakref.ref(t) for t in packed.tensors())
+        _CACHE[key] = (x_ref, x._version, fmt, refs, type(packed), packed.meta)
     return packed
 
 
@@ -283,10 +317,9 @@ def save_context(ctx: Any, config: Config, *items: Entry) -> None:
         elif isinstance(item, PackedMask):
             slots.append(("mask", len(tensors), item.shape))
             tensors.append(item.data)
-        else:
+        else:  # PackedTensor or MixedPackedTensor
             parts = item.tensors()
-            slots.append(("packed", len(tensors), len(parts),
-                          (item.bits, item.shape, item.dtype, item.group_size)))
+            slots.append(("packed", len(tensors), len(parts), type(item), item.meta))
             tensors.extend(parts)
     ctx.save_for_backward(*tensors)
     ctx.gnnact_slots = slots
@@ -315,10 +348,8 @@ def load_context(ctx: Any) -> list[Tensor | None]:
         elif slot[0] == "mask":
             out.append(unpack_mask(PackedMask(saved[slot[1]], slot[2])))
         else:
-            _, start, count, meta = slot
-            parts = list(saved[start:start + count])
-            if count == 1:  # a 16-bit copy: no scales or zeros
-                parts += [None, None]
+            _, start, count, cls, meta = slot
+            parts = tuple(saved[start:start + count])
             _release(parts[0])
-            out.append(dequantize(PackedTensor(*parts, *meta)))
+            out.append(cls.from_parts(parts, meta).dequantize())
     return out

@@ -100,7 +100,7 @@ class _BatchNorm(torch.autograd.Function):
         save_context(ctx, config, kept, (weight, 32), mean, invstd)
         if kept is packed:  # the output is derived from kept context (picked up by batch_norm)
             ctx.gnnact_base = ((*packed.tensors(), mean, invstd, weight, bias),
-                               (packed.bits, packed.shape, packed.dtype, packed.group_size))
+                               (packed.bits, type(packed), packed.meta))
         return out
 
     @staticmethod

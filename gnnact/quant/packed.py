@@ -106,6 +106,23 @@ class PackedTensor:
         return tuple(t for t in (self.codes, self.scales, self.zeros) if t is not None)
 
     @property
+    def meta(self) -> tuple:
+        """Everything but :meth:`tensors`: with them, :meth:`from_parts` rebuilds ``self``."""
+        return (self.bits, self.shape, self.dtype, self.group_size)
+
+    @classmethod
+    def from_parts(cls, tensors: tuple[Tensor, ...], meta: tuple) -> PackedTensor:
+        """Inverse of (:meth:`tensors`, :attr:`meta`)."""
+        parts = (*tensors, *(None,) * (3 - len(tensors)))
+        return cls(*parts, *meta)
+
+    def dequantize(self) -> Tensor:
+        """:func:`gnnact.dequantize` of ``self``."""
+        from gnnact.quant.core import dequantize
+
+        return dequantize(self)
+
+    @property
     def nbytes(self) -> int:
         """Exact bytes held by :attr:`codes`, :attr:`scales` and :attr:`zeros`."""
         return _tensors_nbytes(self.tensors())
