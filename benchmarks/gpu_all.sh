@@ -18,6 +18,8 @@
 #   accuracy   bench_accuracy on Coauthor-Physics, Amazon-Computers and DBLP (GCN, SAGE, 3
 #              seeds, 2/4 bits vs fp32). Needs the data: copy ../shared/datasets/{coauthor,
 #              amazon,citation_full} into data_local/datasets/ and carry data_local.
+#   adaptive-<dataset>   GACT's Table 3 shape on physics, computers or dblp: GCN, GAT, GCNII x
+#              {fp32, 4 bits, adaptive 4/3/2, per-node 2}, 3 seeds (same data as accuracy)
 #
 # Extend this script whenever a GPU path or a GPU benchmark is added.
 set -uo pipefail
@@ -69,6 +71,17 @@ for part in "${parts[@]}"; do
         GNNACT_DATA="$PWD/data_local/datasets" python benchmarks/bench_accuracy.py \
           --device cuda --datasets physics computers dblp --models gcn sage --seeds 0 1 2 \
           --out "$out/accuracy.jsonl" || status=1
+      else
+        echo "no data_local/datasets: copy ../shared/datasets families there and carry it"
+        status=1
+      fi
+      ;;
+    adaptive-*)
+      if [ -d data_local/datasets ]; then
+        GNNACT_DATA="$PWD/data_local/datasets" python benchmarks/bench_suite.py --device cuda \
+          --graph "${part#adaptive-}" --models gcn gat gcnii --epochs 200 \
+          --methods pyg gnnact4 adaptive4 adaptive3 adaptive2 pernode2 \
+          --out "$out/suite.jsonl" --summary "$out/suite_${part}.md" || status=1
       else
         echo "no data_local/datasets: copy ../shared/datasets families there and carry it"
         status=1
