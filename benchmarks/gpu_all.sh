@@ -29,7 +29,8 @@ out="${OUT:-benchmarks/results}"
 mkdir -p "$out"
 status=0
 parts=("$@")
-[ ${#parts[@]} -gt 0 ] || parts=(tests train products suite suite-gat accuracy)
+[ ${#parts[@]} -gt 0 ] || parts=(tests train products suite suite-gat accuracy adaptive-dblp
+                                 adaptive-computers adaptive-physics)
 
 {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
