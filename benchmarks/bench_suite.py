@@ -43,7 +43,7 @@ from torch.utils.checkpoint import checkpoint
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RESULTS, environment, finish
+from _common import RESULTS, append_rows, environment
 
 import gnnact
 from gnnact.data import SHAPES, load_dataset, synthetic_like
@@ -175,9 +175,10 @@ def main(argv: list[str] | None = None) -> int:
                     runs[method].append(run)
                     print(f"{model_name:6s} {method:12s} seed {seed}  acc "
                           f"{100 * run.test_acc:6.2f}  step {run.epoch_ms:8.1f} ms", flush=True)
+            new = []
             for method, results in runs.items():
                 accs = [100 * r.test_acc for r in results]
-                rows.append({
+                new.append({
                     "bench": "suite", **env, "graph": args.graph, "num_nodes": data.num_nodes,
                     "num_edges": data.num_edges, "model": model_name, "method": method,
                     "seeds": args.seeds, "epochs": args.epochs, "test_acc": accs,
@@ -188,12 +189,16 @@ def main(argv: list[str] | None = None) -> int:
                     "peak_bytes": None if results[0].peak_bytes is None
                     else max(r.peak_bytes or 0 for r in results),
                 })
+            rows += new
+            if not args.smoke:  # each model's rows as soon as they exist
+                append_rows(args.out, new)
     table = summary(rows)
     print(table)
     if not args.smoke:
         args.summary.write_text(f"Commit {env['commit']}, {env['device_name']}, torch "
                                 f"{env['torch']}, {env['date']}\n\n{table}")
-    return finish(args.out, rows, smoke=args.smoke)
+    print(f"{len(rows)} rows -> {args.out}" if not args.smoke else "smoke run: no rows written")
+    return 0
 
 
 if __name__ == "__main__":
