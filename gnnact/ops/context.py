@@ -25,6 +25,10 @@ training run anyway, so a packed copy would cost bytes rather than save them. Ou
 gnnact's ops computed outside autograd (input dropout) are marked :func:`transient` and are
 packed like any activation.
 
+With ``config.per_node`` a ``[N, F]`` activation is kept as a
+:class:`~gnnact.quant.mixed.MixedPackedTensor` instead (:func:`per_node_quantize`); everything
+here handles both packed kinds through their ``tensors()``, ``meta`` and ``from_parts``.
+
 A tensor that is an elementwise function of context other ops already keep costs nothing more.
 The output of a compressed BatchNorm, then of ReLU/LeakyReLU/dropout, is such a *derived*
 tensor: :math:`z = m_k \circ \dots \circ m_1(\gamma (X - \mu)\sigma^{-1} + \beta)` with the
@@ -52,10 +56,10 @@ from gnnact.quant.mixed import MixedPackedTensor, allocate_rows, quantize_rows
 from gnnact.quant.packed import BYTE_ALIGNED_BITS, QUANT_BITS
 
 __all__ = ["apply_mask", "controlled_noise", "derive", "input_bits", "load_context",
-           "records_graph", "save_context", "shared_quantize", "transient"]
+           "per_node_quantize", "records_graph", "save_context", "shared_quantize", "transient"]
 
 # id(tensor) -> (weakref to the tensor, its _version, format, weakrefs to the packed tensors,
-# the PackedTensor's metadata). Weak references only: the cache never keeps anything alive;
+# the packed class and its metadata). Weak references only: the cache never keeps anything alive;
 # the packed tensors live exactly as long as autograd keeps them for some backward.
 _CACHE: dict[int, tuple] = {}
 
@@ -160,7 +164,7 @@ _TRANSIENT = "_gnnact_transient"
 
 def transient(out: Tensor) -> Tensor:
     """Mark ``out``, computed outside autograd from a tensor needing no gradient, as a
-    temporary: :func:`is_resident` is then false for it. Returns ``out``."""
+    temporary: :func:`input_bits` then packs it like any activation. Returns ``out``."""
     if torch.is_grad_enabled() and not out.requires_grad:
         setattr(out, _TRANSIENT, True)
     return out
@@ -250,10 +254,11 @@ def per_node_quantize(x: Tensor, bits: int, config: Config, role: str,
 
 
 def shared_quantize(x: Tensor, bits: int, config: Config,
-                    role: str = "activations") -> PackedTensor:
-    """:func:`gnnact.quantize` with ``config``'s grouping, sharing one copy per tensor.
-    ``role`` names the tensor within its module for :func:`controlled_noise`."""
-    fmt = (bits, config.group_size, config.per_row, config.backend)
+                    role: str = "activations") -> PackedTensor | MixedPackedTensor:
+    """:func:`gnnact.quantize` with ``config``'s grouping (or :func:`per_node_quantize` with
+    ``config.per_node``), sharing one copy per tensor. ``role`` names the tensor within its
+    module for :func:`controlled_noise` and per-node precision."""
+    fmt = (bits, config.group_size, config.per_row, config.per_node, config.backend)
     key = id(x)
     entry = _CACHE.get(key)
     if entry is not None:
