@@ -371,3 +371,15 @@ def test_per_node_through_batchnorm_rebuild(graph):
     exact = torch.cat([g.reshape(-1) for g in torch.autograd.grad(closure(), params)]).double()
     t_stat = float((samples.mean(0) - exact).pow(2).sum() / (samples.var(0).sum() / runs))
     assert t_stat < 3.0, t_stat
+
+
+def test_derived_input_follows_its_base_width(graph):
+    """A linear map after BatchNorm -> ReLU -> dropout rebuilds its input from the BN's packed
+    input whatever its own width: raising the next conv's bits must not add a copy."""
+    model = _model("gcn", graph)
+    closure = _closure(model, graph)
+    torch.manual_seed(0)
+    uniform = gnnact.memory.saved_bytes(closure(), exclude=[graph.x])
+    model.convs[2].config = dataclasses.replace(model.convs[2].config, bits=8)
+    torch.manual_seed(0)
+    assert gnnact.memory.saved_bytes(closure(), exclude=[graph.x]) == uniform

@@ -303,8 +303,10 @@ def save_context(ctx: Any, config: Config, *items: Entry) -> None:
         if isinstance(item, tuple):
             x, bits, *role = item
             steps = None if x is None or bits > 8 else _resolve(x)
-            # A derived tensor: keep what rebuilds it, if that is at least as precise.
-            if steps is not None and steps[0][2][0] >= bits:
+            # A derived tensor: keep what rebuilds it, at the precision its base op chose. (Not
+            # a fresh copy at this op's own width: that would add a tensor the base op's width
+            # and gnnact.Controller's budget know nothing about. 16/32 bits keep it exact.)
+            if steps is not None:
                 layout, start = [], len(tensors)
                 for kind, parts, meta in steps:
                     layout.append((kind, tuple(t is not None for t in parts), meta))
