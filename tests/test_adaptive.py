@@ -178,17 +178,39 @@ def test_estimate_restores_batchnorm_statistics_and_rng(graph):
         assert torch.equal(v, before[k]), k
 
 
-def _empirical_variance(model, data, runs=24):
-    """Total variance of the parameter gradient over rounding noise alone (fixed dropout)."""
+def _set(model, **changes):
+    for module in model.modules():
+        if isinstance(module, gnnact.nn._base._Compressed):
+            module.config = dataclasses.replace(module.config, **changes)
+
+
+def _noisy_gradients(model, data, runs=24, first_seed=1000):
+    """``runs`` parameter gradients differing in rounding noise alone (fixed dropout)."""
     params = [p for p in model.parameters() if p.requires_grad]
     closure = _closure(model, data)
     grads = []
     for k in range(runs):
         torch.manual_seed(0)
-        with controlled_noise(1000 + k):
+        with controlled_noise(first_seed + k):
             loss = closure()
         grads.append(torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, params)]))
-    return float(torch.stack(grads).double().var(0).sum())
+    return torch.stack(grads).double()
+
+
+def _empirical_variance(model, data, runs=24):
+    """Total variance of the parameter gradient over rounding noise alone (fixed dropout)."""
+    return float(_noisy_gradients(model, data, runs).var(0).sum())
+
+
+def _bias_t_stat(model, data, samples):
+    """||mean - exact||^2 / (tr(Cov)/K): about 1 for an unbiased estimator (the model is left
+    exact)."""
+    _set(model, bits=32, per_node=False)
+    params = [p for p in model.parameters() if p.requires_grad]
+    torch.manual_seed(0)
+    exact = torch.cat([g.reshape(-1) for g in
+                       torch.autograd.grad(_closure(model, data)(), params)]).double()
+    return float((samples.mean(0) - exact).pow(2).sum() / (samples.var(0).sum() / len(samples)))
 
 
 @pytest.mark.parametrize("name", ["headgcn", "gcn", "gat", "gcnii"])
@@ -315,12 +337,6 @@ def test_mixed_rows_round_trip_and_bytes():
     assert torch.equal(rebuilt.dequantize(), x)
 
 
-def _set(model, **changes):
-    for module in model.modules():
-        if isinstance(module, gnnact.nn._base._Compressed):
-            module.config = dataclasses.replace(module.config, **changes)
-
-
 def test_per_node_lowers_variance_and_stays_unbiased(graph):
     """Against the same one-group-per-row layout at a uniform 2 bits, weighting rows by the
     previous gradient's row norms times their range cuts the rounding variance of the
@@ -331,20 +347,9 @@ def test_per_node_lowers_variance_and_stays_unbiased(graph):
     _set(model, per_row=False, per_node=True)
     torch.manual_seed(0)
     _closure(model, graph)().backward()  # the row gradients the next steps weigh by
-    params = [p for p in model.parameters()]
-    runs, closure = 24, _closure(model, graph)
-    grads = []
-    for k in range(runs):
-        torch.manual_seed(0)
-        with controlled_noise(1000 + k):
-            grads.append(torch.cat([g.reshape(-1) for g in
-                                    torch.autograd.grad(closure(), params)]).double())
-    samples = torch.stack(grads)
+    samples = _noisy_gradients(model, graph)
     assert float(samples.var(0).sum()) < 0.7 * uniform
-    _set(model, bits=32, per_node=False)
-    torch.manual_seed(0)
-    exact = torch.cat([g.reshape(-1) for g in torch.autograd.grad(closure(), params)]).double()
-    t_stat = float((samples.mean(0) - exact).pow(2).sum() / (samples.var(0).sum() / runs))
+    t_stat = _bias_t_stat(model, graph, samples)
     assert t_stat < 3.0, t_stat
 
 
@@ -353,23 +358,12 @@ def test_per_node_through_batchnorm_rebuild(graph):
     the gradient stays unbiased."""
     model = _model("gcn", graph)
     _set(model, per_node=True)
-    closure = _closure(model, graph)
-    params = list(model.parameters())
     torch.manual_seed(0)
-    loss = closure()
+    loss = _closure(model, graph)()
     assert any(r.dtype == torch.int32 for r in gnnact.memory.saved_tensors(loss))  # row indices
     loss.backward()  # the row gradients the next passes weigh by
-    runs, grads = 16, []
-    for k in range(runs):
-        torch.manual_seed(0)
-        with controlled_noise(2000 + k):
-            grads.append(torch.cat([g.reshape(-1) for g in
-                                    torch.autograd.grad(closure(), params)]).double())
-    samples = torch.stack(grads)
-    _set(model, bits=32, per_node=False)
-    torch.manual_seed(0)
-    exact = torch.cat([g.reshape(-1) for g in torch.autograd.grad(closure(), params)]).double()
-    t_stat = float((samples.mean(0) - exact).pow(2).sum() / (samples.var(0).sum() / runs))
+    samples = _noisy_gradients(model, graph, runs=16, first_seed=2000)
+    t_stat = _bias_t_stat(model, graph, samples)
     assert t_stat < 3.0, t_stat
 
 
