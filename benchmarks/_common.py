@@ -4,6 +4,7 @@ and timing that is honest on both CPU and GPU."""
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -13,10 +14,16 @@ import torch
 
 from gnnact.env import environment
 
-__all__ = ["RESULTS", "ROOT", "append_rows", "environment", "finish", "median_time"]
+__all__ = ["RESULTS", "ROOT", "append_rows", "data_root", "environment", "finish", "median_time"]
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
+
+
+def data_root() -> Path:
+    """Where benchmarks read real datasets: ``$GNNACT_DATA``, else the offline collection
+    ``../shared/datasets`` beside the checkout."""
+    return Path(os.environ.get("GNNACT_DATA", ROOT.parent / "shared" / "datasets"))
 
 
 def append_rows(path: Path, rows: list[dict]) -> None:

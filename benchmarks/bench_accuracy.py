@@ -19,7 +19,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -31,16 +30,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RESULTS, ROOT, append_rows, environment
+from _common import RESULTS, append_rows, data_root, environment
 
 import gnnact
 from gnnact.data import load_dataset
 from gnnact.models import MODELS, build
 from gnnact.training import train_full_batch
-
-
-def data_root() -> Path:
-    return Path(os.environ.get("GNNACT_DATA", ROOT.parent / "shared" / "datasets"))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -43,7 +43,7 @@ from torch.utils.checkpoint import checkpoint
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RESULTS, append_rows, environment
+from _common import RESULTS, append_rows, data_root, environment
 
 import gnnact
 from gnnact.data import SHAPES, load_dataset, synthetic_like
@@ -111,7 +111,7 @@ def prepare(method: str, model: nn.Module, data,
 def load_graph(name: str, nodes: int | None, seed: int, workdir: str):
     if name.startswith("synthetic-"):
         return synthetic_like(name.removeprefix("synthetic-"), num_nodes=nodes, seed=0)
-    return load_dataset(name, seed=seed, workdir=workdir, download=False)
+    return load_dataset(name, data_root(), seed=seed, workdir=workdir, download=False)
 
 
 def summary(rows: list[dict]) -> str:

@@ -42,11 +42,7 @@ import gnnact
 from gnnact.data import SHAPES, synthetic_like
 from gnnact.memory import saved_bytes
 from gnnact.models import MODELS, build
-
-
-def loss_of(model: torch.nn.Module, data) -> torch.Tensor:
-    out = model(data.x, data.edge_index)
-    return F.cross_entropy(out[data.train_mask], data.y[data.train_mask])
+from gnnact.training import loss_of
 
 
 def run(model: torch.nn.Module, data, device: torch.device, epochs: int, warmup: int) -> dict:

@@ -45,10 +45,10 @@ def allocate_rows(weights: Tensor, avg_bits: float,
     def widths_at(lam: float) -> Tensor:
         return (w[:, None] * factor[None, :] + lam * ws[None, :]).argmin(dim=1)
 
-    top = float(w.max()) + 1.0
-    if top <= 1.0:  # no weight anywhere: the smallest width (and nothing to rank)
+    if float(w.max()) <= 0.0:  # no weight anywhere: the smallest width (and nothing to rank)
         return torch.full((n,), int(ws[0]), dtype=torch.int64, device=w.device)
-    lo, hi = 0.0, top  # at hi every row takes the smallest width
+    # Above the largest weight every row takes the smallest width: w (S(1) - S(b)) < w < λ.
+    lo, hi = 0.0, float(w.max()) + 1.0
     for _ in range(60):
         mid = (lo + hi) / 2
         if float(ws[widths_at(mid)].sum()) <= budget:
