@@ -111,7 +111,9 @@ def test_graphsaint_layout_through_pyg_loader(tmp_path):
 
 def test_offline_missing_files_fail_fast_naming_paths(tmp_path, monkeypatch):
     # Every source at an unroutable address (TEST-NET-1): offline in every environment.
-    monkeypatch.setattr(datasets, "_source_url", lambda spec: "http://192.0.2.1/")
+    reachable = datasets._reachable
+    monkeypatch.setattr(datasets, "_reachable",
+                        lambda url, timeout: reachable("http://192.0.2.1/", timeout))
     for name in ("ogbn-products", "reddit", "yelp", "computers"):
         start = time.perf_counter()
         with pytest.raises(DatasetNotFoundError) as info:

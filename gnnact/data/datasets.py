@@ -60,7 +60,8 @@ class DatasetNotFoundError(FileNotFoundError):
 class _Spec:
     folder: str  # the dataset's folder under the root, the one ``workdir`` copies
     files: tuple[str, ...]  # raw files under ``folder``
-    source: str  # where the files come from
+    source: str  # where the files come from, for people
+    probe: str  # the download host, asked whether we are online
     load: Callable[[Path, str], Data]  # (dataset folder, name) -> Data, by the real loader
     prepare: Callable[[Data, int, int], Data]  # (data, split, seed) -> Data with masks
 
@@ -217,6 +218,10 @@ def _ogb_proteins(data: Data, split: int, seed: int) -> Data:
 
 
 _OGB_SOURCE = "http://snap.stanford.edu/ogb/data/nodeproppred/{}.zip (unzip as {})"
+_OGB_HOST = "http://snap.stanford.edu"
+# PyG downloads Planetoid, Amazon, Coauthor, CitationFull and the heterophilous graphs from
+# GitHub-hosted raw files.
+_GITHUB_RAW = "https://raw.githubusercontent.com"
 _SAINT_FILES = ("adj_full.npz", "feats.npy", "class_map.json", "role.json")
 _SAINT_SOURCE = ("the GraphSAINT data (https://github.com/GraphSAINT/GraphSAINT, Google Drive "
                  "folder '{}'), as PyG's {} class downloads it")
@@ -228,19 +233,19 @@ def _ogb_spec(name: str, raw: tuple[str, ...], split: str,
     files = ("RELEASE_v1.txt", *(f"raw/{f}.csv.gz" for f in raw),
              *(f"split/{split}/{part}.csv.gz" for part in ("train", "valid", "test")))
     short = name.split("-")[1]
-    return _Spec(folder, files, _OGB_SOURCE.format(short, folder), _ogb, prepare)
+    return _Spec(folder, files, _OGB_SOURCE.format(short, folder), _OGB_HOST, _ogb, prepare)
 
 
 def _planetoid(name: str) -> _Spec:
     parts = ("x", "tx", "allx", "y", "ty", "ally", "graph", "test.index")
     return _Spec(f"planetoid/{name}", tuple(f"raw/ind.{name.lower()}.{p}" for p in parts),
-                 "https://github.com/kimiyoung/planetoid/raw/master/data",
+                 "https://github.com/kimiyoung/planetoid/raw/master/data", _GITHUB_RAW,
                  _pyg("Planetoid", name), _normalized)
 
 
 def _npz(family: str, cls: str, name: str, file: str, prepare) -> _Spec:
     return _Spec(f"{family}/{name}", (f"raw/{file}",),
-                 f"PyG's {cls}('{name}') download", _pyg(cls, name), prepare)
+                 f"PyG's {cls}('{name}') download", _GITHUB_RAW, _pyg(cls, name), prepare)
 
 
 DATASETS: dict[str, _Spec] = {
@@ -255,9 +260,11 @@ DATASETS: dict[str, _Spec] = {
                                                  "num-edge-list"),
                                "species", _ogb_proteins),
     "reddit": _Spec("reddit", ("raw/reddit_data.npz", "raw/reddit_graph.npz"),
-                    "https://data.dgl.ai/dataset/reddit.zip", _pyg("Reddit", None), _keep),
+                    "https://data.dgl.ai/dataset/reddit.zip", "https://data.dgl.ai",
+                    _pyg("Reddit", None), _keep),
     **{name: _Spec(f"graphsaint/{name}", tuple(f"raw/{f}" for f in _SAINT_FILES),
-                   _SAINT_SOURCE.format(name, cls), _pyg(cls, None), _standardized)
+                   _SAINT_SOURCE.format(name, cls), "https://drive.google.com", _pyg(cls, None),
+                   _standardized)
        for name, cls in (("reddit2", "Reddit2"), ("flickr", "Flickr"), ("yelp", "Yelp"))},
     **{name.lower(): _planetoid(name) for name in ("Cora", "CiteSeer", "PubMed")},
     "computers": _npz("amazon", "Amazon", "Computers", "amazon_electronics_computers.npz",
@@ -315,13 +322,6 @@ def _reachable(url: str, timeout: float) -> bool:
         return False
 
 
-def _source_url(spec: _Spec) -> str:
-    for word in spec.source.split():
-        if word.startswith(("http://", "https://")):
-            return word
-    return "https://github.com"  # GraphSAINT and PyG downloads come from GitHub/Google
-
-
 def load_dataset(name: str, root: str | os.PathLike | None = None, *, split: int = 0,
                  seed: int = 0, download: bool | None = None,
                  workdir: str | os.PathLike | None = None, timeout: float = 3.0) -> Data:
@@ -353,7 +353,7 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, *, split: int
     missing = [path for path in (base / spec.folder / f for f in spec.files)
                if not path.is_file()]
     offline = download is False or (
-        download is None and missing and not _reachable(_source_url(spec), timeout))
+        download is None and missing and not _reachable(spec.probe, timeout))
     if missing and offline:
         listing = "\n  ".join(map(str, missing))
         why = "download=False" if download is False else "the source is unreachable"
