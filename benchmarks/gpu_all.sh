@@ -7,7 +7,7 @@
 #   bash benchmarks/gpu_all.sh                 # every part, in order
 #   bash benchmarks/gpu_all.sh tests train     # some parts
 #
-# Parts (each fits one 10-minute device call on an H100; together about 35 minutes):
+# Parts (each fits one 10-minute device call on an H100; together about 40 minutes):
 #   tests      CUDA tests (pytest -m cuda) and quantize/dequantize throughput
 #   train      training step time and memory, PyG fp32 vs gnnact 2/4 bits, arxiv-shaped graph,
 #              all four models
@@ -20,6 +20,8 @@
 #              amazon,citation_full} into data_local/datasets/ and carry data_local.
 #   adaptive-<dataset>   GACT's Table 3 shape on physics, computers or dblp: GCN, GAT, GCNII x
 #              {fp32, 4 bits, adaptive 4/3/2, per-node 2}, 3 seeds (same data as accuracy)
+#   generic    the saved-tensor pipeline on a ResNet-18-style CNN and a transformer: saved bytes,
+#              step time and peak memory per compressor vs fp32, and digits accuracy (3 seeds)
 #
 # Extend this script whenever a GPU path or a GPU benchmark is added.
 set -uo pipefail
@@ -29,8 +31,8 @@ out="${OUT:-benchmarks/results}"
 mkdir -p "$out"
 status=0
 parts=("$@")
-[ ${#parts[@]} -gt 0 ] || parts=(tests train products suite suite-gat accuracy adaptive-dblp
-                                 adaptive-computers adaptive-physics)
+[ ${#parts[@]} -gt 0 ] || parts=(tests train products suite suite-gat generic accuracy
+                                 adaptive-dblp adaptive-computers adaptive-physics)
 
 {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
@@ -66,6 +68,9 @@ for part in "${parts[@]}"; do
     suite-gat)
       python benchmarks/bench_suite.py --device cuda --models gat gcnii --seeds 0 1 \
         --epochs 50 --out "$out/suite.jsonl" --summary "$out/suite_gat_gcnii.md" || status=1
+      ;;
+    generic)
+      python benchmarks/bench_generic.py --device cuda --out "$out/generic.jsonl" || status=1
       ;;
     accuracy)
       if [ -d data_local/datasets ]; then

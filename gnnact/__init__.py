@@ -4,9 +4,10 @@ What autograd keeps for backward is stored stochastically rounded to 1–8 bits 
 and restored just before backward needs it.
 """
 
-from gnnact import adaptive, memory, nn, ops
+from gnnact import adaptive, compress, memory, nn, ops
 from gnnact.adaptive import Controller
 from gnnact.config import Config
+from gnnact.hooks import compress_saved_tensors
 from gnnact.nn import convert
 from gnnact.quant import (
     PackedMask,
@@ -26,6 +27,8 @@ __all__ = [
     "PackedTensor",
     "__version__",
     "adaptive",
+    "compress",
+    "compress_saved_tensors",
     "convert",
     "dequantize",
     "memory",

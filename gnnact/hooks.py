@@ -1,142 +1,200 @@
-r"""Compress what autograd saves for backward, for any model, through saved-tensor hooks.
+r"""``gnnact.compress_saved_tensors``: compress what autograd saves for backward, for any model.
 
-This is the generic activation-compression pipeline: inside the context manager every tensor
-an operation saves for its backward pass goes through a *pack* hook that stores it quantized
-(:func:`gnnact.quantize`), and comes back through an *unpack* hook (:func:`gnnact.dequantize`)
-when backward needs it. The forward pass itself stays exact.
+One :class:`~torch.autograd.graph.saved_tensors_hooks` pipeline (only the innermost pair of
+hooks is active, so compression, and later offloading, must be one pipeline): inside the
+context every tensor an operation saves for its backward pass goes through a *pack* hook that
+stores it compressed, and comes back through an *unpack* hook that restores it when backward
+needs it. The forward pass itself stays exact. Which compressor a tensor gets is decided by a
+:class:`~gnnact.compress.Policy` from the module that saved it, its name and its shape.
 """
 
 from __future__ import annotations
 
 import weakref
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
+from torch.nn.modules.module import (
+    register_module_forward_hook,
+    register_module_forward_pre_hook,
+)
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+from gnnact.compress import OUTSIDE, Policy
 from gnnact.config import Config
 from gnnact.memory import storage_keys, tensor_storages
-from gnnact.quant import PackedTensor, dequantize, quantize
+from gnnact.ops.context import cached, noise_generator, own_context, release, remember
+from gnnact.quant import PackedMask, PackedTensor, pack_mask, unpack_mask
 from gnnact.quant.core import FLOAT_DTYPES
 
-__all__ = ["quantized_saved_tensors"]
-
-# (storage key, storage offset, shape, stride, version, dtype): two saves of the same data.
-_CacheKey = tuple[Any, int, tuple[int, ...], tuple[int, ...], int, torch.dtype]
+__all__ = ["SavedEntry", "compress_saved_tensors"]
 
 
-class quantized_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
-    r"""Context manager that stores every floating-point tensor saved for backward as a
-    :class:`~gnnact.quant.packed.PackedTensor` of :obj:`bits` bits per value.
+@dataclass(frozen=True)
+class ReluMask:
+    """A ReLU output kept as the 1-bit mask :math:`[y > 0]`, all its backward reads; restored as
+    that mask in ``dtype`` (0 or 1), which gives ReLU's backward the same result."""
 
-    A saved tensor :math:`\mathbf{h}` with :math:`n` elements is flattened and cut into
-    :math:`n_g = \lceil n / G \rceil` groups of :math:`G` values (one group per row of the last
-    dimension with :obj:`per_row=True`). Each group keeps its minimum :math:`Z` and scale
-    :math:`s = (\max - Z) / (2^b - 1)` as ``float32``, and every value becomes a :math:`b`-bit
+    mask: PackedMask
+    dtype: torch.dtype
+
+    def tensors(self) -> tuple[Tensor, ...]:
+        return self.mask.tensors()
+
+    @property
+    def nbytes(self) -> int:
+        return self.mask.nbytes
+
+    def dequantize(self) -> Tensor:
+        return unpack_mask(self.mask).to(self.dtype)
+
+
+@dataclass
+class SavedEntry:
+    """What the pipeline did with the tensor :attr:`name` the last time it was saved."""
+
+    name: str
+    kind: str  # the compressor's kind, or "exact"
+    shape: tuple[int, ...]
+    bits: int | None
+    nbytes: int
+    adaptive: bool  # whether gnnact.Controller may change its width
+
+
+class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
+    r"""Context manager that stores every floating-point tensor saved for backward
+    compressed, as its :class:`~gnnact.compress.Policy` decides.
+
+    The default policy (:meth:`~gnnact.compress.Policy.default_for`) quantizes with
+    ``config``'s bits and grouping (:class:`~gnnact.compress.Quantize`): a saved tensor
+    :math:`\mathbf{h}` of :math:`n` values is cut into groups of :math:`G`, each keeping a float32
+    minimum :math:`Z` and scale :math:`s = (\max - Z) / (2^b - 1)`, every value a :math:`b`-bit
     code by unbiased stochastic rounding,
 
     .. math::
-        q_j = \left\lfloor \frac{h_j - Z}{s} + u_j \right\rfloor, \quad
-        u_j \sim \mathcal{U}[0, 1), \qquad
-        \hat{h}_j = q_j\, s + Z, \qquad \mathbb{E}[\hat{h}_j] = h_j,
+        \hat{h}_j = \left\lfloor \frac{h_j - Z}{s} + u_j \right\rfloor s + Z, \quad
+        u_j \sim \mathcal{U}[0, 1), \qquad \mathbb{E}[\hat{h}_j] = h_j,
+        \quad \operatorname{Var}[\hat h_j] \le s^2 / 4,
 
-    so backward sees :math:`\hat{\mathbf{h}}`, an unbiased estimate with per-value variance at
-    most :math:`s^2 / 4`, and the gradient stays unbiased for the operations whose backward is
-    linear in what they saved. What is held per saved tensor is
+    so backward sees an unbiased estimate, and the gradient stays unbiased for operations whose
+    backward is linear in what they saved. It keeps
+    :math:`n_g (\lceil G b / 8 \rceil + 8) \approx n (b/8 + 8/G)` bytes instead of :math:`4n`.
+    Rank-4 tensors saved inside attention get :class:`~gnnact.compress.Mesa` (8 bits, one group
+    per head, running ranges); the loss and the classifier head's input stay exact.
 
-    .. math::
-        \text{nbytes} = n_g \left( \left\lceil \frac{G b}{8} \right\rceil + 8 \right)
-        \approx n \left( \frac{b}{8} + \frac{8}{G} \right)
+    These pass through as they are (the hook returns the tensor itself):
 
-    bytes instead of :math:`4n` for ``float32`` (:math:`b + 0.125` bits per value for
-    :math:`G = 512`). With :obj:`bits=32` nothing is stored in addition: the tensor itself is
-    saved, as without hooks; :obj:`bits=16` keeps a 16-bit copy.
+    * tensors that are not floating point (indices, masks), sparse tensors, tensor
+      subclasses, 0-d tensors, and tensors of fewer than :obj:`min_numel` elements (per-channel
+      statistics such as BatchNorm's mean and :math:`1/\sigma`: their error reaches every
+      gradient of the layer, and compressing them saves little);
+    * parameters (leaves that require grad) and views of them (the ``weight.t()`` that
+      :func:`~torch.nn.functional.linear` saves), and tensors whose storage belongs to
+      :obj:`skip` or to :obj:`model` (buffers such as BatchNorm's running statistics);
+    * with ``config.resident_inputs``, tensors that need no gradient (the input batch): they
+      stay in memory anyway, so a compressed copy would add bytes, not save them;
+    * the context of gnnact's own ops (:mod:`gnnact.nn` layers in the same model): it is
+      compressed already, never twice;
+    * tensors the policy keeps exact.
 
-    These pass through uncompressed (the hook returns the tensor itself):
+    A ReLU's own output, saved by that ReLU, becomes a 1-bit mask (:obj:`relu_masks`).
 
-    * tensors that are not floating point (indices, masks) or whose dtype the quantizer does
-      not take (``float8``), sparse tensors and tensor subclasses;
-    * tensors of fewer than :obj:`min_numel` elements: per-channel statistics such as the
-      mean and :math:`1/\sigma` that BatchNorm saves. Their error reaches every gradient of
-      the layer (on a 3-layer GCN with BatchNorm, compressing them too at 2 bits raises the
-      relative gradient error from 0.4 to 1.3–1.6) while compressing them saves under
-      :math:`4 \cdot` :obj:`min_numel` bytes each;
-    * leaf tensors that require grad (parameters): they live anyway, and a compressed copy
-      would only add memory;
-    * tensors whose storage belongs to :obj:`skip`, *e.g.* the model (this also catches views
-      of parameters such as the ``weight.t()`` that :func:`~torch.nn.functional.linear`
-      saves, and buffers like BatchNorm's running statistics) and the input features, which
-      are resident in memory whatever autograd does.
+    A tensor saved by several operations (a ReLU output that the next layer saves too, the
+    input of the query, key and value projections) is compressed **once**: the copy is shared,
+    through gnnact's one cache of compressed copies (:func:`gnnact.ops.context.cached`, weak
+    references only), with every later save of the same tensor object at the same version, by
+    these hooks or by gnnact's ops, until a backward pass reads it.
 
-    A tensor saved by several operations (a ReLU output that the next layer also saves) is
-    compressed once: the pack hook keys a cache on (storage, offset, shape, stride,
-    :obj:`t._version`, dtype) and, because the caching allocator can hand a freed address to
-    a new tensor, accepts a hit only if a weak reference to the tensor that was packed still
-    points to this very tensor. The cache holds the tensor and the packed copy weakly, so it
-    never keeps memory alive by itself.
+    Each tensor gets a name, ``"<module path>:<index>"``: the innermost module of
+    :obj:`model` running when it was saved (:data:`~gnnact.compress.OUTSIDE` outside the model;
+    without :obj:`model`, the class names of the running modules) and the count of that
+    module's saves so far in the context. Policies match these names, :attr:`tensors` reports
+    by them, and :class:`gnnact.Controller` (``hooks=``) adapts the width of each
+    :class:`~gnnact.compress.Quantize`-compressed tensor by name through :attr:`bits`.
 
     The tallies count what the saved context costs, over distinct objects, since the hooks
-    were created or :meth:`reset_stats` was last called: :attr:`packed_bytes` (sum of
-    :attr:`~gnnact.quant.packed.PackedTensor.nbytes` of the packed copies created),
-    :attr:`passthrough_bytes` (distinct storages passed through, without those of
-    :obj:`skip` and of leaves that require grad: the same set of storages that
-    :func:`gnnact.memory.saved_bytes` counts with :obj:`exclude=skip`) and
-    :attr:`num_packed`. With :obj:`bits=32`, :attr:`passthrough_bytes` after one forward
-    pass equals :func:`~gnnact.memory.saved_bytes` of its output with :obj:`exclude=skip`.
+    were created or :meth:`reset_stats` was last called: :attr:`packed_bytes` (compressed
+    copies created), :attr:`passthrough_bytes` (distinct storages kept as they are, gnnact ops'
+    context included, without those of :obj:`skip`, :obj:`model` and parameters: the set
+    :func:`gnnact.memory.saved_bytes` counts with ``exclude=skip``), :attr:`num_packed`,
+    :attr:`num_shared` (saves served by an existing copy) and :attr:`bytes_by_kind`.
 
-    Only the innermost :class:`~torch.autograd.graph.saved_tensors_hooks` is active, so these
-    hooks do not compose with non-reentrant checkpointing inside the context.
+    With :func:`torch.utils.checkpoint.checkpoint` inside the context (either mode), each
+    checkpointed region's inputs are saved through these hooks and compressed (GACT's CB1);
+    what the region saves inside is kept by checkpointing (run under no grad, or through its
+    own innermost hooks) and recomputed in backward from the restored inputs, outside the
+    context.
 
     Args:
-        bits (int): bits per value, one of 1, 2, 4, 8, 16, 32 (32: no compression).
-        group_size (int, optional): values per quantization group :math:`G`.
-            (default: :obj:`512`)
-        per_row (bool, optional): one group per row of the last dimension instead of groups of
-            :obj:`group_size` consecutive values. (default: :obj:`False`)
-        backend (str, optional): quantizer backend, ``"auto"``, ``"torch"`` or ``"cupy"``.
-            (default: :obj:`"auto"`)
+        config (Config, optional): bits, grouping, backend and ``resident_inputs`` of the
+            default policy. ``Config(bits=32)`` keeps everything exact: bit-identical to no
+            hooks. (default: ``Config()``, 2 bits)
+        policy (Policy, optional): which tensors get which compressor.
+            (default: ``Policy.default_for(config, model)``, see
+            :meth:`~gnnact.compress.Policy.default_for`)
+        model (torch.nn.Module, optional): the model, for module paths in tensor names and
+            policies; its parameters and buffers pass through. (default: :obj:`None`)
         skip (Iterable[torch.Tensor or torch.nn.Module], optional): tensors, and modules (all
             their parameters and buffers), whose storages pass through uncompressed and
-            untallied. They must stay alive while the hooks are in use: they are recognized
-            by storage address. (default: :obj:`()`)
+            untallied (*e.g.* the input features). They must stay alive while the hooks are in
+            use: they are recognized by storage address. (default: :obj:`()`)
         min_numel (int, optional): tensors with fewer elements pass through.
             (default: :obj:`4096`)
+        relu_masks (bool, optional): keep what a ReLU saves of its own output as a 1-bit mask
+            :math:`[y > 0]`, all its backward reads (ActNN), instead of compressing the values:
+            rounding would zero small positive values and drop their gradient. A later op
+            that saves the same output for its values (the next layer) compresses them as
+            usual. Not with ``config.bits`` of 32. (default: :obj:`True`)
         generator (torch.Generator, optional): source of the rounding-noise seeds; by default
-            the global CPU generator, which then advances once per packed tensor (and so
-            shifts, *e.g.*, later dropout masks). (default: :obj:`None`)
+            the global CPU generator, which then advances once per compressed tensor.
+            (default: :obj:`None`)
 
     Example:
-        >>> with quantized_saved_tensors(2, skip=[model, data.x]) as hooks:
-        ...     loss = F.cross_entropy(model(data.x, data.edge_index), data.y)
+        >>> hooks = gnnact.compress_saved_tensors(gnnact.Config(bits=4), model=model,
+        ...                                       skip=[x])
+        >>> with hooks:
+        ...     loss = F.cross_entropy(model(x), y)
         >>> loss.backward()
-        >>> hooks.packed_bytes + hooks.passthrough_bytes  # saved context, in bytes
+        >>> hooks.saved_bytes  # the saved context, in bytes
     """
 
     def __init__(
         self,
-        bits: int,
-        group_size: int = 512,
+        config: Config | None = None,
         *,
-        per_row: bool = False,
-        backend: str = "auto",
-        skip: Iterable[Tensor | torch.nn.Module] = (),
+        policy: Policy | None = None,
+        model: nn.Module | None = None,
+        skip: Iterable[Tensor | nn.Module] = (),
         min_numel: int = 4096,
+        relu_masks: bool = True,
         generator: torch.Generator | None = None,
     ) -> None:
-        # Config validates bits, group_size and backend (same rules, same messages).
-        Config(bits=bits, group_size=group_size, per_row=per_row, backend=backend)
+        if config is None:
+            config = Config()
+        if not isinstance(config, Config):
+            raise TypeError(f"config must be a gnnact.Config, got {config!r}")
+        if policy is not None and not isinstance(policy, Policy):
+            raise TypeError(f"policy must be a gnnact.compress.Policy, got {policy!r}")
+        if model is not None and not isinstance(model, nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if isinstance(min_numel, bool) or not isinstance(min_numel, int) or min_numel < 0:
             raise ValueError(f"min_numel must be a non-negative int, got {min_numel!r}")
-        self.bits = bits
-        self.group_size = group_size
-        self.per_row = per_row
-        self.backend = backend
+        self.config = config
+        self.model = model
+        self.policy = policy if policy is not None else Policy.default_for(config, model)
         self.min_numel = min_numel
+        # Exact mode stays exact to the bit: no masks either.
+        self.relu_masks = relu_masks and config.bits != 32
         self.generator = generator
-        self._skip = storage_keys(skip)
-        self._cache: dict[_CacheKey, tuple[weakref.ref, weakref.ref]] = {}
+        self._relu_outputs: dict[int, weakref.ref] = {}
+        self._skip = storage_keys([*skip, *([model] if model is not None else [])])
+        self._paths = {} if model is None else {id(m): p for p, m in model.named_modules()}
+        self._stack: list[nn.Module] = []
+        self._handles: list[Any] = []
+        self.bits: dict[str, int] = {}  # tensor name -> width, set by gnnact.Controller
         self.reset_stats()
         super().__init__(self._pack, self._unpack)
 
@@ -145,83 +203,147 @@ class quantized_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         self.packed_bytes = 0
         self.passthrough_bytes = 0
         self.num_packed = 0
+        self.num_shared = 0
+        self.bytes_by_kind: dict[str, int] = {}
+        self.tensors: dict[str, SavedEntry] = {}
         self._passed: set[Any] = set()
-        # Forgetting the cache too makes a tensor still alive from an earlier step count again
-        # when a new graph saves it, as saved_bytes would count it in that graph.
-        self._cache.clear()
+        self._counts: dict[str, int] = {}
 
     @property
     def saved_bytes(self) -> int:
         """:attr:`packed_bytes` + :attr:`passthrough_bytes`."""
         return self.packed_bytes + self.passthrough_bytes
 
-    def __enter__(self) -> quantized_saved_tensors:
+    # ------------------------------------------------------------------ module tracking
+
+    def __enter__(self) -> compress_saved_tensors:
+        if self._handles:
+            raise RuntimeError("this compress_saved_tensors is already active: enter it once "
+                               "(with Controller(hooks=...), the closure must not enter it)")
+        self._counts = {}  # indices restart with every forward pass
+        self._stack = []
+        self._handles = [register_module_forward_pre_hook(self._enter_module),
+                         register_module_forward_hook(self._leave_module, always_call=True)]
         super().__enter__()
         return self
 
     def __exit__(self, *args: object) -> None:
         super().__exit__(*args)
-        # The graphs hold their packed copies; the cache is of no use outside the context.
-        self._cache.clear()
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self._stack = []
 
-    def _pack(self, t: Tensor) -> Tensor | PackedTensor:
-        if not self._compressible(t):
+    def _enter_module(self, module: nn.Module, args: Any) -> None:
+        self._stack.append(module)
+
+    def _leave_module(self, module: nn.Module, args: Any, output: Any) -> None:
+        if self._stack and self._stack[-1] is module:
+            self._stack.pop()
+
+    def _where(self) -> tuple[str, nn.Module | None]:
+        """The path and object of the innermost running module of the model."""
+        if self.model is None:
+            if not self._stack:
+                return OUTSIDE, None
+            return ".".join(type(m).__name__ for m in self._stack), self._stack[-1]
+        for module in reversed(self._stack):
+            path = self._paths.get(id(module))
+            if path is not None:
+                return path, module
+        return OUTSIDE, None
+
+    # ------------------------------------------------------------------ hooks
+
+    def _pack(self, t: Tensor) -> Any:
+        if not self._candidate(t):
             self._pass(t)
             return t
-
-        key: _CacheKey = (_storage_key(t), t.storage_offset(), tuple(t.shape), t.stride(),
-                          t._version, t.dtype)
-        hit = self._cache.get(key)
-        if hit is not None:
-            tensor_ref, packed_ref = hit
-            packed = packed_ref()
-            # The address may have been freed and reused by a new tensor: only the very same
-            # (still alive) tensor object with the same version is the same data.
-            if packed is not None and tensor_ref() is t:
-                return packed
-
+        path, module = self._where()
+        if self._relu_saves_output(t):
+            mask = ReluMask(pack_mask(t.detach() > 0), t.dtype)
+            self.num_packed += 1
+            self.packed_bytes += mask.nbytes
+            self._record(f"{path}:relu", "relu_mask", t, 1, mask.nbytes, False)
+            return mask
+        index = self._counts.get(path, 0)
+        self._counts[path] = index + 1
+        name = f"{path}:{index}"
+        compressor = self.policy.choose(name, module, t)
+        if compressor is not None and compressor.adaptive and name in self.bits:
+            compressor = compressor.with_bits(self.bits[name])
+        if compressor is None or compressor.bits == 32:
+            # (Even if an earlier op keeps a compressed copy: exact is what the policy asks.)
+            self._record(name, "exact", t, None, 0, False)
+            self._pass(t)
+            return t
+        shared = cached(t)
+        if shared is not None:
+            self.num_shared += 1
+            return shared
+        generator = noise_generator(path, str(index), t, compressor.bits or 8)
         with torch.no_grad():
-            packed = quantize(t.detach(), self.bits, self.group_size, per_row=self.per_row,
-                              generator=self.generator, backend=self.backend)
-        self.packed_bytes += packed.nbytes
+            packed = compressor.compress(t.detach(), name, generator or self.generator)
+        if isinstance(packed, PackedTensor) and packed.codes is t:  # 16 bits of a 16-bit tensor
+            self._pass(t)
+            return t
+        remember(t, compressor.fmt, packed)
         self.num_packed += 1
-
-        cache = self._cache
-
-        def forget(ref: weakref.ref, key: _CacheKey = key) -> None:
-            # Drop the entry when the tensor dies, unless a newer entry replaced it.
-            entry = cache.get(key)
-            if entry is not None and entry[0] is ref:
-                del cache[key]
-
-        self._cache[key] = (weakref.ref(t, forget), weakref.ref(packed))
+        self.packed_bytes += packed.nbytes
+        self._record(name, compressor.kind, t, compressor.bits, packed.nbytes,
+                     compressor.adaptive)
         return packed
 
-    def _unpack(self, saved: Tensor | PackedTensor) -> Tensor:
-        if isinstance(saved, PackedTensor):
-            with torch.no_grad():
-                return dequantize(saved, backend=self.backend)
-        return saved
+    def _unpack(self, saved: Any) -> Tensor:
+        if isinstance(saved, Tensor):
+            return saved
+        release(saved)  # read by a backward: its forward pass is over
+        with torch.no_grad():
+            return saved.dequantize()
 
-    def _compressible(self, t: Tensor) -> bool:
-        if self.bits == 32:  # bit-identical to no hooks: keep the tensor itself
+    def _relu_saves_output(self, t: Tensor) -> bool:
+        """Whether ``t`` is being saved by the ReLU that made it (its first save): ReLU's
+        backward reads only ``t > 0``, so a 1-bit mask restores it exactly, whereas rounding
+        would turn small positive values into zeros and drop their gradient."""
+        if not self.relu_masks or t.grad_fn is None or t.grad_fn.name() != "ReluBackward0":
             return False
-        if t.dtype not in FLOAT_DTYPES or t.layout != torch.strided:
+        key = id(t)
+        seen = self._relu_outputs.get(key)
+        if seen is not None and seen() is t:
+            return False  # a later save, by a consumer that needs the values
+        self._relu_outputs[key] = weakref.ref(t, lambda r, k=key: self._relu_outputs.pop(k, None))
+        return True
+
+    def _candidate(self, t: Tensor) -> bool:
+        """Whether ``t`` may be compressed at all (see the class docstring)."""
+        if t.dtype not in FLOAT_DTYPES or t.layout != torch.strided or t.dim() == 0:
             return False
-        if is_traceable_wrapper_subclass(t):  # its memory is in inner tensors
+        if is_traceable_wrapper_subclass(t) or t.numel() < self.min_numel:
             return False
-        if t.numel() < self.min_numel or (t.is_leaf and t.requires_grad):
+        base = t._base if t._base is not None else t
+        if base.is_leaf and base.requires_grad:  # a parameter or a view of one
             return False
-        return _storage_key(t) not in self._skip
+        if self.config.resident_inputs and not t.requires_grad:
+            return False
+        return not own_context(t) and _storage_key(t) not in self._skip
 
     def _pass(self, t: Tensor) -> None:
         """Tally the storages of a tensor that is saved as is."""
-        if t.is_leaf and t.requires_grad:  # a graph leaf: saved_bytes leaves it out too
+        base = t._base if t._base is not None else t
+        if base.is_leaf and base.requires_grad:  # saved_bytes leaves graph leaves out too
             return
         for _, _, nbytes, key in tensor_storages(t, "saved"):
             if key not in self._skip and key not in self._passed:
                 self._passed.add(key)
                 self.passthrough_bytes += nbytes
+                if t.dtype in FLOAT_DTYPES:
+                    self.bytes_by_kind["exact"] = self.bytes_by_kind.get("exact", 0) + nbytes
+
+    def _record(self, name: str, kind: str, t: Tensor, bits: int | None, nbytes: int,
+                adaptive: bool) -> None:
+        self.tensors[name] = SavedEntry(name, kind, tuple(t.shape), bits, nbytes, adaptive)
+        if nbytes:
+            self.bytes_by_kind[kind] = self.bytes_by_kind.get(kind, 0) + nbytes
 
 
 def _storage_key(t: Tensor) -> tuple[str, int | None, int]:

@@ -51,3 +51,24 @@ def test_suite_rows_summary_and_plots(tmp_path):
     assert [p.name for p in written] == ["suite_memory_accuracy_synthetic-arxiv_cpu.png",
                                          "suite_time_bits_synthetic-arxiv_cpu.png"]
     assert all(p.stat().st_size > 5_000 for p in written)
+
+
+def test_generic_rows(tmp_path, capsys):
+    pytest.importorskip("sklearn")
+    bench = _script("bench_generic")
+    out = tmp_path / "generic.jsonl"
+    assert bench.main(["--smoke", "--methods", "quantize2", "--out", str(out)]) == 0
+    assert not out.exists()
+    assert bench.main(["--parts", "bytes", "--models", "transformer", "--methods", "quantize2",
+                       "division", "--smoke", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    for method in ("fp32", "quantize2"):
+        assert f"cnn          {method:10s}" in text
+    # fp32 is always measured first: the ratios are against it, side by side.
+    assert "transformer  fp32" in text.split("transformer  quantize2")[0]
+    rows = bench.bytes_rows(bench.main.__globals__["argparse"].Namespace(
+        models=["transformer"], methods=["fp32", "quantize2"], device=bench.torch.device("cpu"),
+        smoke=True), {"commit": "x"})
+    fp32, q2 = rows
+    assert fp32["saved_ratio"] == 1.0 and q2["saved_ratio"] > 8
+    assert q2["bytes_by_kind"]["quantize"] > 0 and q2["step_ms"] > 0

@@ -29,6 +29,20 @@ with controlled noise; it must return the loss and not call ``backward``)::
         closure().backward()
         optimizer.step()
         controller.observe()               # optional: the variance alarm, reads .grad
+
+Any model, through the saved-tensor pipeline (the controller enters ``hooks`` around the
+closure for its estimates; the training step enters it the same way)::
+
+    hooks = gnnact.compress_saved_tensors(gnnact.Config(bits=2), model=model)
+    controller = gnnact.Controller(model, avg_bits=2, hooks=hooks)
+    closure = lambda: F.cross_entropy(model(x), y)
+    for step in range(steps):
+        controller.adapt(closure)
+        optimizer.zero_grad()
+        with hooks:
+            loss = closure()
+        loss.backward()
+        optimizer.step()
 """
 
 from __future__ import annotations
@@ -44,6 +58,7 @@ import torch
 from torch import Tensor, nn
 
 from gnnact.adaptive.allocator import WIDTHS, allocate, variance_factor
+from gnnact.hooks import compress_saved_tensors
 from gnnact.nn._base import _Compressed
 from gnnact.ops.context import controlled_noise
 from gnnact.quant.packed import packed_code_bytes
@@ -80,12 +95,17 @@ class Controller:
     r"""Adaptive per-tensor bit widths for a model converted by :func:`gnnact.convert`.
 
     Args:
-        model (torch.nn.Module): the converted model; its gnnact modules get a ``config.tag``
-            (their path) and, after each adaptation, their own ``bits``.
+        model (torch.nn.Module): the model; its gnnact modules (:func:`gnnact.convert`) get a
+            ``config.tag`` (their path) and, after each adaptation, their own ``bits``.
         avg_bits (float, optional): :math:`\bar b`, the average bits per compressed value.
             (default: :obj:`2.0`)
         adapt_interval (int, optional): re-estimate every this many :meth:`adapt` calls; the
             first call always estimates. (default: :obj:`100`)
+        hooks (compress_saved_tensors, optional): a saved-tensor pipeline whose
+            :class:`~gnnact.compress.Quantize`- and :class:`~gnnact.compress.Division`-compressed
+            tensors are adapted too, by name (:attr:`compress_saved_tensors.bits`); the
+            estimation passes run the closure inside it, so the closure must not enter it
+            itself. (default: :obj:`None`)
         widths (tuple[int, ...], optional): allowed widths. (default: 1 to 8)
         adapt_attention (bool, optional): also adapt GAT's attention coefficients; when
             :obj:`False` they stay at ``config.attention`` (8 bits by default, GACT's
@@ -97,6 +117,7 @@ class Controller:
     """
 
     def __init__(self, model: nn.Module, avg_bits: float = 2.0, adapt_interval: int = 100, *,
+                 hooks: compress_saved_tensors | None = None,
                  widths: tuple[int, ...] = WIDTHS, adapt_attention: bool = False,
                  samples: int = 1, alarm_ratio: float = 1.0, seed: int = 0) -> None:
         if not avg_bits >= min(widths):
@@ -106,7 +127,10 @@ class Controller:
             raise ValueError(f"adapt_interval must be a positive int, got {adapt_interval!r}")
         if samples < 1:
             raise ValueError(f"samples must be at least 1, got {samples}")
+        if hooks is not None and not isinstance(hooks, compress_saved_tensors):
+            raise TypeError(f"hooks must be a gnnact.compress_saved_tensors, got {hooks!r}")
         self.model = model
+        self.hooks = hooks
         self.avg_bits = float(avg_bits)
         self.adapt_interval = adapt_interval
         self.widths = tuple(sorted(widths))
@@ -120,8 +144,9 @@ class Controller:
                 tag = name or "<model>"  # as gnnact.convert tags it
                 module.config = dataclasses.replace(module.config, tag=tag)
                 self.modules[tag] = module
-        if not self.modules:
-            raise ValueError("model has no gnnact modules: call gnnact.convert(model) first")
+        if not self.modules and hooks is None:
+            raise ValueError("model has no gnnact modules: call gnnact.convert(model) first, or "
+                             "pass hooks=gnnact.compress_saved_tensors(...)")
         self.tensors: dict[str, CompressedTensor] = {}
         self.calls = 0
         self.adaptations = 0
@@ -141,7 +166,11 @@ class Controller:
                   perturb: tuple[str, str] | None, record: list | None = None) -> Tensor:
         torch.manual_seed(seed)  # the same dropout masks in every pass
         with controlled_noise(seed, perturb, record):
-            loss = closure()
+            if self.hooks is None:
+                loss = closure()
+            else:
+                with self.hooks:
+                    loss = closure()
         grads = torch.autograd.grad(loss, params, allow_unused=True)
         return torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1).double()
                           for g, p in zip(grads, params, strict=True)])
@@ -190,9 +219,13 @@ class Controller:
     def _discover(self, record: list) -> None:
         found: dict[str, CompressedTensor] = {}
         for tag, role, _numel, shape, bits in record:
-            if tag not in self.modules or (role == "attention" and not self.adapt_attention):
-                continue
             name = f"{tag}:{role}"
+            if tag in self.modules:
+                if role == "attention" and not self.adapt_attention:
+                    continue
+            elif (self.hooks is None or name not in self.hooks.tensors
+                  or not self.hooks.tensors[name].adaptive):
+                continue  # not compressed by this model, or a Mesa tensor (not adaptive)
             t = found.setdefault(name, CompressedTensor(name, tag, role, bits=bits))
             t.shapes.append(shape)
         for name, t in found.items():  # keep what is known across re-discoveries
@@ -211,6 +244,10 @@ class Controller:
                         self.avg_bits, self.widths)
         for t, b in zip(tensors, bits, strict=True):
             t.bits = b
+            if t.module not in self.modules:  # a tensor of the saved-tensor pipeline
+                assert self.hooks is not None
+                self.hooks.bits[t.name] = b
+                continue
             module = self.modules[t.module]
             key = "attention_bits" if t.role == "attention" else "bits"
             module.config = dataclasses.replace(module.config, **{key: b})
@@ -275,7 +312,8 @@ class Controller:
         quantization), numel, sensitivity, bits, bytes."""
         rows = []
         for t in self.tensors.values():
-            group = self.modules[t.module].config.group_size
+            module = self.modules.get(t.module)
+            group = (module.config if module is not None else self.hooks.config).group_size
             rows.append({"name": t.name, "module": t.module, "role": t.role,
                          "shape": t.shapes[0] if t.shapes else (), "numel": t.numel,
                          "sensitivity": t.sensitivity, "bits": t.bits,

@@ -45,6 +45,7 @@ import contextlib
 import weakref
 import zlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -55,16 +56,57 @@ from gnnact.quant import PackedMask, PackedTensor, quantize, unpack_mask
 from gnnact.quant.mixed import MixedPackedTensor, allocate_rows, quantize_rows
 from gnnact.quant.packed import BYTE_ALIGNED_BITS, QUANT_BITS
 
-__all__ = ["apply_mask", "controlled_noise", "derive", "input_bits", "load_context",
-           "per_node_quantize", "records_graph", "save_context", "shared_quantize", "transient"]
+__all__ = ["apply_mask", "cached", "controlled_noise", "derive", "input_bits", "load_context",
+           "noise_generator", "own_context", "per_node_quantize", "records_graph", "release",
+           "remember", "save_context", "shared_quantize", "transient"]
 
-# id(tensor) -> (weakref to the tensor, its _version, format, weakrefs to the packed tensors,
-# the packed class and its metadata). Weak references only: the cache never keeps anything alive;
-# the packed tensors live exactly as long as autograd keeps them for some backward.
-_CACHE: dict[int, tuple] = {}
+# _cache_key(tensor) -> (weakref to the tensor or the base it views, its _version, format,
+# weakrefs to the packed tensors, the packed class and its metadata). Weak references only: the
+# cache never keeps anything alive; the packed tensors live exactly as long as autograd keeps
+# them for some backward.
+_CACHE: dict[tuple, tuple] = {}
 
 
-def _forget(key: int, ref: weakref.ref) -> None:
+def _cache_key(x: Tensor) -> tuple[tuple, Tensor]:
+    """The key of ``x`` and the object whose identity it rests on: the tensor ``x`` views
+    (``x`` itself if it is no view) plus where ``x`` lies in it. A contiguous ``x`` is keyed
+    by its offset and length only, whatever its shape: ops often save a fresh view of the same
+    data once per consumer (:func:`~torch.nn.functional.linear` flattens a 3-D input, a batched
+    matmul a 4-D attention map), and all such views hold the same values in the same order."""
+    base = x._base if x._base is not None else x
+    if x.is_contiguous():
+        return (id(base), (x.storage_offset(), x.numel(), x.dtype)), base
+    return (id(base), (x.storage_offset(), tuple(x.shape), x.stride(), x.dtype)), base
+
+
+@dataclass(frozen=True)
+class Reshaped:
+    """A shared compressed copy restored in the shape of another view of the same data."""
+
+    inner: Any
+    shape: torch.Size
+
+    def tensors(self) -> tuple[Tensor, ...]:
+        return self.inner.tensors()
+
+    @property
+    def meta(self) -> tuple:
+        return (type(self.inner), self.inner.meta, self.shape)
+
+    @classmethod
+    def from_parts(cls, tensors: tuple[Tensor, ...], meta: tuple) -> Reshaped:
+        inner_cls, inner_meta, shape = meta
+        return cls(inner_cls.from_parts(tensors, inner_meta), shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.inner.nbytes
+
+    def dequantize(self) -> Tensor:
+        return self.inner.dequantize().reshape(self.shape)
+
+
+def _forget(key: tuple, ref: weakref.ref) -> None:
     entry = _CACHE.get(key)
     if entry is not None and entry[0] is ref:
         del _CACHE[key]
@@ -189,16 +231,16 @@ class _NoiseControl:
         self.seed, self.perturb, self.record = seed, perturb, record
         self.calls: dict[tuple[str | None, str], int] = {}
 
-    def generator(self, x: Tensor, bits: int, config: Config, role: str) -> torch.Generator:
-        key = (config.tag, role)
+    def generator(self, tag: str | None, role: str, x: Tensor, bits: int) -> torch.Generator:
+        key = (tag, role)
         index = self.calls.get(key, 0)
         self.calls[key] = index + 1
         if self.record is not None:
-            self.record.append((config.tag, role, x.numel(), tuple(x.shape), bits))
+            self.record.append((tag, role, x.numel(), tuple(x.shape), bits))
         # The seed depends only on (pass seed, tensor name, role, call index) and on whether
         # this is the tensor being perturbed: every other tensor rounds exactly as in the
         # unperturbed pass.
-        word = zlib.crc32(f"{config.tag}|{role}|{index}".encode())
+        word = zlib.crc32(f"{tag}|{role}|{index}".encode())
         seed = (self.seed * 0x9E3779B1 + word) % (2**63 - 1)
         if key == self.perturb:
             seed = (seed + 0x632BE59BD9B4E019) % (2**63 - 1)
@@ -206,6 +248,12 @@ class _NoiseControl:
 
 
 _NOISE: _NoiseControl | None = None
+
+
+def noise_generator(tag: str | None, role: str, x: Tensor, bits: int) -> torch.Generator | None:
+    """The generator of tensor ``(tag, role)``'s rounding noise inside
+    :func:`controlled_noise` (which also records the quantization), else ``None``."""
+    return None if _NOISE is None else _NOISE.generator(tag, role, x, bits)
 
 
 @contextlib.contextmanager
@@ -259,27 +307,71 @@ def shared_quantize(x: Tensor, bits: int, config: Config,
     ``config.per_node``), sharing one copy per tensor. ``role`` names the tensor within its
     module for :func:`controlled_noise` and per-node precision."""
     fmt = (bits, config.group_size, config.per_row, config.per_node, config.backend)
-    key = id(x)
-    entry = _CACHE.get(key)
-    if entry is not None:
-        ref, version, cached_fmt, refs, cls, meta = entry
-        parts = tuple(r() for r in refs)
-        if (ref() is x and version == x._version and cached_fmt == fmt
-                and all(t is not None for t in parts)):
-            return cls.from_parts(parts, meta)
-    generator = None
-    if _NOISE is not None and bits <= 8:
-        generator = _NOISE.generator(x, bits, config, role)
+    packed = cached(x, fmt)
+    if packed is not None:
+        return packed
+    generator = noise_generator(config.tag, role, x, bits) if bits <= 8 else None
     if config.per_node and bits <= 8 and x.dim() == 2 and x.size(0) > 1:
         packed = per_node_quantize(x, bits, config, role, generator)
     else:
         packed = quantize(x, bits, config.group_size, per_row=config.per_row,
                           generator=generator, backend=config.backend)
     if not packed.is_passthrough:
-        x_ref = weakref.ref(x, lambda r, k=key: _forget(k, r))
-        refs = tuple(weakref.ref(t) for t in packed.tensors())
-        _CACHE[key] = (x_ref, x._version, fmt, refs, type(packed), packed.meta)
+        remember(x, fmt, packed)
     return packed
+
+
+def cached(x: Tensor, fmt: tuple | None = None) -> Any:
+    """The packed copy of this very tensor object (or the same view of the same tensor), at its
+    current version, that
+    :func:`remember` holds in format ``fmt`` (any format when ``None``), or ``None``. The one
+    cache of gnnact's ops and of :class:`gnnact.compress_saved_tensors`: a tensor both save is
+    compressed once."""
+    key, owner = _cache_key(x)
+    entry = _CACHE.get(key)
+    if entry is None:
+        return None
+    ref, version, cached_fmt, refs, cls, meta = entry
+    parts = tuple(r() for r in refs)
+    if (ref() is not owner or version != x._version or (fmt is not None and cached_fmt != fmt)
+            or any(t is None for t in parts)):
+        return None
+    packed = cls.from_parts(parts, meta)
+    return packed if packed.shape == x.shape else Reshaped(packed, x.shape)
+
+
+def remember(x: Tensor, fmt: tuple, packed: Any) -> None:
+    """Share ``packed`` (anything with ``tensors()``, ``meta`` and ``from_parts``) as the copy
+    of ``x`` in format ``fmt`` until a backward pass reads it (:func:`release`), ``x`` changes
+    or dies, or the packed tensors die. Only weak references are held."""
+    key, owner = _cache_key(x)
+    x_ref = weakref.ref(owner, lambda r, k=key: _forget(k, r))
+    refs = tuple(weakref.ref(t) for t in packed.tensors())
+    _CACHE[key] = (x_ref, x._version, fmt, refs, type(packed), packed.meta)
+
+
+def release(packed: Any) -> None:
+    """Stop sharing ``packed``: a backward pass has read it, so its forward pass is over."""
+    _release(packed.tensors()[0])
+
+
+# id(tensor) -> weakref: the tensors save_context handed to autograd (already compressed, or
+# kept as is on purpose). Autograd packs them after the op's forward returns, through whatever
+# saved-tensor hooks are active; a pipeline around gnnact's ops asks own_context.
+_OWN: dict[int, weakref.ref] = {}
+
+
+def _forget_own(key: int, ref: weakref.ref) -> None:
+    if _OWN.get(key) is ref:
+        del _OWN[key]
+
+
+def own_context(t: Tensor) -> bool:
+    """Whether ``t`` is context a gnnact op keeps, already compressed or deliberately kept as
+    is: :class:`gnnact.compress_saved_tensors` passes it through instead of compressing it
+    again."""
+    ref = _OWN.get(id(t))
+    return ref is not None and ref() is t
 
 
 Entry = (tuple[Tensor | None, int] | tuple[Tensor | None, int, str] | PackedTensor | PackedMask
@@ -328,6 +420,10 @@ def save_context(ctx: Any, config: Config, *items: Entry) -> None:
             parts = item.tensors()
             slots.append(("packed", len(tensors), len(parts), type(item), item.meta))
             tensors.extend(parts)
+    for t in tensors:
+        key = id(t)
+        if key not in _OWN or _OWN[key]() is not t:
+            _OWN[key] = weakref.ref(t, lambda r, k=key: _forget_own(k, r))
     ctx.save_for_backward(*tensors)
     ctx.gnnact_slots = slots
 

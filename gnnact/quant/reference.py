@@ -34,7 +34,8 @@ from torch import Tensor
 from gnnact.quant.packed import packed_code_bytes
 from gnnact.quant.rng import seeded_uniform
 
-__all__ = ["dequantize_groups", "pack_mask_bits", "quantize_groups", "unpack_mask_bits"]
+__all__ = ["dequantize_groups", "pack_codes", "pack_mask_bits", "quantize_groups",
+           "unpack_mask_bits"]
 
 
 def _bit_shifts(bits: int, device: torch.device) -> Tensor:
@@ -97,10 +98,16 @@ def quantize_groups(x: Tensor, bits: int, group_size: int, *, seed: int | None =
     q = torch.nan_to_num_(q, nan=0.0).clamp_(0, levels)
     if pad:
         q.view(-1)[n:] = 0
+    return pack_codes(q, bits), scale, zero
 
+
+def pack_codes(q: Tensor, bits: int) -> Tensor:
+    """Codes ``q [n_g, G]`` (integral float32 values in :math:`[0, 2^b - 1]`) bit-packed per
+    group: ``uint8 [n_g, ceil(G b / 8)]``, the layout :func:`dequantize_groups` reads."""
+    num_groups, group_size = q.shape
     bytes_per_group = packed_code_bytes(group_size, bits)
     if 8 % bits:
-        return _pack_stream(q, bits, bytes_per_group), scale, zero
+        return _pack_stream(q, bits, bytes_per_group)
     per_byte = 8 // bits
     width = bytes_per_group * per_byte
     if width != group_size:
@@ -108,10 +115,9 @@ def quantize_groups(x: Tensor, bits: int, group_size: int, *, seed: int | None =
     if bits != 8:
         # byte = sum_k q_k 2^(k b): a float32 mat-vec with powers of two is exact (integers
         # below 256, exact even in TF32) and runs on every device, unlike integer matmul.
-        weights = torch.exp2(_bit_shifts(bits, x.device).to(torch.float32))
-        q = q.view(num_groups * bytes_per_group, per_byte) @ weights
-    codes = q.view(num_groups, bytes_per_group).to(torch.uint8)
-    return codes, scale, zero
+        weights = torch.exp2(_bit_shifts(bits, q.device).to(torch.float32))
+        q = q.reshape(num_groups * bytes_per_group, per_byte) @ weights
+    return q.reshape(num_groups, bytes_per_group).to(torch.uint8)
 
 
 def dequantize_groups(codes: Tensor, scales: Tensor, zeros: Tensor, bits: int, group_size: int,
