@@ -9,7 +9,8 @@ Two parts, each a set of result rows in ``benchmarks/results/generic.jsonl``:
   figure is the autograd-graph walk), median step time and, on a GPU, peak step memory, each
   with its ratio to fp32 measured side by side in the same run.
 * ``digits``: full training on scikit-learn's bundled 8x8 digits (no download), test accuracy
-  and final training loss, mean ± std over seeds.
+  and final training loss, mean ± std over seeds, and the saved context of one 128-image
+  step.
 
 Methods: ``fp32`` (no hooks), ``quantize4``/``quantize2`` (per-group stochastic quantization on
 every tensor), ``mesa`` (8 bits, head-wise, running ranges), ``division`` (8-block LFC in fp16 +
@@ -139,7 +140,7 @@ def digits_rows(args: argparse.Namespace, env: dict) -> list[dict]:
     epochs = 2 if args.smoke else args.epochs
     seeds = args.seeds[:1] if args.smoke else args.seeds
     for name in args.models:
-        base_acc = None
+        base_acc, base_saved = None, 0
         for method in args.methods:
             accs, losses, secs = [], [], []
             for seed in seeds:
@@ -148,6 +149,11 @@ def digits_rows(args: argparse.Namespace, env: dict) -> list[dict]:
                          else Transformer()).to(args.device)
                 optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
                 hooks = hooks_for(method, model, x)
+                # The saved context of one 128-image step, before training.
+                first = loss_step(model, x[:128], y[:128], hooks)
+                saved = (saved_bytes(first, exclude=[model, x]) if hooks is None
+                         else hooks.saved_bytes)
+                del first
                 start = time.perf_counter()
                 for _epoch in range(epochs):
                     model.train()
@@ -167,16 +173,18 @@ def digits_rows(args: argparse.Namespace, env: dict) -> list[dict]:
                 losses.append(statistics.mean(epoch_losses))
             mean = statistics.mean(accs)
             if method == "fp32":
-                base_acc = mean
+                base_acc, base_saved = mean, saved
             row = {"bench": "generic", "part": "digits", **env, "model": name,
                    "method": method, "seeds": seeds, "epochs": epochs, "test_acc": accs,
                    "mean": mean, "std": statistics.stdev(accs) if len(accs) > 1 else 0.0,
                    "delta_vs_fp32": None if base_acc is None else mean - base_acc,
+                   "saved_bytes": saved,
+                   "saved_ratio": None if base_acc is None else base_saved / saved,
                    "final_train_loss": statistics.mean(losses),
                    "train_s": statistics.mean(secs)}
             rows.append(row)
             print(f"{name:12s} {method:10s} acc {mean:6.2f} ± {row['std']:4.2f}  final loss "
-                  f"{row['final_train_loss']:.4f}", flush=True)
+                  f"{row['final_train_loss']:.4f}  saved {saved / 1e6:.2f} MB", flush=True)
     return rows
 
 

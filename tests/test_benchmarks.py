@@ -59,6 +59,11 @@ def test_generic_rows(tmp_path, capsys):
     out = tmp_path / "generic.jsonl"
     assert bench.main(["--smoke", "--methods", "quantize2", "--out", str(out)]) == 0
     assert not out.exists()
+    assert bench.main(["--parts", "digits", "--models", "transformer", "--methods", "quantize2",
+                       "--epochs", "1", "--seeds", "0", "--out", str(out)]) == 0
+    fp32, q2 = (json.loads(line) for line in out.read_text().splitlines())
+    assert fp32["saved_ratio"] == 1.0 and q2["saved_ratio"] > 5 and q2["epochs"] == 1
+    assert 0 <= q2["mean"] <= 100 and q2["commit"]
     assert bench.main(["--parts", "bytes", "--models", "transformer", "--methods", "quantize2",
                        "division", "--smoke", "--out", str(out)]) == 0
     text = capsys.readouterr().out
