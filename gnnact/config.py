@@ -43,6 +43,12 @@ class Config:
         tag (str, optional): the name this module's compressed tensors go by (its path in the
             model), for per-node precision and :class:`gnnact.Controller`; set by
             :func:`gnnact.convert`. (default: :obj:`None`)
+        offload (bool, optional): in :class:`gnnact.compress_saved_tensors`, move the
+            compressed context (gnnact layers' included) to pinned host memory during forward
+            and prefetch it back during backward (:mod:`gnnact.swap`). CUDA tensors only; a
+            no-op on the CPU. (default: :obj:`False`)
+        prefetch_depth (int, optional): with :obj:`offload`, how many saved items backward
+            copies in ahead of the one it reads. (default: :obj:`1`)
     """
 
     bits: int = 2
@@ -53,6 +59,8 @@ class Config:
     resident_inputs: bool = True
     per_node: bool = False
     tag: str | None = None
+    offload: bool = False
+    prefetch_depth: int = 1
 
     def __post_init__(self) -> None:
         for name in ("bits", "attention_bits"):
@@ -65,7 +73,11 @@ class Config:
         if isinstance(self.group_size, bool) or not isinstance(self.group_size, int) or (
                 self.group_size <= 0):
             raise ValueError(f"Config.group_size must be a positive int, got {self.group_size!r}")
-        for name in ("resident_inputs", "per_node"):
+        if isinstance(self.prefetch_depth, bool) or not isinstance(self.prefetch_depth, int) or (
+                self.prefetch_depth < 0):
+            raise ValueError(f"Config.prefetch_depth must be a non-negative int, got "
+                             f"{self.prefetch_depth!r}")
+        for name in ("resident_inputs", "per_node", "offload"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"Config.{name} must be a bool, got {getattr(self, name)!r}")
         if self.tag is not None and not isinstance(self.tag, str):

@@ -10,8 +10,9 @@ needs it. The forward pass itself stays exact. Which compressor a tensor gets is
 
 from __future__ import annotations
 
+import functools
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,11 +27,39 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from gnnact.compress import OUTSIDE, Policy
 from gnnact.config import Config
 from gnnact.memory import storage_keys, tensor_storages
-from gnnact.ops.context import cached, noise_generator, own_context, release, remember
+from gnnact.ops.context import (
+    cache_key,
+    cached,
+    noise_generator,
+    own_context,
+    release,
+    remember,
+)
 from gnnact.quant import PackedMask, PackedTensor, pack_mask, unpack_mask
 from gnnact.quant.core import FLOAT_DTYPES
+from gnnact.swap import Offloader, Swapped
 
 __all__ = ["SavedEntry", "compress_saved_tensors"]
+
+
+@dataclass(frozen=True)
+class _SharedSwap:
+    """An offloaded copy read back in the shape of another view of the same data."""
+
+    item: Swapped
+    shape: torch.Size
+
+
+def _as_tensor(parts: tuple[Tensor, ...]) -> Tensor:
+    return parts[0]
+
+
+def _from_parts(cls: type, meta: tuple, parts: tuple[Tensor, ...]) -> Any:
+    return cls.from_parts(parts, meta)
+
+
+def _relu_mask(shape: torch.Size, dtype: torch.dtype, parts: tuple[Tensor, ...]) -> ReluMask:
+    return ReluMask(PackedMask(parts[0], shape), dtype)
 
 
 @dataclass(frozen=True)
@@ -102,6 +131,13 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
 
     A ReLU's own output, saved by that ReLU, becomes a 1-bit mask (:obj:`relu_masks`).
 
+    With ``config.offload`` every CUDA tensor the pipeline compresses, and the context of
+    gnnact's ops (already compressed), is moved to pinned host memory during forward and
+    prefetched back ``config.prefetch_depth`` items ahead during backward (:mod:`gnnact.swap`,
+    which states the stream-ordering invariants); :attr:`offloaded_bytes` counts what left the
+    device. Pass the input features in :obj:`skip`: kept by reference, they are not offloaded.
+    On the CPU nothing moves.
+
     A tensor saved by several operations (a ReLU output that the next layer saves too, the
     input of the query, key and value projections) is compressed **once**: the copy is shared,
     through gnnact's one cache of compressed copies (:func:`gnnact.ops.context.cached`, weak
@@ -120,7 +156,8 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
     copies created), :attr:`passthrough_bytes` (distinct storages kept as they are, gnnact ops'
     context included, without those of :obj:`skip`, :obj:`model` and parameters: the set
     :func:`gnnact.memory.saved_bytes` counts with ``exclude=skip``), :attr:`num_packed`,
-    :attr:`num_shared` (saves served by an existing copy) and :attr:`bytes_by_kind`.
+    :attr:`num_shared` (saves served by an existing copy), :attr:`bytes_by_kind` and
+    :attr:`offloaded_bytes`.
 
     With :func:`torch.utils.checkpoint.checkpoint` inside the context (either mode), each
     checkpointed region's inputs are saved through these hooks and compressed (GACT's CB1);
@@ -190,6 +227,9 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         self.relu_masks = relu_masks and config.bits != 32
         self.generator = generator
         self._relu_outputs: dict[int, weakref.ref] = {}
+        self._offloaders: dict[torch.device, Offloader] = {}
+        # cache key -> (weakref to the owner, its version, weakref to the Swapped item)
+        self._swapped: dict[tuple, tuple] = {}
         self._skip = storage_keys([*skip, *([model] if model is not None else [])])
         self._paths = {} if model is None else {id(m): p for p, m in model.named_modules()}
         self._stack: list[nn.Module] = []
@@ -204,6 +244,7 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         self.passthrough_bytes = 0
         self.num_packed = 0
         self.num_shared = 0
+        self.offloaded_bytes = 0
         self.bytes_by_kind: dict[str, int] = {}
         self.tensors: dict[str, SavedEntry] = {}
         self._passed: set[Any] = set()
@@ -221,6 +262,8 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
             raise RuntimeError("this compress_saved_tensors is already active: enter it once "
                                "(with Controller(hooks=...), the closure must not enter it)")
         self._counts = {}  # indices restart with every forward pass
+        for offloader in self._offloaders.values():
+            offloader.new_pass()
         self._stack = []
         self._handles = [register_module_forward_pre_hook(self._enter_module),
                          register_module_forward_hook(self._leave_module, always_call=True)]
@@ -258,6 +301,9 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
     def _pack(self, t: Tensor) -> Any:
         if not self._candidate(t):
             self._pass(t)
+            if self.config.offload and own_context(t) and _storage_key(t) not in self._skip:
+                # gnnact ops' context, compressed already: offloaded like the pipeline's own
+                return self._swap(t, (t,), _as_tensor)
             return t
         path, module = self._where()
         if self._relu_saves_output(t):
@@ -265,6 +311,9 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
             self.num_packed += 1
             self.packed_bytes += mask.nbytes
             self._record(f"{path}:relu", "relu_mask", t, 1, mask.nbytes, False)
+            if self.config.offload and t.is_cuda:
+                return self._swap(t, mask.tensors(), functools.partial(
+                    _relu_mask, mask.shape, t.dtype), share=False)
             return mask
         index = self._counts.get(path, 0)
         self._counts[path] = index + 1
@@ -277,7 +326,9 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
             self._record(name, "exact", t, None, 0, False)
             self._pass(t)
             return t
-        shared = cached(t)
+        shared = self._shared_swap(t) if self.config.offload else None
+        if shared is None:
+            shared = cached(t)
         if shared is not None:
             self.num_shared += 1
             return shared
@@ -287,19 +338,63 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         if isinstance(packed, PackedTensor) and packed.codes is t:  # 16 bits of a 16-bit tensor
             self._pass(t)
             return t
-        remember(t, compressor.fmt, packed)
         self.num_packed += 1
         self.packed_bytes += packed.nbytes
         self._record(name, compressor.kind, t, compressor.bits, packed.nbytes,
                      compressor.adaptive)
+        if self.config.offload and t.is_cuda:
+            return self._swap(t, packed.tensors(), functools.partial(
+                _from_parts, type(packed), packed.meta))
+        remember(t, compressor.fmt, packed)
         return packed
 
     def _unpack(self, saved: Any) -> Tensor:
-        if isinstance(saved, Tensor):
-            return saved
-        release(saved)  # read by a backward: its forward pass is over
-        with torch.no_grad():
-            return saved.dequantize()
+        shape = None
+        if isinstance(saved, _SharedSwap):
+            saved, shape = saved.item, saved.shape
+        if isinstance(saved, Swapped):
+            saved = self._offloaders[saved.device].fetch(saved)
+        elif not isinstance(saved, Tensor):
+            release(saved)  # read by a backward: its forward pass is over
+        if not isinstance(saved, Tensor):
+            with torch.no_grad():
+                saved = saved.dequantize()
+        return saved if shape is None else saved.reshape(shape)
+
+    # ------------------------------------------------------------------ offload
+
+    def _swap(self, t: Tensor, tensors: tuple[Tensor, ...],
+              rebuild: Callable[[tuple[Tensor, ...]], Any], share: bool = True) -> Any:
+        """Offload ``tensors``, what keeps ``t`` for backward, to pinned host memory (CUDA
+        only; on the CPU ``rebuild(tensors)`` is kept as is). With ``share``, one host copy
+        serves every save of ``t`` (not for a ReLU mask: later saves need the values)."""
+        if not t.is_cuda or not all(x.is_contiguous() for x in tensors):
+            return rebuild(tensors)
+        shared = self._shared_swap(t) if share else None
+        if shared is not None:
+            return shared
+        offloader = self._offloaders.get(t.device)
+        if offloader is None:
+            offloader = self._offloaders[t.device] = Offloader(t.device,
+                                                               self.config.prefetch_depth)
+            offloader.new_pass()
+        item = offloader.offload(tensors, rebuild, t.shape)
+        self.offloaded_bytes += item.nbytes
+        if share:
+            key, owner = cache_key(t)
+            self._swapped[key] = (weakref.ref(owner), t._version, weakref.ref(item))
+        return item
+
+    def _shared_swap(self, t: Tensor) -> Any:
+        """The host copy already made for this tensor (or another view of its data)."""
+        key, owner = cache_key(t)
+        entry = self._swapped.get(key)
+        if entry is None or entry[0]() is not owner or entry[1] != t._version:
+            return None
+        item = entry[2]()
+        if item is None:
+            return None
+        return item if item.shape == t.shape else _SharedSwap(item, t.shape)
 
     def _relu_saves_output(self, t: Tensor) -> bool:
         """Whether ``t`` is being saved by the ReLU that made it (its first save): ReLU's

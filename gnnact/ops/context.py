@@ -56,18 +56,18 @@ from gnnact.quant import PackedMask, PackedTensor, quantize, unpack_mask
 from gnnact.quant.mixed import MixedPackedTensor, allocate_rows, quantize_rows
 from gnnact.quant.packed import BYTE_ALIGNED_BITS, QUANT_BITS
 
-__all__ = ["apply_mask", "cached", "controlled_noise", "derive", "input_bits", "load_context",
-           "noise_generator", "own_context", "per_node_quantize", "records_graph", "release",
-           "remember", "save_context", "shared_quantize", "transient"]
+__all__ = ["apply_mask", "cache_key", "cached", "controlled_noise", "derive", "input_bits",
+           "load_context", "noise_generator", "own_context", "per_node_quantize", "records_graph",
+           "release", "remember", "save_context", "shared_quantize", "transient"]
 
-# _cache_key(tensor) -> (weakref to the tensor or the base it views, its _version, format,
+# cache_key(tensor) -> (weakref to the tensor or the base it views, its _version, format,
 # weakrefs to the packed tensors, the packed class and its metadata). Weak references only: the
 # cache never keeps anything alive; the packed tensors live exactly as long as autograd keeps
 # them for some backward.
 _CACHE: dict[tuple, tuple] = {}
 
 
-def _cache_key(x: Tensor) -> tuple[tuple, Tensor]:
+def cache_key(x: Tensor) -> tuple[tuple, Tensor]:
     """The key of ``x`` and the object whose identity it rests on: the tensor ``x`` views
     (``x`` itself if it is no view) plus where ``x`` lies in it. A contiguous ``x`` is keyed
     by its offset and length only, whatever its shape: ops often save a fresh view of the same
@@ -327,7 +327,7 @@ def cached(x: Tensor, fmt: tuple | None = None) -> Any:
     :func:`remember` holds in format ``fmt`` (any format when ``None``), or ``None``. The one
     cache of gnnact's ops and of :class:`gnnact.compress_saved_tensors`: a tensor both save is
     compressed once."""
-    key, owner = _cache_key(x)
+    key, owner = cache_key(x)
     entry = _CACHE.get(key)
     if entry is None:
         return None
@@ -344,7 +344,7 @@ def remember(x: Tensor, fmt: tuple, packed: Any) -> None:
     """Share ``packed`` (anything with ``tensors()``, ``meta`` and ``from_parts``) as the copy
     of ``x`` in format ``fmt`` until a backward pass reads it (:func:`release`), ``x`` changes
     or dies, or the packed tensors die. Only weak references are held."""
-    key, owner = _cache_key(x)
+    key, owner = cache_key(x)
     x_ref = weakref.ref(owner, lambda r, k=key: _forget(k, r))
     refs = tuple(weakref.ref(t) for t in packed.tensors())
     _CACHE[key] = (x_ref, x._version, fmt, refs, type(packed), packed.meta)
