@@ -9,6 +9,7 @@ from gnnact.adaptive import Controller
 from gnnact.config import Config
 from gnnact.hooks import compress_saved_tensors
 from gnnact.nn import convert
+from gnnact.planner import plan
 from gnnact.quant import (
     PackedMask,
     PackedTensor,
@@ -35,6 +36,7 @@ __all__ = [
     "nn",
     "ops",
     "pack_mask",
+    "plan",
     "quantize",
     "unpack_mask",
 ]

@@ -91,6 +91,7 @@ class SavedEntry:
     bits: int | None
     nbytes: int
     adaptive: bool  # whether gnnact.Controller may change its width
+    raw_bytes: int = 0  # the tensor's own size
 
 
 class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
@@ -129,7 +130,8 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
       compressed already, never twice;
     * tensors the policy keeps exact.
 
-    A ReLU's own output, saved by that ReLU, becomes a 1-bit mask (:obj:`relu_masks`).
+    A :class:`~torch.nn.ReLU` module's own output, saved by that module, becomes a 1-bit mask
+    (:obj:`relu_masks`).
 
     With ``config.offload`` every CUDA tensor the pipeline compresses, and the context of
     gnnact's ops (already compressed), is moved to pinned host memory during forward and
@@ -180,11 +182,16 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
             use: they are recognized by storage address. (default: :obj:`()`)
         min_numel (int, optional): tensors with fewer elements pass through.
             (default: :obj:`4096`)
-        relu_masks (bool, optional): keep what a ReLU saves of its own output as a 1-bit mask
-            :math:`[y > 0]`, all its backward reads (ActNN), instead of compressing the values:
-            rounding would zero small positive values and drop their gradient. A later op
-            that saves the same output for its values (the next layer) compresses them as
-            usual. Not with ``config.bits`` of 32. (default: :obj:`True`)
+        relu_masks (bool, optional): keep what a :class:`~torch.nn.ReLU` module saves of its
+            own output as a 1-bit mask :math:`[y > 0]`, all its backward reads (ActNN),
+            instead of compressing the values: rounding would zero small positive values and
+            drop their gradient. A later op that saves the same output for its values (the
+            next layer) compresses them as usual. (``F.relu`` calls inside other modules are
+            not told apart from their consumers: their outputs are compressed as values.) Not
+            with ``config.bits`` of 32. (default: :obj:`True`)
+        offload_paths (Iterable[str], optional): module paths whose tensors (and their
+            submodules') are offloaded as with ``config.offload``, which offloads all.
+            (default: :obj:`()`)
         generator (torch.Generator, optional): source of the rounding-noise seeds; by default
             the global CPU generator, which then advances once per compressed tensor.
             (default: :obj:`None`)
@@ -207,6 +214,7 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         skip: Iterable[Tensor | nn.Module] = (),
         min_numel: int = 4096,
         relu_masks: bool = True,
+        offload_paths: Iterable[str] = (),
         generator: torch.Generator | None = None,
     ) -> None:
         if config is None:
@@ -223,10 +231,10 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         self.model = model
         self.policy = policy if policy is not None else Policy.default_for(config, model)
         self.min_numel = min_numel
+        self.offload_paths = tuple(offload_paths)
         # Exact mode stays exact to the bit: no masks either.
         self.relu_masks = relu_masks and config.bits != 32
         self.generator = generator
-        self._relu_outputs: dict[int, weakref.ref] = {}
         self._offloaders: dict[torch.device, Offloader] = {}
         # cache key -> (weakref to the owner, its version, weakref to the Swapped item)
         self._swapped: dict[tuple, tuple] = {}
@@ -301,23 +309,24 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
     def _pack(self, t: Tensor) -> Any:
         if not self._candidate(t):
             self._pass(t)
-            if self.config.offload and own_context(t) and _storage_key(t) not in self._skip:
+            if (own_context(t) and self._offloads(self._where()[0])
+                    and _storage_key(t) not in self._skip):
                 # gnnact ops' context, compressed already: offloaded like the pipeline's own
                 return self._swap(t, (t,), _as_tensor)
             return t
         path, module = self._where()
+        index = self._counts.get(path, 0)
+        self._counts[path] = index + 1
+        name = f"{path}:{index}"
         if self._relu_saves_output(t):
             mask = ReluMask(pack_mask(t.detach() > 0), t.dtype)
             self.num_packed += 1
             self.packed_bytes += mask.nbytes
-            self._record(f"{path}:relu", "relu_mask", t, 1, mask.nbytes, False)
-            if self.config.offload and t.is_cuda:
+            self._record(name, "relu_mask", t, 1, mask.nbytes, False)
+            if self._offloads(path) and t.is_cuda:
                 return self._swap(t, mask.tensors(), functools.partial(
                     _relu_mask, mask.shape, t.dtype), share=False)
             return mask
-        index = self._counts.get(path, 0)
-        self._counts[path] = index + 1
-        name = f"{path}:{index}"
         compressor = self.policy.choose(name, module, t)
         if compressor is not None and compressor.adaptive and name in self.bits:
             compressor = compressor.with_bits(self.bits[name])
@@ -326,7 +335,7 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
             self._record(name, "exact", t, None, 0, False)
             self._pass(t)
             return t
-        shared = self._shared_swap(t) if self.config.offload else None
+        shared = self._shared_swap(t) if self._swapped else None
         if shared is None:
             shared = cached(t)
         if shared is not None:
@@ -342,7 +351,7 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         self.packed_bytes += packed.nbytes
         self._record(name, compressor.kind, t, compressor.bits, packed.nbytes,
                      compressor.adaptive)
-        if self.config.offload and t.is_cuda:
+        if self._offloads(path) and t.is_cuda:
             return self._swap(t, packed.tensors(), functools.partial(
                 _from_parts, type(packed), packed.meta))
         remember(t, compressor.fmt, packed)
@@ -362,6 +371,11 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         return saved if shape is None else saved.reshape(shape)
 
     # ------------------------------------------------------------------ offload
+
+    def _offloads(self, path: str) -> bool:
+        """Whether the tensors of module ``path`` go to host memory."""
+        return self.config.offload or any(path == p or path.startswith(p + ".")
+                                          for p in self.offload_paths)
 
     def _swap(self, t: Tensor, tensors: tuple[Tensor, ...],
               rebuild: Callable[[tuple[Tensor, ...]], Any], share: bool = True) -> Any:
@@ -397,17 +411,14 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         return item if item.shape == t.shape else _SharedSwap(item, t.shape)
 
     def _relu_saves_output(self, t: Tensor) -> bool:
-        """Whether ``t`` is being saved by the ReLU that made it (its first save): ReLU's
-        backward reads only ``t > 0``, so a 1-bit mask restores it exactly, whereas rounding
-        would turn small positive values into zeros and drop their gradient."""
-        if not self.relu_masks or t.grad_fn is None or t.grad_fn.name() != "ReluBackward0":
-            return False
-        key = id(t)
-        seen = self._relu_outputs.get(key)
-        if seen is not None and seen() is t:
-            return False  # a later save, by a consumer that needs the values
-        self._relu_outputs[key] = weakref.ref(t, lambda r, k=key: self._relu_outputs.pop(k, None))
-        return True
+        """Whether ``t`` is being saved by the :class:`~torch.nn.ReLU` module that made it:
+        ReLU's backward reads only ``t > 0``, so a 1-bit mask restores it exactly, whereas
+        rounding would turn small positive values into zeros and drop their gradient. (Only
+        inside the module itself: the same output saved later by a consumer needs its values,
+        and a consumer's save may be the first one these hooks see, e.g. after a checkpointed
+        region whose ReLU saved through checkpointing's hooks.)"""
+        return (self.relu_masks and bool(self._stack) and isinstance(self._stack[-1], nn.ReLU)
+                and t.grad_fn is not None and t.grad_fn.name() == "ReluBackward0")
 
     def _candidate(self, t: Tensor) -> bool:
         """Whether ``t`` may be compressed at all (see the class docstring)."""
@@ -436,7 +447,8 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
 
     def _record(self, name: str, kind: str, t: Tensor, bits: int | None, nbytes: int,
                 adaptive: bool) -> None:
-        self.tensors[name] = SavedEntry(name, kind, tuple(t.shape), bits, nbytes, adaptive)
+        self.tensors[name] = SavedEntry(name, kind, tuple(t.shape), bits, nbytes, adaptive,
+                                        t.numel() * t.element_size())
         if nbytes:
             self.bytes_by_kind[kind] = self.bytes_by_kind.get(kind, 0) + nbytes
 

@@ -230,13 +230,28 @@ def test_relu_output_is_kept_as_a_mask():
     w = torch.randn(128, 128, requires_grad=True)
     hooks = compress_saved_tensors(Config(bits=2), policy=Policy(default=Quantize(2)))
     with hooks:
-        h = F.relu(x @ w)  # relu saves its output: a 1-bit mask; @ w saves it again: 2 bits
+        h = nn.ReLU()(x @ w)  # ReLU saves its output: a 1-bit mask; @ w saves it: 2 bits
         out = (h @ w).sum()
     assert hooks.bytes_by_kind["relu_mask"] == 64 * 128 // 8
     out.backward()
     # ReLU's backward is exact: only h's own (2-bit) copy in the weight gradient is rounded.
     g = (torch.ones(64, 128) @ w.detach().t()) * (x.detach() @ w.detach() > 0)
     assert torch.allclose(x.grad, g @ w.detach().t())
+
+
+def test_relu_output_first_saved_by_a_consumer_keeps_its_values():
+    # A checkpointed block ending in a ReLU: the ReLU saves through checkpointing's hooks, so
+    # the first save these hooks see is the next layer's, which needs the values, not a mask.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Sequential(nn.Linear(64, 64), nn.ReLU()), nn.Linear(64, 10))
+    x, y = torch.randn(128, 64), torch.randint(0, 10, (128,))
+    expected = step(model, x, y)
+    block = model[0]
+    forward = block.forward
+    block.forward = lambda h: checkpoint(forward, h, use_reentrant=False)
+    hooks = compress_saved_tensors(Config(bits=8), model=model, policy=Policy(default=None))
+    assert torch.equal(step(model, x, y, hooks), expected)
+    assert "relu_mask" not in hooks.bytes_by_kind
 
 
 # ---------------------------------------------------------------------- statistics
