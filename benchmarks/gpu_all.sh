@@ -7,7 +7,7 @@
 #   bash benchmarks/gpu_all.sh                 # every part, in order
 #   bash benchmarks/gpu_all.sh tests train     # some parts
 #
-# Parts (each fits one 10-minute device call on an H100; together about 40 minutes):
+# Parts (each fits one 10-minute device call on an H100; together about 60 minutes):
 #   tests      CUDA tests (pytest -m cuda) and quantize/dequantize throughput
 #   train      training step time and memory, PyG fp32 vs gnnact 2/4 bits, arxiv-shaped graph,
 #              all four models
@@ -22,6 +22,10 @@
 #              {fp32, 4 bits, adaptive 4/3/2, per-node 2}, 3 seeds (same data as accuracy)
 #   generic    the saved-tensor pipeline on a ResNet-18-style CNN and a transformer: saved bytes,
 #              step time and peak memory per compressor vs fp32, and digits accuracy (3 seeds)
+#   swap       GACT Table 5 on SAGE 3x256 (arxiv shape): fp32 + save_on_cpu vs gnnact 2-bit
+#              swap without and with prefetch; step time, peak memory, hidden copy share
+#   largest    the largest random graph (products' degree and widths) SAGE 3x256 trains on
+#              under a 16 GB cap: PyG fp32 vs gnnact 2 bits vs 2 bits + swap; products' peak
 #
 # Extend this script whenever a GPU path or a GPU benchmark is added.
 set -uo pipefail
@@ -31,8 +35,8 @@ out="${OUT:-benchmarks/results}"
 mkdir -p "$out"
 status=0
 parts=("$@")
-[ ${#parts[@]} -gt 0 ] || parts=(tests train products suite suite-gat generic accuracy
-                                 adaptive-dblp adaptive-computers adaptive-physics)
+[ ${#parts[@]} -gt 0 ] || parts=(tests train products suite suite-gat generic swap largest
+                                 accuracy adaptive-dblp adaptive-computers adaptive-physics)
 
 {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
@@ -71,6 +75,15 @@ for part in "${parts[@]}"; do
       ;;
     generic)
       python benchmarks/bench_generic.py --device cuda --out "$out/generic.jsonl" || status=1
+      ;;
+    swap)
+      python benchmarks/bench_swap.py --device cuda --out "$out/swap.jsonl" || status=1
+      python benchmarks/bench_swap.py --device cuda --shape products --nodes 1000000 \
+        --epochs 10 --out "$out/swap.jsonl" || status=1
+      ;;
+    largest)
+      python benchmarks/bench_largest.py --device cuda --cap-gb 16 --out "$out/largest.jsonl" \
+        || status=1
       ;;
     accuracy)
       if [ -d data_local/datasets ]; then

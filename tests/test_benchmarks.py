@@ -77,3 +77,29 @@ def test_generic_rows(tmp_path, capsys):
     fp32, q2 = rows
     assert fp32["saved_ratio"] == 1.0 and q2["saved_ratio"] > 8
     assert q2["bytes_by_kind"]["quantize"] > 0 and q2["step_ms"] > 0
+
+
+def test_largest_bisection():
+    bench = _script("bench_largest")
+    calls = []
+
+    def fits(n):
+        calls.append(n)
+        return n <= 123_456
+
+    found = bench.largest(fits, 1_000, 10_000_000, tolerance=0.01)
+    assert 123_456 / 1.01 <= found <= 123_456 and len(calls) < 30
+    assert bench.largest(lambda n: False, 10, 100) == 0
+    assert bench.largest(lambda n: True, 10, 100) == 100
+
+
+def test_swap_and_largest_smoke(capsys):
+    swap, largest = _script("bench_swap"), _script("bench_largest")
+    assert swap.main(["--smoke", "--device", "cpu", "--epochs", "1"]) == 0
+    assert largest.main(["--smoke", "--device", "cpu", "--methods", "pyg", "gnnact2_swap"]) == 0
+    text = capsys.readouterr().out
+    for method in swap.METHODS:
+        assert method in text
+    assert "prefetch_hidden_share" in text and "gnnact2_swap: one step" in text
+    with pytest.raises(SystemExit):
+        swap.main(["--device", "cpu"])  # offloading needs a GPU outside smoke runs

@@ -1,0 +1,161 @@
+"""The largest graph a model trains on full-batch under a GPU memory cap: PyG fp32 against
+gnnact compression and compression + swap.
+
+Random graphs of ``n`` nodes at a fixed average degree (ogbn-products': 50.5 directed edges per
+node, 100 features, 47 classes), built directly on the GPU; one training step (forward,
+backward, Adam) decides whether ``n`` fits under the cap
+(``torch.cuda.set_per_process_memory_fraction``). A geometric bisection finds the largest
+``n`` to within ``--tolerance``. Then, for the gnnact methods, one step on a graph of
+ogbn-products' size (2,449,029 nodes) reports its peak memory (target: <= 6 GB with swap).
+
+Usage::
+
+    python benchmarks/bench_largest.py --device cuda [--model sage] [--cap-gb 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import math
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import RESULTS, environment, finish
+
+import gnnact
+from gnnact.models import build
+
+METHODS = ("pyg", "gnnact2", "gnnact2_swap")
+PRODUCTS_NODES = 2_449_029
+
+
+def largest(fits: Callable[[int], bool], lo: int, hi: int, tolerance: float = 0.05) -> int:
+    """The largest ``n`` in ``[lo, hi]`` with ``fits(n)`` (0 if not even ``lo`` fits),
+    assuming ``fits`` is monotone: bisection on a log scale until ``hi / lo <= 1 + tolerance``.
+    """
+    if not fits(lo):
+        return 0
+    if fits(hi):
+        return hi
+    while hi > lo * (1 + tolerance):
+        mid = int(math.sqrt(lo * hi))
+        if mid <= lo:
+            break
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def random_graph(n: int, degree: float, features: int, classes: int, device: torch.device,
+                 seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Features, directed edges (``round(n * degree)``, uniform endpoints) and labels."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(n, features, device=device, generator=g)
+    edge_index = torch.randint(0, n, (2, round(n * degree)), device=device, generator=g)
+    y = torch.randint(0, classes, (n,), device=device, generator=g)
+    return x, edge_index, y
+
+
+def step(method: str, model_name: str, n: int, args: argparse.Namespace) -> int:
+    """One training step on a graph of ``n`` nodes; returns its peak memory (bytes)."""
+    device = args.device
+    torch.manual_seed(0)
+    x, edge_index, y = random_graph(n, args.degree, args.features, args.classes, device)
+    model = build(model_name, args.features, args.classes).to(device)
+    context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+    if method != "pyg":
+        gnnact.convert(model, gnnact.Config(bits=2))
+    if method == "gnnact2_swap":
+        hooks = gnnact.compress_saved_tensors(gnnact.Config(bits=2, offload=True), model=model,
+                                              skip=[x, edge_index])
+        context = lambda: hooks  # noqa: E731
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    with context():
+        loss = F.cross_entropy(model(x, edge_index), y)
+    loss.backward()
+    optimizer.step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device)
+    return 0
+
+
+def fits(method: str, model_name: str, args: argparse.Namespace) -> Callable[[int], bool]:
+    def probe(n: int) -> bool:
+        try:
+            step(method, model_name, n, args)
+            ok = True
+        except torch.OutOfMemoryError:
+            ok = False
+        gc.collect()
+        if args.device.type == "cuda":
+            torch.cuda.empty_cache()
+        print(f"  {method:14s} {n:>12,d} nodes: {'fits' if ok else 'out of memory'}", flush=True)
+        return ok
+
+    return probe
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", type=torch.device, default=torch.device(
+        "cuda" if torch.cuda.is_available() else "cpu"))
+    parser.add_argument("--model", default="sage")
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    parser.add_argument("--cap-gb", type=float, default=16.0)
+    parser.add_argument("--degree", type=float, default=50.5)
+    parser.add_argument("--features", type=int, default=100)
+    parser.add_argument("--classes", type=int, default=47)
+    parser.add_argument("--lo", type=int, default=50_000)
+    parser.add_argument("--hi", type=int, default=40_000_000)
+    parser.add_argument("--tolerance", type=float, default=0.05)
+    parser.add_argument("--smoke", action="store_true",
+                        help="CPU, no cap: one step per method at --lo nodes; no rows")
+    parser.add_argument("--out", type=Path, default=RESULTS / "largest.jsonl")
+    args = parser.parse_args(argv)
+    env = environment(args.device)
+    if args.smoke:
+        args.lo = min(args.lo, 2_000)
+        for method in args.methods:
+            step(method, args.model, args.lo, args)
+            print(f"{method}: one step at {args.lo} nodes")
+        return finish(args.out, [], smoke=True)
+    if args.device.type != "cuda":
+        parser.error("the memory cap needs a CUDA device; use --smoke on the CPU")
+    total = torch.cuda.get_device_properties(args.device).total_memory
+    cap = int(args.cap_gb * 2**30)
+    torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), args.device)
+    rows = []
+    for method in args.methods:
+        n = largest(fits(method, args.model, args), args.lo, args.hi, args.tolerance)
+        peak = step(method, args.model, n, args) if n else None
+        row = {"bench": "largest", **env, "model": args.model, "method": method,
+               "cap_bytes": cap, "degree": args.degree, "features": args.features,
+               "largest_nodes": n, "peak_bytes_at_largest": peak}
+        if method != "pyg":
+            try:
+                row["products_peak_bytes"] = step(method, args.model, PRODUCTS_NODES, args)
+            except torch.OutOfMemoryError:
+                row["products_peak_bytes"] = None  # does not fit under the cap
+            gc.collect()
+            torch.cuda.empty_cache()
+        rows.append(row)
+        print(row, flush=True)
+    return finish(args.out, rows)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
