@@ -49,6 +49,19 @@ class Config:
             no-op on the CPU. (default: :obj:`False`)
         prefetch_depth (int, optional): with :obj:`offload`, how many saved items backward
             copies in ahead of the one it reads. (default: :obj:`1`)
+
+    Raises:
+        ValueError: if a field has the wrong type or an unsupported value.
+
+    Example:
+        >>> config = gnnact.Config(bits=4, group_size=256)
+        >>> config.attention  # attention_bits=None: 8 bits while bits is at most 8
+        8
+        >>> gnnact.Config(bits=32).exact  # nothing quantized: layers match PyG
+        True
+        >>> model = gnnact.convert(torch.nn.Sequential(torch.nn.Linear(16, 8)), config)
+        >>> model[0].config.bits, model[0].config.tag
+        (4, '0')
     """
 
     bits: int = 2

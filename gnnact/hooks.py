@@ -197,12 +197,22 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
             (default: :obj:`None`)
 
     Example:
+        >>> import torch.nn.functional as F
+        >>> model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
+        ...                             torch.nn.Linear(256, 256), torch.nn.ReLU(),
+        ...                             torch.nn.Linear(256, 10))
+        >>> x, y = torch.randn(512, 64), torch.randint(0, 10, (512,))
         >>> hooks = gnnact.compress_saved_tensors(gnnact.Config(bits=4), model=model,
         ...                                       skip=[x])
         >>> with hooks:
         ...     loss = F.cross_entropy(model(x), y)
         >>> loss.backward()
-        >>> hooks.saved_bytes  # the saved context, in bytes
+        >>> {name: entry.kind for name, entry in hooks.tensors.items() if name[0] != "<"}
+        {'1:0': 'relu_mask', '2:0': 'quantize', '3:0': 'relu_mask', '4:0': 'exact'}
+        >>> hooks.bytes_by_kind["quantize"]  # layer 2's input: 131,072 values at 4 bits
+        67584
+        >>> hooks.saved_bytes  # the saved context, in bytes (the head's input stays exact)
+        649220
     """
 
     def __init__(
@@ -272,6 +282,8 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         self._counts = {}  # indices restart with every forward pass
         for offloader in self._offloaders.values():
             offloader.new_pass()
+        # Forget the host copies autograd has dropped since.
+        self._swapped = {k: v for k, v in self._swapped.items() if v[2]() is not None}
         self._stack = []
         self._handles = [register_module_forward_pre_hook(self._enter_module),
                          register_module_forward_hook(self._leave_module, always_call=True)]

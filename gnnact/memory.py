@@ -93,6 +93,12 @@ class SavedRecord:
         storage (tuple): de-duplication key ``(device type, device index, data_ptr)``.
         first (bool): ``True`` for the first record of its storage; only those add to
             :func:`saved_bytes`.
+
+    Example:
+        >>> x = torch.randn(100, 64, requires_grad=True)
+        >>> record, = gnnact.memory.saved_tensors(x.exp().sum())  # exp keeps its result
+        >>> record.node, record.attr, record.shape, record.nbytes, record.first
+        ('ExpBackward0', '_saved_result', (100, 64), 25600, True)
     """
 
     node: str
@@ -139,8 +145,13 @@ def saved_bytes(
         RuntimeError: if a backward pass already freed the saved tensors.
 
     Example:
-        >>> loss = F.cross_entropy(model(data.x, data.edge_index), data.y)
-        >>> saved_bytes(loss, exclude=[data.x, data.y])
+        >>> from gnnact.memory import saved_bytes
+        >>> lin, x = torch.nn.Linear(64, 64), torch.randn(100, 64)
+        >>> loss = lin(x).relu().sum()
+        >>> saved_bytes(loss, exclude=[x])  # the ReLU output: 100 x 64 float32
+        25600
+        >>> saved_bytes(loss)  # and the input the linear layer keeps for its weight gradient
+        51200
     """
     records = saved_tensors(output, exclude=exclude, include_leaves=include_leaves)
     return sum(r.nbytes for r in records if r.first)
@@ -168,6 +179,18 @@ def saved_tensors(
 
     Returns:
         list[SavedRecord]: the records.
+
+    Raises:
+        TypeError: as :func:`saved_bytes`.
+        RuntimeError: if a backward pass already freed the saved tensors.
+
+    Example:
+        >>> from gnnact.memory import saved_tensors
+        >>> lin, x = torch.nn.Linear(64, 64), torch.randn(100, 64)
+        >>> for r in saved_tensors(lin(x).relu().sum()):
+        ...     print(r.node, r.attr, r.shape, r.nbytes, r.first)
+        ReluBackward0 _saved_result (100, 64) 25600 True
+        AddmmBackward0 _saved_mat1 (100, 64) 25600 True
     """
     outputs = _as_outputs(output)
     excluded = storage_keys(exclude)
@@ -226,7 +249,30 @@ def _as_outputs(output: Any) -> list[Tensor]:
 
 
 def storage_keys(exclude: Any) -> set[StorageKey]:
-    """Storage keys of tensors, modules (their parameters and buffers) and packed objects."""
+    """Storage keys of tensors, modules (their parameters and buffers) and packed objects: the
+    identities :func:`saved_bytes` excludes for ``exclude=`` (and
+    :class:`gnnact.compress_saved_tensors` for ``skip=``). A view has the key of its base, a
+    sparse tensor the keys of its index and value tensors (see :func:`tensor_storages`).
+
+    Args:
+        exclude (torch.Tensor or torch.nn.Module or Iterable): a tensor, a module, a
+            :class:`~gnnact.quant.PackedTensor` or :class:`~gnnact.quant.PackedMask`, or an
+            iterable of them.
+
+    Returns:
+        set[tuple[str, int or None, int]]: the keys ``(device type, device index, data_ptr)``.
+
+    Raises:
+        TypeError: if ``exclude`` is not iterable or holds something else.
+
+    Example:
+        >>> from gnnact.memory import storage_keys
+        >>> x = torch.randn(10, 4)
+        >>> storage_keys([x, x[1:], x.t()]) == storage_keys(x)  # views share the storage
+        True
+        >>> len(storage_keys(torch.nn.Linear(4, 2)))  # its weight and bias
+        2
+    """
     # A single tensor or module is accepted as well; iterating a tensor would give its rows.
     if isinstance(exclude, (Tensor, torch.nn.Module, *_PACKED_TYPES)):
         exclude = [exclude]
@@ -302,8 +348,28 @@ def _ctx_tensors(value: Any, path: str, seen: set[int]) -> Iterator[tuple[str, T
 def tensor_storages(t: Tensor, path: str) -> Iterator[tuple[str, Tensor, int, StorageKey]]:
     """Reduce ``t`` to the strided tensors that own its memory: ``(path, part, nbytes, key)``.
 
-    Storages of zero bytes (meta and empty tensors) are left out: they hold no memory, and
-    their null data pointers would all share one key.
+    A strided tensor yields itself with the bytes of its whole storage (a view keeps all of its
+    base alive); a sparse tensor its index and value tensors; a traceable wrapper subclass
+    (PyG's ``EdgeIndex``, nested tensors) its inner tensors and the tensors it caches as
+    attributes. Storages of zero bytes (meta and empty tensors) are left out: they hold no
+    memory, and their null data pointers would all share one key.
+
+    Args:
+        t (torch.Tensor): the tensor.
+        path (str): the name of ``t``; the yielded paths add a suffix per part
+            (``"adj._indices"``).
+
+    Yields:
+        tuple[str, torch.Tensor, int, tuple]: per storage, its path, the tensor (part) that
+        holds it, its bytes and its key ``(device type, device index, data_ptr)``.
+
+    Example:
+        >>> from gnnact.memory import tensor_storages
+        >>> x = torch.randn(10, 4)
+        >>> [(p, n) for p, _, n, _ in tensor_storages(x[2:], "x")]  # the whole base
+        [('x', 160)]
+        >>> [(p, n) for p, _, n, _ in tensor_storages(x.to_sparse(), "adj")]
+        [('adj._indices', 640), ('adj._values', 160)]
     """
     if is_traceable_wrapper_subclass(t):
         # The wrapper itself has no valid storage; its memory is in the inner tensors. PyG's

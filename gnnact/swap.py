@@ -41,7 +41,25 @@ __all__ = ["Offloader", "PinnedPool", "Swapped"]
 
 class PinnedPool:
     """Pinned host buffers (``uint8``) by exact byte size, each with the event its last copy
-    recorded (``None``: free to use)."""
+    recorded (``None``: free to use).
+
+    :meth:`acquire` hands out a free buffer of the requested size, or allocates a new pinned
+    one (which needs CUDA); :meth:`release` returns buffers to the pool with the event their
+    last copy recorded, which the next user must wait on before writing (invariant 5 of the
+    module docstring). Buffers are reused across steps, so :attr:`allocated_bytes` stops
+    growing after the first step. Takes no arguments.
+
+    Example:
+        >>> from gnnact.swap import PinnedPool
+        >>> pool = PinnedPool()
+        >>> buf = torch.empty(1024, dtype=torch.uint8)  # on CUDA: buf, _ = pool.acquire(1024)
+        >>> pool.release([buf], None)  # None: no copy to wait for
+        >>> pool.free_bytes
+        1024
+        >>> again, ready = pool.acquire(1024)  # reused, not allocated
+        >>> again is buf, ready, pool.allocated_bytes
+        (True, None, 0)
+    """
 
     def __init__(self) -> None:
         self._free: dict[int, list[tuple[Tensor, torch.cuda.Event | None]]] = {}
@@ -56,11 +74,14 @@ class PinnedPool:
         return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True), None
 
     def release(self, buffers: Sequence[Tensor], event: torch.cuda.Event | None) -> None:
+        """Return ``buffers`` to the pool; ``event`` (``None``: none) is what the last copy
+        that read or wrote them recorded."""
         for buf in buffers:
             self._free.setdefault(buf.numel(), []).append((buf, event))
 
     @property
     def free_bytes(self) -> int:
+        """Bytes of the buffers in the pool, waiting to be reused."""
         return sum(size * len(b) for size, b in self._free.items())
 
 
@@ -73,7 +94,29 @@ class _State:
 
 
 class Swapped:
-    """Tensors held in pinned host memory for backward, and how to rebuild what was saved."""
+    """Tensors held in pinned host memory for backward, and how to rebuild what was saved.
+
+    Made by :meth:`Offloader.offload`, read by :meth:`Offloader.fetch`; its host buffers go
+    back to the pool when the item is garbage collected (autograd freed the graph).
+
+    Args:
+        host (list[torch.Tensor]): pinned host copies of the offloaded tensors, with their
+            shapes and dtypes.
+        rebuild (callable): turns the tensors copied back to the device (a tuple) into what
+            was saved: the tensor itself or its compressed form.
+        device (torch.device): the CUDA device the tensors came from and go back to.
+        state (object): the item's host buffers and the event of its last copy (internal,
+            kept by the pool's finalizer beyond the item's life).
+        shape (torch.Size): shape of the saved tensor (not of its compressed parts).
+
+    Example:
+        >>> from gnnact.swap import Offloader
+        >>> offloader = Offloader(torch.device("cuda:0"))  # doctest: +SKIP
+        >>> x = torch.randn(1024, 256, device="cuda:0")  # doctest: +SKIP
+        >>> item = offloader.offload((x,), lambda parts: parts[0], x.shape)  # doctest: +SKIP
+        >>> item.nbytes, item.shape, item.host[0].is_pinned()  # doctest: +SKIP
+        (1048576, torch.Size([1024, 256]), True)
+    """
 
     def __init__(self, host: list[Tensor], rebuild: Callable[[tuple[Tensor, ...]], Any],
                  device: torch.device, state: _State, shape: torch.Size) -> None:
@@ -89,10 +132,24 @@ class Swapped:
 class Offloader:
     """Moves tensors to pinned host memory and back; see the module docstring.
 
+    :class:`gnnact.compress_saved_tensors` makes one per device when offloading
+    (``Config(offload=True)`` or ``offload_paths``); use that rather than this class directly.
+    Needs CUDA (it creates two side streams).
+
     Args:
         device (torch.device): the CUDA device.
         prefetch_depth (int, optional): items copied in ahead of the one backward reads.
             (default: :obj:`1`)
+
+    Example:
+        >>> from gnnact.swap import Offloader
+        >>> offloader = Offloader(torch.device("cuda:0"), prefetch_depth=2)  # doctest: +SKIP
+        >>> offloader.new_pass()  # doctest: +SKIP
+        >>> x = torch.randn(1024, 256, device="cuda:0")  # doctest: +SKIP
+        >>> item = offloader.offload((x,), lambda parts: parts[0], x.shape)  # doctest: +SKIP
+        >>> del x  # device memory freed once the copy-out completes  # doctest: +SKIP
+        >>> offloader.fetch(item).device  # copied back  # doctest: +SKIP
+        device(type='cuda', index=0)
     """
 
     def __init__(self, device: torch.device, prefetch_depth: int = 1) -> None:

@@ -43,6 +43,13 @@ class RunResult:
             step (warm-up) left out.
         peak_bytes (int, optional): on CUDA, the most memory a step allocated beyond what was
             allocated before it (activations, gradients, temporaries); :obj:`None` on the CPU.
+
+    Example:
+        >>> from gnnact.training import RunResult
+        >>> r = RunResult(test_acc=0.71, best_val_acc=0.73, saved_bytes=14056, epoch_ms=2.5,
+        ...               peak_bytes=None)
+        >>> f"{r.test_acc:.0%} with {r.saved_bytes:,} saved bytes"
+        '71% with 14,056 saved bytes'
     """
 
     test_acc: float
@@ -53,8 +60,38 @@ class RunResult:
 
 
 def loss_of(model: nn.Module, data: Data) -> Tensor:
-    """Cross-entropy on the training nodes; binary cross-entropy per task if ``y`` is
-    ``[N, T]`` (multi-label: ogbn-proteins, Yelp)."""
+    r"""Cross-entropy on the training nodes; binary cross-entropy per task if ``y`` is
+    ``[N, T]`` (multi-label: ogbn-proteins, Yelp).
+
+    With :math:`\mathbf{Z} = \mathrm{model}(\mathbf{X}, \mathbf{A})` and :math:`\mathcal{T}`
+    the training nodes,
+
+    .. math::
+        \mathcal{L} = -\frac{1}{|\mathcal{T}|} \sum_{i \in \mathcal{T}}
+        \log \operatorname{softmax}(\mathbf{z}_i)_{y_i}
+
+    (or the mean over nodes and tasks of the binary cross-entropy with logits).
+
+    Args:
+        model (torch.nn.Module): called as ``model(data.x, data.edge_index)``, returning
+            logits of shape ``[N, C]`` (or ``[N, T]``).
+        data (torch_geometric.data.Data): with ``x``, ``edge_index``, ``y`` (``[N]`` class
+            indices, or ``[N, T]`` binary targets) and ``train_mask``.
+
+    Returns:
+        torch.Tensor: the 0-d loss, with its autograd graph.
+
+    Example:
+        >>> from torch_geometric.nn.models import GCN
+        >>> from gnnact.data import synthetic_graph
+        >>> from gnnact.training import loss_of
+        >>> data = synthetic_graph(500, 8, 16, 4, seed=0)
+        >>> model = gnnact.convert(GCN(16, 32, num_layers=2, out_channels=4))
+        >>> loss = loss_of(model, data)
+        >>> loss.shape
+        torch.Size([])
+        >>> loss.backward()
+    """
     out = model(data.x, data.edge_index)[data.train_mask]
     if data.y.dim() == 2:
         return F.binary_cross_entropy_with_logits(out, data.y[data.train_mask].float())
@@ -63,7 +100,27 @@ def loss_of(model: nn.Module, data: Data) -> Tensor:
 
 @torch.no_grad()
 def evaluate(model: nn.Module, data: Data) -> tuple[float, float]:
-    """Validation and test accuracy; mean ROC-AUC over tasks if multi-label."""
+    """Validation and test accuracy; mean ROC-AUC over tasks (:func:`roc_auc`) if
+    multi-label. Runs one forward pass under :func:`torch.no_grad` and leaves ``model`` in
+    evaluation mode.
+
+    Args:
+        model (torch.nn.Module): called as ``model(data.x, data.edge_index)``.
+        data (torch_geometric.data.Data): with ``x``, ``edge_index``, ``y``, ``val_mask`` and
+            ``test_mask``.
+
+    Returns:
+        tuple[float, float]: ``(validation metric, test metric)``, each in [0, 1].
+
+    Example:
+        >>> from torch_geometric.nn.models import GCN
+        >>> from gnnact.data import synthetic_graph
+        >>> from gnnact.training import evaluate
+        >>> data = synthetic_graph(500, 8, 16, 4, seed=0)
+        >>> val_acc, test_acc = evaluate(GCN(16, 32, num_layers=2, out_channels=4), data)
+        >>> 0.0 <= val_acc <= 1.0 and 0.0 <= test_acc <= 1.0
+        True
+    """
     model.eval()
     out = model(data.x, data.edge_index)
     if data.y.dim() == 2:
@@ -77,7 +134,26 @@ def evaluate(model: nn.Module, data: Data) -> tuple[float, float]:
 def roc_auc(score: Tensor, target: Tensor) -> float:
     r"""Mean over tasks (columns having both classes, as OGB's evaluator) of the ROC-AUC, by the
     rank-sum formula :math:`(\sum_{i \in P} r_i - |P|(|P|+1)/2) / (|P||N|)` (exact score ties
-    are ranked by position rather than averaged)."""
+    are ranked by position rather than averaged), where :math:`r_i` is the rank of sample
+    :math:`i`'s score in its column (from 1) and :math:`P`, :math:`N` the positive and negative
+    samples.
+
+    Args:
+        score (torch.Tensor): scores (logits or probabilities), ``[n, T]`` (or ``[n]`` for one
+            task).
+        target (torch.Tensor): binary targets of the same shape (0/1 or boolean).
+
+    Returns:
+        float: the mean ROC-AUC, or ``nan`` if no column has both classes.
+
+    Example:
+        >>> from gnnact.training import roc_auc
+        >>> roc_auc(torch.tensor([0.1, 0.4, 0.35, 0.8]), torch.tensor([0, 0, 1, 1]))
+        0.75
+        >>> score = torch.tensor([[0.1, 0.9], [0.4, 0.2], [0.8, 0.7]])
+        >>> roc_auc(score, torch.tensor([[0, 1], [0, 1], [1, 1]]))  # column 1: no negative
+        1.0
+    """
     ranks = score.double().argsort(0).argsort(0).double() + 1
     pos = target.bool()
     n_pos, n_neg = pos.sum(0).double(), (~pos).sum(0).double()
@@ -93,15 +169,40 @@ def train_full_batch(model: nn.Module, data: Data, *, epochs: int, lr: float = 0
                      measure_saved: bool = True, progress: str | None = None) -> RunResult:
     """Train ``model`` on ``data`` (both on one device) with Adam for ``epochs`` epochs.
 
+    Each epoch: one training step on the whole graph (:func:`loss_of`, backward, optimizer
+    step), then :func:`evaluate`; the test metric is reported at the best validation epoch.
+
     Args:
+        model (torch.nn.Module): called as ``model(data.x, data.edge_index)``.
+        data (torch_geometric.data.Data): the graph, as :func:`gnnact.data.load_dataset`
+            returns it.
+        epochs (int): number of epochs.
+        lr (float, optional): Adam's learning rate. (default: :obj:`0.01`)
+        weight_decay (float, optional): Adam's weight decay. (default: :obj:`0.0`)
         step_context (callable, optional): returns a context manager entered around each
-            training forward pass (autocast, ``save_on_cpu``, ...).
+            training forward pass (autocast, ``save_on_cpu``, ``lambda: hooks`` for a
+            :class:`gnnact.compress_saved_tensors`, ...). (default: :obj:`None`)
         before_step (callable, optional): called before each training step, outside the
             timing (e.g. ``lambda: controller.adapt(closure)`` for adaptive bits).
+            (default: :obj:`None`)
         measure_saved (bool, optional): walk the autograd graph of the first step for
             :attr:`RunResult.saved_bytes` (off for methods whose saved tensors must not be
             unpacked outside backward, such as checkpointing). (default: :obj:`True`)
-        progress (str, optional): show a progress bar with this description.
+        progress (str, optional): show a progress bar with this description; :obj:`None`:
+            no bar. (default: :obj:`None`)
+
+    Returns:
+        RunResult: what the run measured.
+
+    Example:
+        >>> from torch_geometric.nn.models import GCN
+        >>> from gnnact.data import synthetic_graph
+        >>> from gnnact.training import train_full_batch
+        >>> data = synthetic_graph(500, 8, 16, 4, seed=0)
+        >>> model = gnnact.convert(GCN(16, 32, num_layers=2, out_channels=4))
+        >>> result = train_full_batch(model, data, epochs=5)
+        >>> result.saved_bytes > 0, result.peak_bytes  # peak_bytes: CUDA only
+        (True, None)
     """
     device = data.x.device
     cuda = device.type == "cuda"

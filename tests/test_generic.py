@@ -332,7 +332,8 @@ def test_division_bad_arguments(kwargs, match):
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [
-    ({"bits": 16}, "bits"), ({"momentum": 1.0}, "momentum"), ({"channel_groups": 0}, "groups")])
+    ({"bits": 16}, "bits"), ({"momentum": 1.0}, "momentum"), ({"channel_groups": 0}, "groups"),
+    ({"head_dim": 5}, "head_dim")])
 def test_mesa_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         Mesa(**kwargs)

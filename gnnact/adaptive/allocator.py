@@ -33,8 +33,23 @@ _GRID = 1 << 15
 
 
 def variance_factor(bits: int) -> float:
-    """:math:`S(b) = (2^b - 1)^{-2}`: the variance of :math:`b`-bit stochastic rounding relative
-    to 1 bit, at a fixed range."""
+    r""":math:`S(b) = (2^b - 1)^{-2}`: the variance of :math:`b`-bit stochastic rounding relative
+    to 1 bit, at a fixed range.
+
+    A range :math:`R` split into :math:`2^b - 1` steps of :math:`s = R / (2^b - 1)` gives a
+    rounding variance of at most :math:`s^2/4 = S(b) R^2/4` per value.
+
+    Args:
+        bits (int): the width :math:`b \ge 1`.
+
+    Returns:
+        float: :math:`S(b)`.
+
+    Example:
+        >>> from gnnact.adaptive import variance_factor
+        >>> variance_factor(1), variance_factor(2), variance_factor(4)
+        (1.0, 0.1111111111111111, 0.0044444444444444444)
+    """
     return (2**bits - 1) ** -2.0
 
 
@@ -58,6 +73,18 @@ def allocate(sensitivity: Sequence[float], sizes: Sequence[int], avg_bits: float
 
     Returns:
         list[int]: :math:`b_l` per tensor.
+
+    Raises:
+        ValueError: if the lengths differ, a sensitivity is negative or not finite, a size is
+            not a positive integer, a width is below 1, or ``avg_bits`` is below the smallest
+            width.
+
+    Example:
+        >>> from gnnact.adaptive import allocate
+        >>> allocate([1.0, 100.0], [1000, 1000], avg_bits=2)  # more bits where it matters
+        [1, 3]
+        >>> allocate([1.0, 1.0, 5.0], [100, 100, 200], avg_bits=3, widths=(2, 4, 8))
+        [2, 2, 4]
     """
     if len(sensitivity) != len(sizes):
         raise ValueError(f"sensitivity has {len(sensitivity)} entries but sizes has "

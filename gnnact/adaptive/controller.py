@@ -67,7 +67,27 @@ __all__ = ["CompressedTensor", "Controller"]
 
 @dataclass
 class CompressedTensor:
-    """One named compressed tensor (all quantizations of a module's role in one pass)."""
+    r"""One named compressed tensor (all quantizations of a module's role in one pass), as
+    :class:`gnnact.Controller` tracks it in ``Controller.tensors``.
+
+    Args:
+        name (str): ``"<module>:<role>"``, e.g. ``"convs.1:activations"``.
+        module (str): the module's tag (its path in the model), or the module path of a
+            tensor of a :class:`gnnact.compress_saved_tensors` pipeline.
+        role (str): the tensor's role in the module (``"activations"``, ``"attention"``, …).
+        shapes (list[tuple[int, ...]], optional): the shape of each quantization in one
+            forward pass. (default: :obj:`[]`)
+        bits (int, optional): the current width :math:`b_l`. (default: :obj:`2`)
+        sensitivity (float, optional): the measured :math:`c_l`; :obj:`None` before an
+            estimate. (default: :obj:`None`)
+
+    Example:
+        >>> from gnnact.adaptive import CompressedTensor
+        >>> t = CompressedTensor("convs.1:activations", "convs.1", "activations",
+        ...                      shapes=[(500, 32)], bits=2)
+        >>> t.numel, t.nbytes(group_size=512)  # 32 groups: 128 code bytes + 8 bytes each
+        (16000, 4352)
+    """
 
     name: str
     module: str
@@ -114,6 +134,33 @@ class Controller:
         alarm_ratio (float, optional): :meth:`observe` warns when the estimated compression
             variance exceeds this multiple of the gradient's own variance. (default: :obj:`1.0`)
         seed (int, optional): seed of the estimation passes. (default: :obj:`0`)
+
+    Raises:
+        ValueError: if ``avg_bits`` is below the smallest width, ``adapt_interval`` or
+            ``samples`` is not positive, or the model has no gnnact module and no ``hooks``
+            are given.
+        TypeError: if ``hooks`` is not a :class:`gnnact.compress_saved_tensors`.
+
+    Example:
+        >>> import torch.nn.functional as F
+        >>> from torch_geometric.nn.models import GCN
+        >>> from gnnact.data import synthetic_graph
+        >>> data = synthetic_graph(500, 8, 16, 4, seed=0)
+        >>> model = gnnact.convert(GCN(16, 32, num_layers=3, out_channels=4))
+        >>> controller = gnnact.Controller(model, avg_bits=2, adapt_interval=100)
+        >>> optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+        >>> def closure():  # the loss of a forward pass, without backward
+        ...     out = model(data.x, data.edge_index)
+        ...     return F.cross_entropy(out[data.train_mask], data.y[data.train_mask])
+        >>> for step in range(3):
+        ...     adapted = controller.adapt(closure)  # estimates and assigns at step 0
+        ...     optimizer.zero_grad()
+        ...     closure().backward()
+        ...     optimizer.step()
+        >>> controller.adaptations
+        1
+        >>> sorted(controller.tensors)  # the inputs of convs 1 and 2 (x itself is resident)
+        ['convs.1:activations', 'convs.2:activations']
     """
 
     def __init__(self, model: nn.Module, avg_bits: float = 2.0, adapt_interval: int = 100, *,

@@ -27,7 +27,32 @@ def _upsample(low: Tensor, kernel: tuple[int, ...], shape: torch.Size) -> Tensor
 
 @dataclass(frozen=True)
 class DualPrecisionTensor:
-    """:attr:`low`, the block averages in 16 bits, and :attr:`high`, the quantized residual."""
+    r""":attr:`low`, the block averages in 16 bits, and :attr:`high`, the quantized residual:
+    what :class:`Division` keeps of a tensor :math:`H`. :meth:`dequantize` returns
+
+    .. math::
+        \hat H = \operatorname{Up}(H^L) + \hat H^H
+
+    (nearest upsampling of the block averages plus the dequantized residual) in :attr:`dtype`.
+
+    Args:
+        low (torch.Tensor): the block averages :math:`H^L` in ``float16`` or ``bfloat16``: the
+            shape of :math:`H` with each pooled dimension of size :math:`s` reduced to
+            :math:`\lceil s / B \rceil`.
+        high (gnnact.quant.PackedTensor): the residual :math:`H^H`, quantized with one group per
+            slice over the pooled dimensions, as a ``[slices, pooled values]`` matrix.
+        shape (torch.Size): the shape of :math:`H`.
+        kernel (tuple[int, ...]): the block size along each pooled dimension.
+        dtype (torch.dtype): the dtype of :math:`H` (and of the restored tensor).
+
+    Example:
+        >>> from gnnact.compress import Division
+        >>> c = Division(block=8, bits=2).compress(torch.randn(32, 16, 28, 28), "conv:0")
+        >>> c.low.shape, c.kernel
+        (torch.Size([32, 16, 4, 4]), (8, 8))
+        >>> c.dequantize().shape
+        torch.Size([32, 16, 28, 28])
+    """
 
     low: Tensor
     high: PackedTensor
@@ -85,6 +110,14 @@ class Division(Compressor):
         low_dtype (torch.dtype, optional): ``torch.float16`` or ``torch.bfloat16`` (for
             activations beyond float16's range). (default: :obj:`torch.float16`)
         backend (str, optional): the residual's quantizer backend. (default: :obj:`"auto"`)
+
+    Example:
+        >>> from gnnact.compress import Division, Policy
+        >>> division = Division(block=8, bits=2)
+        >>> c = division.compress(torch.randn(32, 16, 28, 28), "conv:0")  # [N, C, H, W]
+        >>> c.nbytes  # 4x4 float16 averages + 2 bits and 8 bytes per 28x28 map
+        120832
+        >>> hooks = gnnact.compress_saved_tensors(policy=Policy(default=division))
     """
 
     block: int = 8

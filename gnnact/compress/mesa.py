@@ -21,7 +21,26 @@ __all__ = ["Mesa", "RegroupedTensor"]
 class RegroupedTensor:
     """A tensor of shape :attr:`shape` viewed as ``[a, g, b]`` and quantized as ``g`` groups
     of ``a * b`` values (axis ``g`` first): one group per attention head, or per block of
-    channels."""
+    channels. What :class:`Mesa` keeps; :meth:`dequantize` restores the tensor of shape
+    :attr:`shape`.
+
+    Args:
+        packed (gnnact.quant.PackedTensor): the codes of the ``[g, a * b]`` regrouped tensor,
+            with one float32 scale and offset per group.
+        shape (torch.Size): the shape of the original tensor.
+        a (int): the product of the dimensions before the grouped one.
+        g (int): the number of groups (heads, or channel blocks).
+        b (int): the values per group and leading index (the product of the dimensions after
+            the grouped one, or the width of a channel block).
+
+    Example:
+        >>> from gnnact.compress import Mesa
+        >>> c = Mesa(bits=8).compress(torch.randn(2, 4, 16, 16), "attn:0")  # [B, H, L, L]
+        >>> (c.a, c.g, c.b), c.packed.num_groups  # one group per head
+        ((2, 4, 256), 4)
+        >>> c.dequantize().shape
+        torch.Size([2, 4, 16, 16])
+    """
 
     packed: PackedTensor
     shape: torch.Size
@@ -82,6 +101,16 @@ class Mesa(Compressor):
         momentum (float, optional): :math:`\lambda`. (default: :obj:`0.9`)
         head_dim (int, optional): the head dimension of rank-4 tensors. (default: :obj:`1`)
         channel_groups (int, optional): channel blocks of other tensors. (default: :obj:`8`)
+
+    Example:
+        >>> from gnnact.compress import Mesa, Policy, Rule
+        >>> mesa = Mesa(bits=8)
+        >>> c = mesa.compress(torch.randn(2, 4, 16, 16), "attn:0")  # 4 heads: 4 groups
+        >>> c.nbytes  # 8 bits per value + 8 bytes per head
+        2080
+        >>> mesa.clipped_fraction()  # first batch: the ranges are the batch's own
+        {'attn:0': 0.0}
+        >>> policy = Policy([Rule(mesa, names=("*attn*",), dims=(4,))])
     """
 
     kind = "mesa"
@@ -92,6 +121,9 @@ class Mesa(Compressor):
             raise ValueError(f"Mesa bits must be one of {QUANT_BITS}, got {bits!r}")
         if not 0.0 <= momentum < 1.0:
             raise ValueError(f"Mesa momentum must be in [0, 1), got {momentum!r}")
+        if isinstance(head_dim, bool) or not isinstance(head_dim, int) or not -4 <= head_dim < 4:
+            raise ValueError(f"Mesa head_dim must be a dimension of a rank-4 tensor (-4 to 3), "
+                             f"got {head_dim!r}")
         if not isinstance(channel_groups, int) or channel_groups < 1:
             raise ValueError(f"Mesa channel_groups must be a positive int, got "
                              f"{channel_groups!r}")

@@ -37,6 +37,28 @@ class Rule:
     matches one of the :mod:`fnmatch` patterns :attr:`names` (the path of the model itself is
     ``""``, of the loss and other code outside the model :data:`OUTSIDE`); its rank is one
     of :attr:`dims`; :attr:`where` returns ``True``.
+
+    Args:
+        compressor (Compressor or None): what the matched tensors get;
+            :data:`~gnnact.compress.EXACT` (:obj:`None`) keeps them as they are.
+        modules (tuple[type, ...], optional): module classes; empty: any module.
+            (default: :obj:`()`)
+        names (tuple[str, ...], optional): :mod:`fnmatch` patterns of module paths or tensor
+            names; empty: any name. (default: :obj:`()`)
+        dims (tuple[int, ...], optional): tensor ranks; empty: any rank. (default: :obj:`()`)
+        where (callable, optional): ``where(name, module, tensor) -> bool``, a last test.
+            (default: :obj:`None`)
+
+    Example:
+        >>> from gnnact.compress import Quantize, Rule
+        >>> rule = Rule(Quantize(8), modules=(torch.nn.Conv2d,), dims=(4,))
+        >>> conv = torch.nn.Conv2d(3, 8, 3)
+        >>> rule.matches("features.0:0", conv, torch.randn(2, 3, 32, 32))
+        True
+        >>> rule.matches("features.0:1", conv, torch.randn(2, 3))  # rank 2
+        False
+        >>> Rule(None, names=("head",)).matches("head:0", None, torch.randn(4))  # exact
+        True
     """
 
     compressor: Compressor | None
@@ -46,6 +68,8 @@ class Rule:
     where: Callable[[str, nn.Module | None, Tensor], bool] | None = None
 
     def matches(self, name: str, module: nn.Module | None, t: Tensor) -> bool:
+        """Whether the tensor ``t`` named ``name``, saved inside ``module`` (:obj:`None`
+        outside every module), matches every given criterion."""
         if self.modules and not isinstance(module, self.modules):
             return False
         if self.names:
@@ -67,8 +91,16 @@ class Policy:
         default (Compressor, optional): (default: :class:`Quantize` at 2 bits)
 
     Example:
+        >>> from gnnact.compress import Mesa, Policy, Quantize, Rule
         >>> policy = Policy([Rule(Mesa(), names=("*attn*",), dims=(4,)),
         ...                  Rule(None, names=("fc",))], default=Quantize(4))
+        >>> policy.choose("fc:0", None, torch.randn(8, 8)) is None  # kept exact
+        True
+        >>> policy.choose("blocks.0.attn:2", None, torch.randn(2, 4, 8, 8))
+        Mesa(bits=8, momentum=0.9, head_dim=1, channel_groups=8)
+        >>> policy.choose("blocks.0.mlp:0", None, torch.randn(8, 8))
+        Quantize(bits=4, group_size=512, per_row=False, backend='auto')
+        >>> hooks = gnnact.compress_saved_tensors(policy=policy)
     """
 
     def __init__(self, rules: Sequence[Rule] = (), default: Compressor | None = _QUANTIZE2
@@ -85,6 +117,8 @@ class Policy:
         return f"Policy(rules={self.rules!r}, default={self.default!r})"
 
     def choose(self, name: str, module: nn.Module | None, t: Tensor) -> Compressor | None:
+        """The compressor of the first rule that :meth:`Rule.matches` the tensor, else
+        :attr:`default`; :obj:`None` keeps the tensor exact."""
         for rule in self.rules:
             if rule.matches(name, module, t):
                 return rule.compressor

@@ -32,6 +32,16 @@ class Quantize(Compressor):
         per_row (bool, optional): one group per row of the last dimension.
             (default: :obj:`False`)
         backend (str, optional): as in :func:`gnnact.quantize`. (default: :obj:`"auto"`)
+
+    Example:
+        >>> from gnnact.compress import Quantize
+        >>> q = Quantize(bits=4)
+        >>> packed = q.compress(torch.randn(1000, 128), "lin:0")  # a PackedTensor
+        >>> packed.nbytes  # 250 groups of 512 values: 256 code bytes + 8 bytes each
+        66000
+        >>> q.with_bits(2)  # what gnnact.Controller does to adapt it
+        Quantize(bits=2, group_size=512, per_row=False, backend='auto')
+        >>> hooks = gnnact.compress_saved_tensors(policy=gnnact.compress.Policy(default=q))
     """
 
     bits: int = 2
@@ -48,6 +58,7 @@ class Quantize(Compressor):
 
     @classmethod
     def from_config(cls, config: Config) -> Quantize:
+        """The compressor with ``config``'s bits, group size, ``per_row`` and backend."""
         return cls(config.bits, config.group_size, config.per_row, config.backend)
 
     @property

@@ -53,7 +53,22 @@ __all__ = ["DATASETS", "DatasetNotFoundError", "data_root", "load_dataset", "ran
 
 
 class DatasetNotFoundError(FileNotFoundError):
-    """A dataset's raw files are missing and cannot be downloaded."""
+    """A dataset's raw files are missing and cannot be downloaded.
+
+    Raised by :func:`load_dataset` when a raw file is missing and ``download=False``, or
+    ``download=None`` and the source host does not answer within ``timeout`` seconds. The
+    message names each missing file and where to get it. A subclass of
+    :class:`FileNotFoundError`.
+
+    Example:
+        >>> import tempfile
+        >>> from gnnact.data import DatasetNotFoundError, load_dataset
+        >>> try:
+        ...     load_dataset("cora", root=tempfile.mkdtemp(), download=False)
+        ... except DatasetNotFoundError as error:
+        ...     print(str(error).splitlines()[0])
+        cora: 8 file(s) missing and download=False:
+    """
 
 
 @dataclass(frozen=True)
@@ -72,7 +87,29 @@ class _Spec:
 def random_split(num_nodes: int, seed: int, train: float = 0.6,
                  val: float = 0.2) -> tuple[Tensor, Tensor, Tensor]:
     """Boolean train/val/test masks of a uniformly random ``train``/``val``/rest split, drawn
-    from ``seed`` alone (the same split on every machine)."""
+    from ``seed`` alone (the same split on every machine).
+
+    A random permutation of the nodes gives its first ``int(train * num_nodes)`` nodes to
+    training, the next ``int(val * num_nodes)`` to validation and the rest to test.
+
+    Args:
+        num_nodes (int): number of nodes :math:`N`.
+        seed (int): seed of the permutation.
+        train (float, optional): fraction of training nodes. (default: :obj:`0.6`)
+        val (float, optional): fraction of validation nodes. (default: :obj:`0.2`)
+
+    Returns:
+        tuple[torch.Tensor, torch.Tensor, torch.Tensor]: the disjoint ``torch.bool`` masks
+        ``(train_mask, val_mask, test_mask)``, each of shape ``[N]``, covering all nodes.
+
+    Example:
+        >>> from gnnact.data import random_split
+        >>> train, val, test = random_split(10, seed=0)
+        >>> int(train.sum()), int(val.sum()), int(test.sum())
+        (6, 2, 2)
+        >>> bool((train.int() + val.int() + test.int() == 1).all())
+        True
+    """
     perm = torch.randperm(num_nodes, generator=torch.Generator().manual_seed(seed))
     n_train, n_val = int(train * num_nodes), int(val * num_nodes)
     return _index_masks(num_nodes, {"train": perm[:n_train],
@@ -303,7 +340,20 @@ def _canonical(name: str) -> str:
 
 
 def data_root(root: str | os.PathLike | None = None) -> Path:
-    """``root``, else ``$GNNACT_DATA``, else ``~/.cache/gnnact/datasets``."""
+    """``root``, else ``$GNNACT_DATA``, else ``~/.cache/gnnact/datasets``: the datasets root of
+    :func:`load_dataset`.
+
+    Args:
+        root (str or os.PathLike, optional): an explicit root. (default: :obj:`None`)
+
+    Returns:
+        pathlib.Path: the root (not checked for existence).
+
+    Example:
+        >>> from gnnact.data import data_root
+        >>> str(data_root("/data/graphs"))
+        '/data/graphs'
+    """
     if root is not None:
         return Path(root)
     env = os.environ.get("GNNACT_DATA")
@@ -332,6 +382,7 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, *, split: int
         name (str): a key of :data:`DATASETS` (case-insensitive; ``arxiv``, ``products``,
             ``amazon-computers``, … are accepted too).
         root (str or Path, optional): the datasets root (see :func:`data_root`).
+            (default: :obj:`None`, ``$GNNACT_DATA`` or ``~/.cache/gnnact/datasets``)
         split (int, optional): which of the given splits, for datasets with several
             (heterophilous graphs: 10). (default: :obj:`0`)
         seed (int, optional): seed of the random 60/20/20 split of datasets without a
@@ -343,9 +394,22 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, *, split: int
             (once) and load the copy, leaving ``root`` untouched. (default: :obj:`None`)
         timeout (float, optional): seconds to wait for the source host. (default: :obj:`3.0`)
 
+    Returns:
+        torch_geometric.data.Data: ``x`` (:math:`[N, F]`), ``y`` (:math:`[N]`, or
+        :math:`[N, T]` for the multi-label ogbn-proteins and Yelp), ``edge_index``
+        (:math:`[2, |E|]`) and the three boolean masks (:math:`[N]`).
+
     Raises:
         DatasetNotFoundError: files are missing and cannot be downloaded.
         ValueError: unknown ``name`` or ``split``.
+
+    Example:
+        >>> import tempfile
+        >>> from gnnact.data import load_dataset
+        >>> data = load_dataset("cora", root="../shared/datasets", download=False,
+        ...                     workdir=tempfile.mkdtemp())  # root read-only: load a copy
+        >>> data.num_nodes, data.num_features, int(data.train_mask.sum())
+        (2708, 1433, 140)
     """
     key = _canonical(name)
     spec = DATASETS[key]

@@ -103,6 +103,18 @@ def synthetic_graph(
         without self-loops, coalesced: sorted by row then column, no duplicates) and the boolean
         masks :obj:`train_mask`, :obj:`val_mask`, :obj:`test_mask` (disjoint, covering all
         nodes).
+
+    Raises:
+        ValueError: if an argument is out of its range (see above), or ``train_ratio +
+            val_ratio`` is 1 or more.
+
+    Example:
+        >>> from gnnact.data import synthetic_graph
+        >>> data = synthetic_graph(1000, 10, 32, 4, seed=0)
+        >>> data.x.shape, data.num_edges / data.num_nodes  # about 10 neighbours per node
+        (torch.Size([1000, 32]), 9.856)
+        >>> int(data.train_mask.sum()), int(data.val_mask.sum()), int(data.test_mask.sum())
+        (600, 200, 200)
     """
     _check_int("num_nodes", num_nodes, minimum=1)
     _check_int("num_features", num_features, minimum=1)
@@ -148,7 +160,26 @@ def synthetic_like(shape: str, *, num_nodes: int | None = None, seed: int = 0,
     """:func:`synthetic_graph` with the node count, average degree, feature width and classes
     of ``shape`` (a key of :data:`SHAPES`: ``"arxiv"``, ``"products"``, ``"reddit"``);
     ``num_nodes`` scales it down (same degree and widths), ``kwargs`` go to
-    :func:`synthetic_graph`."""
+    :func:`synthetic_graph`. The degree is capped at :math:`(N - 2)/2` so that a small graph
+    stays valid.
+
+    Args:
+        shape (str): ``"arxiv"``, ``"products"`` or ``"reddit"``.
+        num_nodes (int, optional): the number of nodes :math:`N`; :obj:`None` for the real
+            graph's. (default: :obj:`None`)
+        seed (int, optional): seed of the generator. (default: :obj:`0`)
+        **kwargs (optional): further arguments of :func:`synthetic_graph` (``homophily``,
+            ``feature_signal``, ``train_ratio``, ``val_ratio``).
+
+    Returns:
+        torch_geometric.data.Data: as :func:`synthetic_graph`.
+
+    Example:
+        >>> from gnnact.data import synthetic_like
+        >>> data = synthetic_like("arxiv", num_nodes=2000)  # arxiv's widths, 2,000 nodes
+        >>> data.x.shape, int(data.y.max()) + 1
+        (torch.Size([2000, 128]), 40)
+    """
     if shape not in SHAPES:
         raise ValueError(f"shape must be one of {sorted(SHAPES)}, got {shape!r}")
     nodes, degree, features, classes = SHAPES[shape]

@@ -58,11 +58,18 @@ def convert(model: nn.Module, config: Config | None = None) -> nn.Module:
         config (Config, optional): storage of the context. (default: ``Config()``, 2 bits)
 
     Returns:
-        ``model``.
+        torch.nn.Module: ``model`` itself.
 
     Example:
-        >>> model = GCN(...)           # any nn.Module built from PyG convs
+        >>> from torch_geometric.nn.models import GCN
+        >>> model = GCN(16, 32, num_layers=2, out_channels=4)  # GCNConv, ReLU and Dropout
         >>> gnnact.convert(model, gnnact.Config(bits=2))
+        GCN(16, 4, num_layers=2)
+        >>> type(model.convs[0]).__module__, model.act
+        ('gnnact.nn.conv.gcn_conv', ReLU(bits=2))
+        >>> x, edge_index = torch.randn(100, 16), torch.randint(0, 100, (2, 400))
+        >>> model(x, edge_index).shape
+        torch.Size([100, 4])
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")

@@ -27,7 +27,19 @@ __all__ = ["InfeasibleBudget", "Option", "solve"]
 @dataclass(frozen=True)
 class Option:
     """One way to treat a layer's saved context: its name, the bytes it leaves held on the
-    device until backward, and the seconds it adds to a training step."""
+    device until backward, and the seconds it adds to a training step.
+
+    Args:
+        name (str): ``"keep"``, ``"compress<b>"`` (*e.g.* ``"compress4"``), ``"recompute"`` or
+            ``"swap"`` in the plans of :func:`gnnact.plan`; any name for :func:`solve`.
+        memory (float): :math:`m_{io}`, bytes held on the device until backward.
+        time (float): :math:`t_{io}`, seconds added to a training step.
+
+    Example:
+        >>> from gnnact.planner import Option
+        >>> Option("compress4", memory=132_000, time=0.002)
+        Option(name='compress4', memory=132000, time=0.002)
+    """
 
     name: str
     memory: float
@@ -35,7 +47,25 @@ class Option:
 
 
 class InfeasibleBudget(ValueError):
-    """No choice of options fits the budget; :attr:`smallest` is the least budget that does."""
+    r"""No choice of options fits the budget; :attr:`smallest` is the least budget that does.
+
+    Raised by :func:`solve` and :func:`gnnact.plan` when the budget is below
+    :math:`\sum_i \min_o m_{io}` (every layer at its leanest option; for :func:`gnnact.plan`
+    plus what tensors outside the blocks keep). A subclass of :class:`ValueError`.
+
+    Args:
+        budget (float): the budget asked for, in bytes (:attr:`budget`).
+        smallest (float): the smallest feasible budget, in bytes (:attr:`smallest`).
+
+    Example:
+        >>> from gnnact.planner import InfeasibleBudget, Option, solve
+        >>> options = [[Option("keep", 100, 0.0), Option("compress2", 30, 1.0)]]
+        >>> try:
+        ...     solve(options, budget=20)
+        ... except InfeasibleBudget as error:
+        ...     print(error.smallest)
+        30.0
+    """
 
     def __init__(self, budget: float, smallest: float) -> None:
         super().__init__(f"budget_bytes={budget:,.0f} is below the smallest feasible budget "
@@ -45,12 +75,34 @@ class InfeasibleBudget(ValueError):
 
 
 def solve(options: Sequence[Sequence[Option]], budget: float) -> list[int]:
-    """The index of the chosen option of each layer: least total time with total memory at
+    r"""The index of the chosen option of each layer: least total time with total memory at
     most ``budget``. Among equally fast plans any may be returned.
+
+    Solves the integer program of the module docstring exactly:
+
+    .. math::
+        \min \sum_{i,o} t_{io} x_{io} \quad \text{s.t.} \quad \sum_o x_{io} = 1 \
+        \forall i, \qquad \sum_{i,o} m_{io} x_{io} \le B, \qquad x_{io} \in \{0, 1\}.
+
+    Args:
+        options (Sequence[Sequence[Option]]): per layer :math:`i`, its options :math:`o`.
+        budget (float): :math:`B`, the bytes the chosen options may hold in total.
+
+    Returns:
+        list[int]: per layer, the index of its chosen option in ``options[i]``.
 
     Raises:
         InfeasibleBudget: when even the leanest options exceed ``budget``.
         ValueError: when a layer has no option.
+
+    Example:
+        >>> from gnnact.planner import Option, solve
+        >>> options = [[Option("keep", 100, 0.0), Option("compress2", 30, 1.0)],
+        ...            [Option("keep", 50, 0.0), Option("recompute", 20, 2.0)]]
+        >>> solve(options, budget=150)  # everything fits
+        [0, 0]
+        >>> solve(options, budget=130)  # compressing the first layer is the fastest fix
+        [1, 0]
     """
     for i, layer in enumerate(options):
         if not layer:

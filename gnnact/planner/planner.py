@@ -48,7 +48,26 @@ __all__ = ["BlockProfile", "Plan", "default_blocks", "plan"]
 
 def default_blocks(model: nn.Module) -> list[str]:
     """The parameterised children of the model's ``ModuleList``/``Sequential`` containers, not
-    nested in one another (outermost first); the model's direct children if there are none."""
+    nested in one another (outermost first); the model's direct children if there are none.
+
+    The blocks :func:`gnnact.plan` plans by default.
+
+    Args:
+        model (torch.nn.Module): the model.
+
+    Returns:
+        list[str]: module paths, in the order of :meth:`torch.nn.Module.named_modules`.
+
+    Example:
+        >>> from torch_geometric.nn.models import GCN
+        >>> from gnnact.planner import default_blocks
+        >>> default_blocks(GCN(16, 32, num_layers=3, out_channels=4))
+        ['convs.0', 'convs.1', 'convs.2']
+        >>> model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(),
+        ...                             torch.nn.Linear(8, 2))
+        >>> default_blocks(model)  # the ReLU has no parameters
+        ['0', '2']
+    """
     blocks: list[str] = []
     for name, module in model.named_modules():
         if not isinstance(module, (nn.ModuleList, nn.Sequential)):
@@ -78,7 +97,31 @@ def _quantized_bytes(shape: tuple[int, ...], bits: int, group_size: int) -> int:
 
 @dataclass
 class BlockProfile:
-    """What one block saves and costs (see the module docstring)."""
+    r"""What one block saves and costs (see the module docstring), as measured by
+    :func:`gnnact.plan`'s profiling pass (``Plan.blocks``).
+
+    Args:
+        name (str): the block's module path.
+        saved (int, optional): :math:`S_i`, bytes of its compressible tensors as they are.
+            (default: :obj:`0`)
+        masks (int, optional): :math:`M_i`, bytes of its ReLU masks. (default: :obj:`0`)
+        inputs (int, optional): :math:`I_i`, bytes of its inputs that need a gradient.
+            (default: :obj:`0`)
+        forward_s (float, optional): :math:`F_i`, its forward time in seconds (median).
+            (default: :obj:`0.0`)
+        shapes (list[tuple[int, ...]], optional): shapes of its compressible tensors.
+            (default: :obj:`[]`)
+        compressed (dict[int, int], optional): :math:`S_i(b)`, bytes at :math:`b` bits
+            (exact packed sizes). (default: :obj:`{}`)
+        compress_s (dict[int, float], optional): :math:`Q_i(b)`, seconds to compress and
+            restore its tensors at :math:`b` bits. (default: :obj:`{}`)
+
+    Example:
+        >>> from gnnact.planner import BlockProfile
+        >>> profile = BlockProfile("convs.1", saved=1_024_000, shapes=[(2000, 128)])
+        >>> profile.saved + profile.masks  # what "keep" leaves on the device
+        1024000
+    """
 
     name: str
     saved: int = 0  # S_i: bytes of its compressible tensors as they are
@@ -92,7 +135,40 @@ class BlockProfile:
 
 @dataclass
 class Plan:
-    """The chosen option of every block, the profile it came from, and :meth:`apply`."""
+    """The chosen option of every block, the profile it came from, and :meth:`apply`.
+
+    Returned by :func:`gnnact.plan`; inspect it (:attr:`memory`, :attr:`extra_s`,
+    :meth:`table`, :meth:`summary`) before installing it with :meth:`apply`.
+
+    Args:
+        model (torch.nn.Module): the planned model.
+        blocks (list[BlockProfile]): the profile of each block.
+        options (list[list[Option]]): the options offered to each block (dominated ones
+            dropped).
+        choice (dict[str, Option]): the chosen option per block path.
+        budget (int): the budget, in bytes.
+        rest (int): bytes kept by tensors outside the blocks.
+        skip (list): resident tensors, passed on to :class:`gnnact.compress_saved_tensors`.
+
+    Example:
+        >>> import torch.nn.functional as F
+        >>> from torch_geometric.nn.models import GCN
+        >>> from gnnact.data import synthetic_graph
+        >>> data = synthetic_graph(2000, 8, 64, 4, seed=0)
+        >>> model = GCN(64, 128, num_layers=3, out_channels=4)
+        >>> def loss_fn(out):
+        ...     return F.cross_entropy(out[data.train_mask], data.y[data.train_mask])
+        >>> p = gnnact.plan(model, (data.x, data.edge_index), 2 << 20, loss_fn=loss_fn)
+        >>> [row["block"] for row in p.table()]
+        ['convs.0', 'convs.1', 'convs.2']
+        >>> p.memory <= p.budget
+        True
+        >>> hooks = p.apply()
+        >>> with hooks:
+        ...     loss = loss_fn(model(data.x, data.edge_index))
+        >>> loss.backward()
+        >>> p.remove()  # undo the checkpoint wrappers of recomputed blocks
+    """
 
     model: nn.Module
     blocks: list[BlockProfile]
@@ -101,7 +177,7 @@ class Plan:
     budget: int
     rest: int  # bytes kept by tensors outside the blocks
     skip: list[Any]
-    _wrapped: dict[str, Callable | None] = field(default_factory=dict)
+    _wrapped: dict[str, Callable | None] = field(default_factory=dict, init=False, repr=False)
 
     @property
     def memory(self) -> int:
@@ -120,6 +196,7 @@ class Plan:
                 for b in self.blocks]
 
     def summary(self) -> str:
+        """A plain-text table of :meth:`table`, with the totals against the budget."""
         lines = [f"{'block':24s} {'as is':>12s} {'option':>10s} {'kept':>12s} {'+ms':>8s}"]
         for r in self.table():
             lines.append(f"{r['block']:24s} {r['saved']:12,d} {r['option']:>10s} "
@@ -277,18 +354,32 @@ def plan(model: nn.Module, example_inputs: Sequence[Any], budget_bytes: int, *,
         swap (bool, optional): offer swap; needs CUDA. (default: on CUDA)
         skip (Iterable, optional): resident tensors (the input features), as in
             :class:`gnnact.compress_saved_tensors`; the example inputs are always skipped.
+            (default: :obj:`()`)
         repeats (int, optional): forward passes timed per block (median). (default: :obj:`3`)
 
     Raises:
         gnnact.planner.InfeasibleBudget: the budget is below the smallest feasible one (named).
+        ValueError: a negative budget, a width that is not a supported bit width, a block the
+            model does not have, or ``swap=True`` off CUDA.
+
+    Returns:
+        Plan: the chosen option of every block.
 
     Example:
-        >>> p = gnnact.plan(model, (x, edge_index), budget_bytes=2 << 30,
+        >>> import torch.nn.functional as F
+        >>> from torch_geometric.nn.models import GCN
+        >>> from gnnact.data import synthetic_graph
+        >>> data = synthetic_graph(2000, 8, 64, 4, seed=0)
+        >>> x, edge_index, y, mask = data.x, data.edge_index, data.y, data.train_mask
+        >>> model = GCN(64, 128, num_layers=3, out_channels=4)
+        >>> p = gnnact.plan(model, (x, edge_index), budget_bytes=2 << 20,
         ...                 loss_fn=lambda out: F.cross_entropy(out[mask], y[mask]))
-        >>> print(p.summary())
+        >>> p.memory <= 2 << 20  # print(p.summary()) shows the choice per block
+        True
         >>> hooks = p.apply()
         >>> with hooks:
         ...     loss = F.cross_entropy(model(x, edge_index)[mask], y[mask])
+        >>> loss.backward()
     """
     if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, (int, float)) or (
             budget_bytes < 0):

@@ -116,8 +116,10 @@ def quantize(x: Tensor, bits: int = 2, group_size: int = DEFAULT_GROUP_SIZE, *,
         generator (torch.Generator, optional): draws the 64-bit seed of the rounding noise, for
             reproducibility; the default CPU generator when ``None`` (so
             ``torch.manual_seed`` also makes it reproducible). A CUDA generator costs one sync.
+            (default: :obj:`None`)
         noise (torch.Tensor, optional): explicit float32 uniforms in [0, 1), one per element of
             ``x`` (same device); overrides the counter-based noise. Not with ``generator``.
+            (default: :obj:`None`)
         backend (str, optional): ``"torch"`` (reference, any device), ``"cupy"`` (CUDA kernels) or
             ``"auto"`` (CuPy for CUDA tensors when it is importable). (default: :obj:`"auto"`)
 
@@ -183,8 +185,18 @@ def dequantize(packed: PackedTensor, *, backend: Backend = "auto") -> Tensor:
         backend (str, optional): as in :func:`quantize`. (default: :obj:`"auto"`)
 
     Returns:
-        A tensor of ``packed.shape`` and ``packed.dtype`` on ``packed.device`` (for 32 bits, the
-        very tensor that was passed to :func:`quantize`).
+        torch.Tensor: a tensor of ``packed.shape`` and ``packed.dtype`` on ``packed.device``
+        (for 32 bits, the very tensor that was passed to :func:`quantize`).
+
+    Example:
+        >>> x = torch.randn(1000, 128)
+        >>> x_hat = gnnact.dequantize(gnnact.quantize(x, bits=4))
+        >>> x_hat.shape, x_hat.dtype
+        (torch.Size([1000, 128]), torch.float32)
+        >>> bool((x_hat - x).mean().abs() < 1e-2)  # unbiased: the errors average out
+        True
+        >>> gnnact.dequantize(gnnact.quantize(x, bits=32)) is x  # pass-through
+        True
     """
     if not isinstance(packed, PackedTensor):
         raise TypeError(f"packed must be a PackedTensor, got {type(packed).__name__}")
@@ -203,11 +215,25 @@ def dequantize(packed: PackedTensor, *, backend: Backend = "auto") -> Tensor:
 def pack_mask(mask: Tensor, *, backend: Backend = "auto") -> PackedMask:
     r"""Pack a boolean tensor to one bit per element (:math:`\lceil n/8 \rceil` bytes).
 
-    Used for what ReLU, LeakyReLU and dropout need in backward: the sign or keep mask, exactly.
+    Element :math:`i` of the flattened mask (row-major) becomes bit :math:`i \bmod 8` of byte
+    :math:`\lfloor i/8 \rfloor`. Used for what ReLU, LeakyReLU and dropout need in backward:
+    the sign or keep mask, exactly (8× less than a ``torch.bool`` tensor).
 
     Args:
-        mask (torch.Tensor): ``torch.bool`` tensor, any shape.
+        mask (torch.Tensor): ``torch.bool`` tensor, any shape, contiguous or not.
         backend (str, optional): as in :func:`quantize`. (default: :obj:`"auto"`)
+
+    Returns:
+        :class:`~gnnact.quant.PackedMask`: ``data`` of ``uint8`` and shape
+        ``[ceil(mask.numel() / 8)]``, ``shape`` of ``mask.shape``.
+
+    Example:
+        >>> mask = torch.rand(1000, 64) > 0.5
+        >>> packed = gnnact.pack_mask(mask)
+        >>> packed.nbytes  # 64,000 bits
+        8000
+        >>> torch.equal(gnnact.unpack_mask(packed), mask)
+        True
     """
     mask = _check_tensor("mask", mask)
     if mask.dtype != torch.bool:
@@ -219,7 +245,22 @@ def pack_mask(mask: Tensor, *, backend: Backend = "auto") -> PackedMask:
 
 
 def unpack_mask(packed: PackedMask, *, backend: Backend = "auto") -> Tensor:
-    """Restore the ``torch.bool`` tensor packed by :func:`pack_mask` (exact)."""
+    r"""Restore the ``torch.bool`` tensor packed by :func:`pack_mask`, exactly: element
+    :math:`i` is bit :math:`i \bmod 8` of byte :math:`\lfloor i/8 \rfloor` of ``packed.data``.
+
+    Args:
+        packed (gnnact.quant.PackedMask): the packed mask.
+        backend (str, optional): as in :func:`quantize`. (default: :obj:`"auto"`)
+
+    Returns:
+        torch.Tensor: a ``torch.bool`` tensor of ``packed.shape`` on ``packed.device``.
+
+    Example:
+        >>> mask = torch.tensor([[True, False, True], [False, False, True]])
+        >>> gnnact.unpack_mask(gnnact.pack_mask(mask))
+        tensor([[ True, False,  True],
+                [False, False,  True]])
+    """
     if not isinstance(packed, PackedMask):
         raise TypeError(f"packed must be a PackedMask, got {type(packed).__name__}")
     impl = _backend(backend, packed.device)

@@ -72,6 +72,17 @@ class PackedTensor:
         shape (torch.Size): shape of the original tensor.
         dtype (torch.dtype): dtype of the original tensor (and of the dequantized one).
         group_size (int): elements per group (0 for pass-through).
+
+    Example:
+        >>> p = gnnact.quantize(torch.randn(1000, 128), bits=2)
+        >>> p.codes.shape, p.scales.shape  # 250 groups of 512 values, 2 bits each
+        (torch.Size([250, 128]), torch.Size([250]))
+        >>> p.nbytes == p.num_groups * (128 + 8)
+        True
+        >>> p.dequantize().shape
+        torch.Size([1000, 128])
+        >>> gnnact.quant.PackedTensor.from_parts(p.tensors(), p.meta).nbytes == p.nbytes
+        True
     """
 
     codes: Tensor
@@ -155,6 +166,13 @@ class PackedMask:
     Args:
         data (torch.Tensor): ``uint8`` packed bits, ``[ceil(n / 8)]``.
         shape (torch.Size): shape of the original mask.
+
+    Example:
+        >>> p = gnnact.pack_mask(torch.tensor([True, False, True]))
+        >>> p.data, p.nbytes  # bits 0 and 2 of one byte
+        (tensor([5], dtype=torch.uint8), 1)
+        >>> gnnact.unpack_mask(p)
+        tensor([ True, False,  True])
     """
 
     data: Tensor

@@ -78,7 +78,7 @@ class GATConv(_Compressed, pyg_nn.GATConv):
 
     PyG's layer keeps the gathered messages :math:`\mathbf{\Theta}_s \mathbf{x}_j` for every
     edge (:math:`E \times H C` in full precision) plus :math:`\alpha` and its intermediates;
-    here no tensor with :math:`E H C` values is kept (see :mod:`gnnact.ops.gat`). With
+    here no tensor with :math:`E H C` values is kept (see :func:`gnnact.ops.gat_attention`). With
     ``config=Config(bits=32)`` outputs and gradients equal PyG's to float rounding, and in
     training mode on the CPU the dropout mask is drawn as PyG draws it (same seed, same mask).
 
@@ -112,6 +112,15 @@ class GATConv(_Compressed, pyg_nn.GATConv):
         - **output:** node features :math:`(|\mathcal{V}_t|, H F_{out})` (or :math:`F_{out}`
           when ``concat=False``), and with ``return_attention_weights`` PyG's
           ``(edge_index, alpha)`` pair (or the sparse adjacency holding ``alpha``)
+
+    Example:
+        >>> conv = gnnact.nn.GATConv(16, 8, heads=4, config=gnnact.Config(bits=2))
+        >>> x, edge_index = torch.randn(100, 16), torch.randint(0, 100, (2, 400))
+        >>> out, (looped, alpha) = conv(x, edge_index, return_attention_weights=True)
+        >>> out.shape  # 4 heads of 8 channels, concatenated
+        torch.Size([100, 32])
+        >>> alpha.shape == (looped.size(1), 4)  # one coefficient per edge and head
+        True
     """
 
     # Set explicitly: PyG generates propagate() from the class source otherwise (DESIGN §7).

@@ -53,7 +53,7 @@ class GCN2Conv(_Compressed, pyg_nn.GCN2Conv):
     * separate weights: :math:`(1-\alpha)\hat{\mathbf{P}}\mathbf{X}` at ``config.bits`` bits and
       :math:`\mathbf{X}^{(0)}` itself at ``config.bits`` bits, **one packed copy for the whole
       model** when every layer receives the same ``x_0`` object (see
-      :func:`gnnact.ops.gcn2.gcn2_residual`).
+      :func:`gnnact.ops.gcn2_residual`).
 
     Only an ``edge_weight`` that needs a gradient makes the aggregation keep :math:`\mathbf{X}`
     as well (compressed, for :math:`\nabla w_{ij} = \langle\nabla\mathbf{Y}_i,
@@ -84,6 +84,16 @@ class GCN2Conv(_Compressed, pyg_nn.GCN2Conv):
           :math:`(2, |\mathcal{E}|)` or a sparse ``adj_t``, edge weights
           :math:`(|\mathcal{E}|)` *(optional)*
         - **output:** node features :math:`(|\mathcal{V}|, F)`
+
+    Example:
+        >>> convs = [gnnact.nn.GCN2Conv(64, alpha=0.1, theta=0.5, layer=i + 1)
+        ...          for i in range(4)]
+        >>> x_0, edge_index = torch.randn(100, 64), torch.randint(0, 100, (2, 400))
+        >>> x = x_0
+        >>> for conv in convs:  # the same x_0 object for every layer: one packed copy
+        ...     x = conv(x, x_0, edge_index).relu()
+        >>> x.shape
+        torch.Size([100, 64])
     """
 
     # Set explicitly: PyG generates propagate() from the class source otherwise (DESIGN §7).

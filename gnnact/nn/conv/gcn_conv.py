@@ -50,6 +50,15 @@ class GCNConv(_Compressed, pyg_nn.GCNConv):
           :math:`(2, |\mathcal{E}|)` or a sparse ``adj_t``, edge weights
           :math:`(|\mathcal{E}|)` *(optional)*
         - **output:** node features :math:`(|\mathcal{V}|, F_{out})`
+
+    Example:
+        >>> conv = gnnact.nn.GCNConv(16, 32, config=gnnact.Config(bits=2))
+        >>> x, edge_index = torch.randn(100, 16), torch.randint(0, 100, (2, 400))
+        >>> conv(x, edge_index).shape
+        torch.Size([100, 32])
+        >>> import torch_geometric
+        >>> gnnact.convert(torch_geometric.nn.GCNConv(16, 32))  # a PyG layer, in place
+        GCNConv(16, 32, bits=2)
     """
 
     # Set explicitly: PyG generates propagate() from the class source otherwise (DESIGN §7).

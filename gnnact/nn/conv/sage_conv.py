@@ -57,6 +57,16 @@ class SAGEConv(_Compressed, pyg_nn.SAGEConv):
           indices :math:`(2, |\mathcal{E}|)` or a sparse ``adj_t``
         - **outputs:** node features :math:`(|\mathcal{V}|, F_{out})` or
           :math:`(|\mathcal{V_t}|, F_{out})` if bipartite
+
+    Example:
+        >>> conv = gnnact.nn.SAGEConv(16, 32, config=gnnact.Config(bits=2))
+        >>> x, edge_index = torch.randn(100, 16), torch.randint(0, 100, (2, 400))
+        >>> conv(x, edge_index).shape
+        torch.Size([100, 32])
+        >>> conv = gnnact.nn.SAGEConv((16, 8), 32)  # bipartite: 100 sources, 10 targets
+        >>> x_dst, edge_index = torch.randn(10, 8), torch.randint(0, 10, (2, 400))
+        >>> conv((x, x_dst), edge_index).shape
+        torch.Size([10, 32])
     """
 
     # Set explicitly: PyG generates propagate() from the class source otherwise (DESIGN §7).

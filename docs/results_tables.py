@@ -1,0 +1,94 @@
+"""Render the committed benchmark rows (``benchmarks/results/*.jsonl``) as reST tables for the
+benchmarks page, each with the device, versions, commit and date its rows came from."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+# file -> (title, columns as (header, row key or callable))
+_TABLES = {
+    "saved_bytes.jsonl": ("Saved context, arxiv-shaped graph", [
+        ("model", "model"), ("bits", "bits"),
+        ("PyG fp32 MB", lambda r: _mb(r.get("pyg_fp32_bytes"))),
+        ("gnnact MB", lambda r: _mb(r.get("gnnact_bytes"))),
+        ("ratio", lambda r: _x(r.get("ratio")))]),
+    "accuracy.jsonl": ("Accuracy on real graphs", [
+        ("dataset", "dataset"), ("model", "model"), ("bits", "bits"),
+        ("test acc (%)", lambda r: f"{r['mean']:.2f} ± {r['std']:.2f}"),
+        ("Δ vs fp32", lambda r: f"{r['delta_vs_fp32']:+.2f}")]),
+    "suite.jsonl": ("Benchmark suite", [
+        ("graph", "graph"), ("model", "model"), ("method", "method"), ("epochs", "epochs"),
+        ("test acc (%)", lambda r: f"{r['acc_mean']:.2f} ± {r['acc_std']:.2f}"),
+        ("saved MB", lambda r: _mb(r.get("saved_bytes"))),
+        ("step ms", lambda r: f"{r['epoch_ms']:.1f}")]),
+    "generic.jsonl": ("Generic pipeline: CNN and transformer", [
+        ("part", "part"), ("model", "model"), ("method", "method"),
+        ("saved MB", lambda r: _mb(r.get("saved_bytes"))),
+        ("vs fp32", lambda r: _x(r.get("saved_ratio"))),
+        ("step vs fp32", lambda r: _x(r.get("step_vs_fp32"))),
+        ("test acc (%)",
+         lambda r: "" if "mean" not in r else f"{r['mean']:.2f} ± {r['std']:.2f}")]),
+    "main_job.jsonl": ("Main job (``python -m gnnact``)", [
+        ("model", "model"), ("bits", "bits"), ("test acc", lambda r: _pct(r.get("test_acc"))),
+        ("saved MB", lambda r: _mb(r.get("saved_bytes"))),
+        ("vs fp32", lambda r: _x(r.get("ratio_vs_fp32")))]),
+    "quantize.jsonl": ("Quantizer throughput", [
+        ("op", "op"), ("backend", "backend"), ("dtype", "dtype"), ("bits", "bits"),
+        ("GB/s", lambda r: f"{r['gbps']:.2f}"), ("share of a copy", "frac_of_copy")]),
+}
+
+
+def _mb(value) -> str:
+    return "" if value is None else f"{value / 1e6:.1f}"
+
+
+def _x(value) -> str:
+    return "" if value is None else f"{value:.2f}x"
+
+
+def _pct(value) -> str:
+    if value is None:
+        return ""
+    return f"{100 * value:.2f}" if value <= 1 else f"{value:.2f}"
+
+
+def _cell(row: dict, key) -> str:
+    try:
+        value = key(row) if callable(key) else row.get(key, "")
+    except (KeyError, TypeError):
+        value = ""
+    return str("" if value is None else value).replace("|", "/")
+
+
+def _table(rows: list[dict], columns: list) -> list[str]:
+    header = [h for h, _ in columns]
+    body = [[_cell(r, k) for _, k in columns] for r in rows]
+    lines = [".. list-table::", "   :header-rows: 1", ""]
+    for cells in [header, *body]:
+        lines.append(f"   * - {cells[0] or ' '}")
+        lines += [f"     - {c or ' '}" for c in cells[1:]]
+    return lines
+
+
+def write_tables(results: Path, out: Path) -> Path:
+    """Write ``out/benchmarks_tables.rst``: one section per result file, rows grouped by the
+    run (device, commit, date) they came from."""
+    out.mkdir(parents=True, exist_ok=True)
+    lines: list[str] = []
+    for name, (title, columns) in _TABLES.items():
+        path = results / name
+        if not path.exists():
+            continue
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        lines += [title, "-" * len(title), "", f"From ``benchmarks/results/{name}``.", ""]
+        runs: dict[tuple, list[dict]] = {}
+        for r in rows:
+            runs.setdefault((r.get("device_name", "?"), r.get("commit", "?"),
+                             r.get("date", "?")[:10], r.get("torch", "?")), []).append(r)
+        for (device, commit, date, torch_version), group in runs.items():
+            lines += [f"**{device}**, torch {torch_version}, commit ``{commit}``, {date}:", ""]
+            lines += [*_table(group, columns), ""]
+    target = out / "benchmarks_tables.rst"
+    target.write_text("\n".join(lines) + "\n")
+    return target

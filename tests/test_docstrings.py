@@ -1,0 +1,89 @@
+"""The API documentation requirement: every public class and function (the callable names in
+``__all__`` of the public modules) has a docstring with an ``Example:`` section and, if it takes
+arguments, an ``Args:`` section with an entry per argument (``name (type): text``)."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+MODULES = [
+    "gnnact",
+    "gnnact.nn",
+    "gnnact.compress",
+    "gnnact.adaptive",
+    "gnnact.memory",
+    "gnnact.data",
+    "gnnact.training",
+    "gnnact.swap",
+    "gnnact.planner",
+    "gnnact.quant",
+]
+
+
+def _public() -> Iterator[Any]:
+    """One ``pytest.param`` per public callable, named by where it is first exported."""
+    seen: set[int] = set()
+    for module_name in MODULES:
+        module = importlib.import_module(module_name)
+        for name in getattr(module, "__all__", []):
+            obj = getattr(module, name)
+            if inspect.ismodule(obj) or not callable(obj) or id(obj) in seen:
+                continue
+            seen.add(id(obj))
+            yield pytest.param(obj, id=f"{module_name}.{name}")
+
+
+PUBLIC = list(_public())
+
+
+def _doc(obj: Any) -> str:
+    # ``__doc__`` itself, not inspect.getdoc: a class without a docstring must not pass on its
+    # base class's.
+    return inspect.cleandoc(obj.__doc__ or "")
+
+
+def _parameters(obj: Any) -> list[str]:
+    """The names of the arguments a caller passes: a function's, or a class's constructor's
+    (documented in the class docstring). Empty when the signature is unavailable, and for a
+    class whose constructor is ``object``'s, a builtin's (exceptions) or ``typing.Protocol``'s:
+    there is no argument of the class's own to document."""
+    if inspect.isclass(obj):
+        target = obj.__init__
+        if not inspect.isfunction(target) or target.__module__ == "typing":
+            return []
+    else:
+        target = obj
+    try:
+        signature = inspect.signature(target)
+    except (TypeError, ValueError):
+        return []
+    return [name for name in signature.parameters if name not in ("self", "cls")]
+
+
+def test_public_objects_found():
+    assert len(PUBLIC) > 40  # the modules were imported and their __all__ read
+
+
+@pytest.mark.parametrize("obj", PUBLIC)
+def test_docstring_has_example(obj):
+    assert "Example" in _doc(obj), f"{obj.__qualname__}: no Example section"
+
+
+@pytest.mark.parametrize("obj", PUBLIC)
+def test_docstring_has_args(obj):
+    if _parameters(obj):
+        assert "Args" in _doc(obj), f"{obj.__qualname__}: no Args section"
+
+
+@pytest.mark.parametrize("obj", PUBLIC)
+def test_every_argument_is_documented(obj):
+    doc = _doc(obj)
+    missing = [name for name in _parameters(obj)
+               if not re.search(rf"^\s*\**{re.escape(name)} \(", doc, re.MULTILINE)]
+    assert not missing, f"{obj.__qualname__}: no 'name (type): ...' entry for {missing}"
