@@ -71,7 +71,7 @@ class PinnedPool:
         if bucket:
             return bucket.pop()
         self.allocated_bytes += nbytes
-        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True), None
+        return _pinned_empty(nbytes), None
 
     def release(self, buffers: Sequence[Tensor], event: torch.cuda.Event | None) -> None:
         """Return ``buffers`` to the pool; ``event`` (``None``: none) is what the last copy
@@ -225,6 +225,12 @@ class Offloader:
                 if ahead is not None:
                     self._prefetch(ahead)
         return item.rebuild(restored)
+
+
+def _pinned_empty(nbytes: int) -> Tensor:
+    """A pinned host buffer of ``nbytes`` bytes (one place to allocate them: tests without a GPU
+    substitute pageable memory here)."""
+    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
 
 
 def _give_back(pool: PinnedPool, state: _State) -> None:

@@ -119,3 +119,102 @@ def test_cuda_stream_ordering_stress_is_deterministic():
         hooks = pipeline(model, x, offload=True, prefetch_depth=depth)
         for _ in range(3):
             assert torch.equal(grads(model, x, y, hooks), expected)
+
+
+# ---------------------------------------------------------------------- ordering, without a GPU
+
+
+class _Log:
+    def __init__(self):
+        self.ops = []
+        self.events = 0
+
+
+class _Event:
+    def __init__(self, log):
+        self.log, self.id = log, log.events
+        log.events += 1
+
+    def record(self, stream):
+        self.log.ops.append(("record", stream.name, self.id))
+
+    def query(self):
+        return True
+
+
+class _Stream:
+    def __init__(self, log, name):
+        self.log, self.name = log, name
+
+    def wait_stream(self, other):
+        self.log.ops.append(("wait_stream", self.name, other.name))
+
+    def wait_event(self, event):
+        self.log.ops.append(("wait_event", self.name, event.id))
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """torch.cuda's streams and events replaced by recorders, so that the Offloader's order of
+    operations can be checked on the CPU (the copies themselves are synchronous there)."""
+    import contextlib
+
+    import gnnact.swap as swap
+
+    log = _Log()
+    names = iter(["copy_out", "copy_in"])
+    compute = _Stream(log, "compute")
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device: _Stream(log, next(names)))
+    monkeypatch.setattr(torch.cuda, "Event", lambda: _Event(log))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: compute)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.Tensor, "record_stream",
+                        lambda t, s: log.ops.append(("record_stream", s.name, t.data_ptr())),
+                        raising=False)
+    monkeypatch.setattr(swap, "_pinned_empty", lambda n: torch.empty(n, dtype=torch.uint8))
+    return log
+
+
+def test_offloader_round_trip_prefetch_and_ordering(fake_cuda):
+    import gc
+
+    from gnnact.swap import Offloader
+
+    log = fake_cuda
+    offloader = Offloader(torch.device("cpu"), prefetch_depth=2)
+    offloader.new_pass()
+    originals = [torch.randn(100 + i, 8) for i in range(5)]
+    items = [offloader.offload((t.clone(),), lambda parts: parts[0], t.shape)
+             for t in originals]
+    out_events = [i.state.last_event.id for i in items]
+    # invariant 1: every copy-out waits for the compute stream first
+    assert log.ops.count(("wait_stream", "copy_out", "compute")) == 5
+    # backward reads in reverse: reading item 4 prefetches items 3 and 2
+    assert torch.equal(offloader.fetch(items[4]), originals[4])
+    assert items[3].restored is not None and items[2].restored is not None
+    assert items[1].restored is None
+    for k in (3, 2, 1, 0):
+        assert torch.equal(offloader.fetch(items[k]), originals[k])
+    for k, item in enumerate(items):
+        # invariant 3: the copy-in of item k waited on its copy-out event
+        assert ("wait_event", "copy_in", out_events[k]) in log.ops
+        # invariant 4: the compute stream waited on its copy-in event before reading
+        in_event = item.state.last_event.id
+        assert ("wait_event", "compute", in_event) in log.ops
+        assert log.ops.index(("record", "copy_in", in_event)) < log.ops.index(
+            ("wait_event", "compute", in_event))
+    # a second reader of the same item copies in again
+    assert torch.equal(offloader.fetch(items[0]), originals[0])
+    # invariant 5: dead items give their buffers back with their last event; a new pass
+    # reuses them (no new pinned memory) after waiting on that event
+    allocated = offloader.pool.allocated_bytes
+    last = [item.state.last_event.id for item in items]
+    del items, item
+    gc.collect()
+    assert offloader.pool.free_bytes == allocated
+    offloader.new_pass()
+    again = [offloader.offload((t.clone(),), lambda parts: parts[0], t.shape)
+             for t in originals]
+    assert offloader.pool.allocated_bytes == allocated
+    assert all(("wait_event", "copy_out", e) in log.ops for e in last)
+    assert torch.equal(offloader.fetch(again[2]), originals[2])
