@@ -4,7 +4,9 @@ Methods (each on the same graph, seeds, initial weights and epochs):
 
 - ``pyg``: plain PyG fp32, the reference;
 - ``gnnact2``, ``gnnact4``, ``gnnact8``: the same model after ``gnnact.convert`` at that many
-  bits;
+  bits (GAT's attention coefficients at their default 8 bits);
+- ``uniform4``: converted with every tensor at 4 bits, GAT's attention included (GACT's "fixed
+  4-bit", the configuration that collapsed GAT there);
 - ``adaptive2``, ``adaptive3``, ``adaptive4``: converted, with a ``gnnact.Controller`` at that
   average (sensitivities re-estimated every 50 steps; its passes are outside the timing);
 - ``pernode2``: converted at 2 bits with per-node mixed precision (``Config(per_node=True)``);
@@ -53,8 +55,8 @@ from gnnact.training import RunResult, loss_of, train_full_batch
 # Re-estimate sensitivities every this many steps (the first step estimates too).
 ADAPT_INTERVAL = 50
 
-METHODS = ("pyg", "gnnact2", "gnnact4", "gnnact8", "adaptive2", "adaptive3", "adaptive4",
-           "pernode2", "amp", "checkpoint", "save_on_cpu")
+METHODS = ("pyg", "gnnact2", "gnnact4", "gnnact8", "uniform4", "adaptive2", "adaptive3",
+           "adaptive4", "pernode2", "amp", "checkpoint", "save_on_cpu")
 
 
 class Checkpointed(nn.Module):
@@ -87,6 +89,9 @@ def prepare(method: str, model: nn.Module, data,
     ``method``."""
     if method == "pyg":
         return model, {}
+    if method.startswith("uniform"):  # every tensor at these bits, GAT's attention included
+        bits = int(method[7:])
+        return gnnact.convert(model, gnnact.Config(bits=bits, attention_bits=bits)), {}
     if method.startswith("gnnact"):
         return gnnact.convert(model, gnnact.Config(bits=int(method[6:]))), {}
     if method.startswith("pernode"):

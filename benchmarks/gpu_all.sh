@@ -19,7 +19,7 @@
 #              seeds, 2/4 bits vs fp32). Needs the data: copy ../shared/datasets/{coauthor,
 #              amazon,citation_full} into data_local/datasets/ and carry data_local.
 #   adaptive-<dataset>   GACT's Table 3 shape on physics, computers or dblp: GCN, GAT, GCNII x
-#              {fp32, 4 bits, adaptive 4/3/2, per-node 2}, 3 seeds (same data as accuracy)
+#              {fp32, 4 bits, uniform 4 bits, adaptive 4/3/2, per-node 2}, 3 seeds
 #   generic    the saved-tensor pipeline on a ResNet-18-style CNN and a transformer: saved bytes,
 #              step time and peak memory per compressor vs fp32, and digits accuracy (3 seeds)
 #   swap       GACT Table 5 on SAGE 3x256 (arxiv shape): fp32 + save_on_cpu vs gnnact 2-bit
@@ -99,7 +99,7 @@ for part in "${parts[@]}"; do
       if [ -d data_local/datasets ]; then
         GNNACT_DATA="$PWD/data_local/datasets" python benchmarks/bench_suite.py --device cuda \
           --graph "${part#adaptive-}" --models gcn gat gcnii --epochs 200 \
-          --methods pyg gnnact4 adaptive4 adaptive3 adaptive2 pernode2 \
+          --methods pyg gnnact4 uniform4 adaptive4 adaptive3 adaptive2 pernode2 \
           --out "$out/suite.jsonl" --summary "$out/suite_${part}.md" || status=1
       else
         echo "no data_local/datasets: copy ../shared/datasets families there and carry it"
