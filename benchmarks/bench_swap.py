@@ -27,9 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -39,7 +37,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RESULTS, environment, finish
+from _common import RESULTS, environment, finish, median_time
 
 import gnnact
 from gnnact.data import SHAPES, synthetic_like
@@ -100,20 +98,7 @@ def measure(model, context, data, device: torch.device, epochs: int, warmup: int
         torch.cuda.synchronize(device)
         result["peak_bytes"] = torch.cuda.max_memory_allocated(device) - before
         del loss
-    times = []
-    for _ in range(epochs):
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            step()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            step()
-            times.append(1e3 * (time.perf_counter() - t0))
-    result["epoch_ms"] = statistics.median(times)
+    result["epoch_ms"] = 1e3 * median_time(step, device, repeats=epochs, warmup=0)
     return result
 
 

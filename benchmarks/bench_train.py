@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import argparse
 import gc
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -36,7 +34,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RESULTS, environment, finish
+from _common import RESULTS, environment, finish, median_time
 
 import gnnact
 from gnnact.data import SHAPES, synthetic_like
@@ -81,20 +79,7 @@ def run(model: torch.nn.Module, data, device: torch.device, epochs: int, warmup:
         result["peak_bytes"] = torch.cuda.max_memory_allocated(device) - before
     del loss
     # Time: median step.
-    times = []
-    for _ in range(epochs):
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            step()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            step()
-            times.append(1e3 * (time.perf_counter() - t0))
-    result["epoch_ms"] = statistics.median(times)
+    result["epoch_ms"] = 1e3 * median_time(step, device, repeats=epochs, warmup=0)
     return result
 
 
