@@ -25,6 +25,7 @@ from torch.nn.modules.module import (
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from gnnact.compress import OUTSIDE, Policy
+from gnnact.compress.policy import within
 from gnnact.config import Config
 from gnnact.memory import storage_keys, tensor_storages
 from gnnact.ops.context import (
@@ -386,8 +387,7 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
 
     def _offloads(self, path: str) -> bool:
         """Whether the tensors of module ``path`` go to host memory."""
-        return self.config.offload or any(path == p or path.startswith(p + ".")
-                                          for p in self.offload_paths)
+        return self.config.offload or any(within(path, p) for p in self.offload_paths)
 
     def _swap(self, t: Tensor, tensors: tuple[Tensor, ...],
               rebuild: Callable[[tuple[Tensor, ...]], Any], share: bool = True) -> Any:
@@ -438,8 +438,7 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
             return False
         if is_traceable_wrapper_subclass(t) or t.numel() < self.min_numel:
             return False
-        base = t._base if t._base is not None else t
-        if base.is_leaf and base.requires_grad:  # a parameter or a view of one
+        if _is_parameter(t):
             return False
         if self.config.resident_inputs and not t.requires_grad:
             return False
@@ -447,8 +446,7 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
 
     def _pass(self, t: Tensor) -> None:
         """Tally the storages of a tensor that is saved as is."""
-        base = t._base if t._base is not None else t
-        if base.is_leaf and base.requires_grad:  # saved_bytes leaves graph leaves out too
+        if _is_parameter(t):  # saved_bytes leaves graph leaves out too
             return
         for _, _, nbytes, key in tensor_storages(t, "saved"):
             if key not in self._skip and key not in self._passed:
@@ -463,6 +461,12 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
                                         t.numel() * t.element_size())
         if nbytes:
             self.bytes_by_kind[kind] = self.bytes_by_kind.get(kind, 0) + nbytes
+
+
+def _is_parameter(t: Tensor) -> bool:
+    """A leaf that requires grad (a parameter), or a view of one (``weight.t()``)."""
+    base = t._base if t._base is not None else t
+    return base.is_leaf and base.requires_grad
 
 
 def _storage_key(t: Tensor) -> tuple[str, int | None, int]:

@@ -61,7 +61,7 @@ from gnnact.adaptive.allocator import WIDTHS, allocate, variance_factor
 from gnnact.hooks import compress_saved_tensors
 from gnnact.nn._base import _Compressed
 from gnnact.ops.context import controlled_noise
-from gnnact.quant.packed import packed_code_bytes
+from gnnact.quant.packed import packed_nbytes
 
 __all__ = ["CompressedTensor", "Controller"]
 
@@ -103,12 +103,7 @@ class CompressedTensor:
 
     def nbytes(self, group_size: int) -> int:
         """Packed bytes at :attr:`bits`: codes plus a float32 scale and zero per group."""
-        total = 0
-        for shape in self.shapes:
-            n = math.prod(shape)
-            g = min(group_size, n)
-            total += -(-n // g) * (packed_code_bytes(g, self.bits) + 8)
-        return total
+        return sum(packed_nbytes(math.prod(s), self.bits, group_size) for s in self.shapes)
 
 
 class Controller:

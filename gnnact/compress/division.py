@@ -3,7 +3,7 @@ r"""DIVISION's dual precision: a pooled low-frequency part in 16 bits plus a 2-b
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -161,4 +161,4 @@ class Division(Compressor):
         return DualPrecisionTensor(low, packed, shape, kernel, t.dtype)
 
     def with_bits(self, bits: int) -> Division:
-        return Division(self.block, bits, self.low_dtype, self.backend)
+        return replace(self, bits=bits)

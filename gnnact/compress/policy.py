@@ -13,7 +13,7 @@ from gnnact.compress.mesa import Mesa
 from gnnact.compress.quantize import Quantize
 from gnnact.config import Config
 
-__all__ = ["EXACT", "OUTSIDE", "Policy", "Rule"]
+__all__ = ["EXACT", "OUTSIDE", "Policy", "Rule", "within"]
 
 EXACT = None
 """A rule's compressor that keeps the tensor as is."""
@@ -25,6 +25,12 @@ OUTSIDE = "<outside>"
 _ATTENTION_TYPES: tuple[type, ...] = (nn.MultiheadAttention,)
 _ATTENTION_NAMES = ("*attn*", "*attention*", "*Attn*", "*Attention*")
 _QUANTIZE2 = Quantize(2)
+
+
+def within(path: str, ancestor: str) -> bool:
+    """Whether module ``path`` is ``ancestor`` or lies inside it (``"a.b"`` is within ``"a"``,
+    ``"ab"`` is not)."""
+    return path == ancestor or path.startswith(ancestor + ".")
 
 
 @dataclass(frozen=True)

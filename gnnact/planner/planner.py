@@ -27,6 +27,7 @@ tensors outside the blocks keep. When everything fits, the plan keeps everything
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -38,10 +39,12 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from gnnact.compress import Policy, Quantize, Rule
+from gnnact.compress.policy import within
 from gnnact.config import Config
 from gnnact.hooks import compress_saved_tensors
 from gnnact.planner.milp import InfeasibleBudget, Option, solve
-from gnnact.quant.packed import packed_code_bytes
+from gnnact.quant.core import DEFAULT_GROUP_SIZE
+from gnnact.quant.packed import packed_nbytes
 
 __all__ = ["BlockProfile", "Plan", "default_blocks", "plan"]
 
@@ -81,18 +84,6 @@ def default_blocks(model: nn.Module) -> list[str]:
     if not blocks:
         blocks = [n for n, c in model.named_children() if any(True for _ in c.parameters())]
     return blocks
-
-
-def _within(path: str, block: str) -> bool:
-    return path == block or path.startswith(block + ".")
-
-
-def _quantized_bytes(shape: tuple[int, ...], bits: int, group_size: int) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    g = min(group_size, n)
-    return -(-n // g) * (packed_code_bytes(g, bits) + 8)
 
 
 @dataclass
@@ -412,7 +403,7 @@ def plan(model: nn.Module, example_inputs: Sequence[Any], budget_bytes: int, *,
     rest = hooks.passthrough_bytes
     for entry in hooks.tensors.values():
         path = entry.name.rsplit(":", 1)[0]
-        owner = next((n for n in names if _within(path, n)), None)
+        owner = next((n for n in names if within(path, n)), None)
         if owner is None:
             rest += entry.raw_bytes if entry.kind != "relu_mask" else entry.nbytes
         elif entry.kind == "relu_mask":
@@ -428,7 +419,8 @@ def plan(model: nn.Module, example_inputs: Sequence[Any], budget_bytes: int, *,
         p = profiles[name]
         layer = [Option("keep", p.saved + p.masks, 0.0)]
         for b in widths:
-            p.compressed[b] = sum(_quantized_bytes(s, b, 512) for s in p.shapes)
+            p.compressed[b] = sum(packed_nbytes(math.prod(s), b, DEFAULT_GROUP_SIZE)
+                                  for s in p.shapes)
             p.compress_s[b] = _compress_time(p.shapes, b, device, timings)
             layer.append(Option(f"compress{b}", p.compressed[b] + p.masks, p.compress_s[b]))
         layer.append(Option("recompute", p.inputs, p.forward_s))

@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["BYTE_ALIGNED_BITS", "QUANT_BITS", "SUPPORTED_BITS", "PackedMask", "PackedTensor",
-           "packed_code_bytes"]
+           "packed_code_bytes", "packed_nbytes"]
 
 #: Bit widths stored as packed integer codes (a dense LSB-first bit stream per group).
 QUANT_BITS = (1, 2, 3, 4, 5, 6, 7, 8)
@@ -49,6 +49,17 @@ SUPPORTED_BITS = (*QUANT_BITS, 16, 32)
 def packed_code_bytes(group_size: int, bits: int) -> int:
     r"""Bytes of codes per group: :math:`\lceil G b / 8 \rceil`."""
     return (group_size * bits + 7) // 8
+
+
+def packed_nbytes(numel: int, bits: int, group_size: int) -> int:
+    r"""Bytes :func:`gnnact.quantize` keeps for ``numel`` values at ``bits`` bits in groups of
+    ``group_size`` (a tensor smaller than one group is one group of its own size): codes plus
+    a float32 scale and zero per group, :math:`\lceil n / G \rceil (\lceil G b / 8 \rceil + 8)`.
+    """
+    if numel == 0:
+        return 0
+    g = min(group_size, numel)
+    return -(-numel // g) * (packed_code_bytes(g, bits) + 8)
 
 
 def _tensors_nbytes(tensors: tuple[Tensor, ...]) -> int:
