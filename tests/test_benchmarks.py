@@ -82,6 +82,25 @@ def test_suite_csr_adjacency(tmp_path):
         suite.main(["--smoke", "--methods", "amp", "--adj", "csr"])
 
 
+def test_table3_compares_like_with_like():
+    """Changes against fp32 of the same model, epochs and seeds; the newest row wins."""
+    table3 = _script("table3")
+
+    def row(model, method, acc, date, epochs=100, saved=100):
+        return {"bench": "suite", "graph": "g", "model": model, "method": method,
+                "acc_mean": acc, "acc_std": 0.5, "epochs": epochs, "seeds": [0, 1, 2],
+                "saved_bytes": saved, "date": date}
+
+    rows = [row("gcn", "pyg", 80.0, "2026-01-01"), row("gcn", "adaptive2", 79.0, "2026-01-01",
+                                                         saved=4),
+            row("gcn", "adaptive2", 80.25, "2026-01-02", saved=5),   # newer: replaces it
+            row("gcn", "adaptive3", 70.0, "2026-01-03", epochs=50),  # another length: not used
+            row("gat", "uniform4", 60.0, "2026-01-01")]              # no fp32 row: no line
+    lines = table3.table(rows, "g").splitlines()
+    assert len(lines) == 3
+    assert lines[2] == "| GCN | 100 | 80.00 ± 0.50 | – | – | – | – | +0.25 | 20.0× |"
+
+
 def test_generic_rows(tmp_path, capsys):
     pytest.importorskip("sklearn")
     bench = _script("bench_generic")
