@@ -3,9 +3,9 @@ points of each compressed method against it, and the saved-context ratio at the 
 
 It reads ``benchmarks/results/suite.jsonl`` (written by ``bench_suite.py``) and prints one
 markdown table per graph. The fp32 (``pyg``) row of a (graph, model) is its newest; each
-method's change is taken from its newest row with the same epochs and seeds, so that a rerun
-replaces an older one and a run of another length is never compared. A method with no such row
-shows ``–``.
+method's change is taken from its newest row with the same epochs, seeds and BatchNorm
+momentum, so that a rerun replaces an older one and a run of other settings is never compared.
+A method with no such row shows ``–``.
 
 Usage::
 
@@ -30,12 +30,18 @@ COLUMNS = (("gnnact4", "fixed 4"), ("uniform4", "uniform 4"), ("adaptive4", "ada
 MODELS = {"gcn": "GCN", "sage": "SAGE", "gat": "GAT", "gcnii": "GCNII"}
 
 
+def settings(row: dict) -> tuple:
+    """What must match for two rows to be compared: epochs, seeds, BatchNorm momentum (rows
+    from before ``--bn-momentum`` existed ran at PyTorch's 0.1)."""
+    return row["epochs"], tuple(row["seeds"]), row.get("bn_momentum", 0.1)
+
+
 def newest(rows: list[dict]) -> dict[tuple, dict]:
-    """The newest row per (model, method, epochs, seeds), by the rows' ISO dates; the fp32 row
-    also under (model, "pyg")."""
+    """The newest row per (model, method, *:func:`settings`), by the rows' ISO dates; the fp32
+    row also under (model, "pyg")."""
     out: dict[tuple, dict] = {}
     for r in sorted(rows, key=lambda r: r["date"]):
-        out[r["model"], r["method"], r["epochs"], tuple(r["seeds"])] = r
+        out[(r["model"], r["method"], *settings(r))] = r
         if r["method"] == "pyg":
             out[r["model"], "pyg"] = r
     return out
@@ -44,14 +50,14 @@ def newest(rows: list[dict]) -> dict[tuple, dict]:
 def table(rows: list[dict], graph: str) -> str:
     """The markdown table of ``graph``: one line per model with an fp32 row."""
     best = newest([r for r in rows if r.get("bench") == "suite" and r["graph"] == graph])
-    lines = ["| model | epochs | fp32 | " + " | ".join(h for _, h in COLUMNS)
+    lines = ["| model | epochs | BN momentum | fp32 | " + " | ".join(h for _, h in COLUMNS)
              + " | saved context at adaptive 2 |",
-             "|---|---|---|" + "---|" * len(COLUMNS) + "---|"]
+             "|---|---|---|---|" + "---|" * len(COLUMNS) + "---|"]
     for model, label in MODELS.items():
         ref = best.get((model, "pyg"))
         if ref is None:
             continue
-        same = (ref["epochs"], tuple(ref["seeds"]))
+        same = settings(ref)
         cells = []
         for method, _ in COLUMNS:
             r = best.get((model, method, *same))
@@ -59,7 +65,7 @@ def table(rows: list[dict], graph: str) -> str:
         low = best.get((model, "adaptive2", *same))
         ratio = ("–" if low is None or not low["saved_bytes"] or not ref["saved_bytes"]
                  else f"{ref['saved_bytes'] / low['saved_bytes']:.1f}×")
-        lines.append(f"| {label} | {ref['epochs']} | {ref['acc_mean']:.2f} ± "
+        lines.append(f"| {label} | {ref['epochs']} | {same[2]} | {ref['acc_mean']:.2f} ± "
                      f"{ref['acc_std']:.2f} | " + " | ".join(cells) + f" | {ratio} |")
     return "\n".join(lines) + "\n"
 

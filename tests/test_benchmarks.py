@@ -95,10 +95,11 @@ def test_table3_compares_like_with_like():
                                                          saved=4),
             row("gcn", "adaptive2", 80.25, "2026-01-02", saved=5),   # newer: replaces it
             row("gcn", "adaptive3", 70.0, "2026-01-03", epochs=50),  # another length: not used
+            {**row("gcn", "adaptive4", 70.0, "2026-01-03"), "bn_momentum": 0.5},  # neither
             row("gat", "uniform4", 60.0, "2026-01-01")]              # no fp32 row: no line
     lines = table3.table(rows, "g").splitlines()
     assert len(lines) == 3
-    assert lines[2] == "| GCN | 100 | 80.00 ± 0.50 | – | – | – | – | +0.25 | 20.0× |"
+    assert lines[2] == "| GCN | 100 | 0.1 | 80.00 ± 0.50 | – | – | – | – | +0.25 | 20.0× |"
 
 
 def test_generic_rows(tmp_path, capsys):
