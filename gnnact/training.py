@@ -10,6 +10,7 @@ allocates on top of what was resident before it.
 from __future__ import annotations
 
 import contextlib
+import math
 import statistics
 import sys
 import time
@@ -35,8 +36,9 @@ class RunResult:
 
     Args:
         test_acc (float): test metric at the best validation epoch (accuracy, or mean ROC-AUC
-            for multi-label targets), in [0, 1].
-        best_val_acc (float): the best validation metric.
+            for multi-label targets), in [0, 1]; ``nan`` if the validation metric never was a
+            number (a ROC-AUC with no split column holding both classes).
+        best_val_acc (float): the best validation metric (``nan`` likewise).
         saved_bytes (int, optional): context one training forward pass keeps for backward,
             resident tensors (model, features, labels, graph) excluded; :obj:`None` when not
             measured.
@@ -203,7 +205,8 @@ def train_full_batch(model: nn.Module, data: Data, *, epochs: int, lr: float = 0
     """Train ``model`` on ``data`` (both on one device) with Adam for ``epochs`` epochs.
 
     Each epoch: one training step on the whole graph (:func:`loss_of`, backward, optimizer
-    step), then :func:`evaluate`; the test metric is reported at the best validation epoch.
+    step), then :func:`evaluate`; the test metric is reported at the best validation epoch
+    (the first of equals; ``nan`` if no validation metric was a number).
 
     Args:
         model (torch.nn.Module): called as ``model(data.x, adjacency(data))``.
@@ -242,7 +245,9 @@ def train_full_batch(model: nn.Module, data: Data, *, epochs: int, lr: float = 0
     optimizer = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
     resident = [model, data.x, data.y, adjacency(data)]
     context = step_context or contextlib.nullcontext
-    best_val = test_at_best = 0.0
+    # A NaN validation metric never wins; if every one is NaN, both results are NaN rather than
+    # a made-up 0.
+    best_val, test_at_best = -math.inf, math.nan
     measured: int | None = None
     peak: int | None = None
     times: list[float] = []
@@ -278,5 +283,7 @@ def train_full_batch(model: nn.Module, data: Data, *, epochs: int, lr: float = 0
         bar.set_postfix(loss=f"{loss.item():.3f}", val=f"{val:.3f}")
     bar.close()
     steady = times[1:] if len(times) > 1 else times
+    if best_val == -math.inf:
+        best_val = math.nan
     return RunResult(test_acc=test_at_best, best_val_acc=best_val, saved_bytes=measured,
                      epoch_ms=1e3 * statistics.median(steady), peak_bytes=peak)
