@@ -55,9 +55,10 @@ def test_suite_rows_summary_and_plots(tmp_path):
 
 def test_suite_csr_adjacency(tmp_path):
     """``--adj csr``: every method gets the same graph as a sparse ``adj_t``, the loss is the one
-    ``edge_index`` gives, and the rows say which form ran."""
+    ``edge_index`` gives, and the rows say which form ran (and the BatchNorm momentum)."""
     import torch
 
+    import gnnact
     from gnnact.models import build
     from gnnact.training import adjacency, loss_of
 
@@ -73,11 +74,15 @@ def test_suite_csr_adjacency(tmp_path):
 
     out = tmp_path / "suite.jsonl"
     assert suite.main(["--nodes", "300", "--epochs", "2", "--seeds", "0", "--models", "gcn",
-                       "--methods", "pyg", "gnnact2", "--adj", "csr", "--out", str(out),
-                       "--summary", str(tmp_path / "suite.md")]) == 0
+                       "--methods", "pyg", "gnnact2", "--adj", "csr", "--bn-momentum", "0.5",
+                       "--out", str(out), "--summary", str(tmp_path / "suite.md")]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [(r["method"], r["adj"]) for r in rows] == [("pyg", "csr"), ("gnnact2", "csr")]
+    assert [(r["method"], r["adj"], r["bn_momentum"]) for r in rows] == [
+        ("pyg", "csr", 0.5), ("gnnact2", "csr", 0.5)]
     assert rows[0]["saved_bytes"] > 10 * rows[1]["saved_bytes"] > 0
+    model = build("gcn", 8, 3)  # conversion keeps the momentum the suite sets before it
+    model.bns[0].momentum = 0.5
+    assert gnnact.convert(model).bns[0].momentum == 0.5
     with pytest.raises(SystemExit):  # no bfloat16 sparse CSR product on the CPU
         suite.main(["--smoke", "--methods", "amp", "--adj", "csr"])
 
