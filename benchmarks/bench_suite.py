@@ -38,7 +38,8 @@ Usage::
 
     python benchmarks/bench_suite.py [--graph synthetic-arxiv | <dataset name>] [--nodes N]
         [--models gcn sage gat gcnii] [--methods pyg gnnact2 ...] [--seeds 0 1 2]
-        [--epochs 100] [--adj edge_index | csr] [--bn-momentum 0.1] [--device cuda] [--smoke]
+        [--epochs 100] [--adj edge_index | csr] [--bn-momentum 0.1] [--adapt-interval 50]
+        [--min-bits 1] [--device cuda] [--smoke]
 """
 
 from __future__ import annotations
@@ -95,10 +96,12 @@ class Checkpointed(nn.Module):
         raise TypeError(f"cannot checkpoint {type(m).__name__}")
 
 
-def prepare(method: str, model: nn.Module, data,
-            device: torch.device) -> tuple[nn.Module, dict]:
+def prepare(method: str, model: nn.Module, data, device: torch.device, *,
+            adapt_interval: int = ADAPT_INTERVAL,
+            min_bits: int = 1) -> tuple[nn.Module, dict]:
     """The model to train and the keyword arguments of :func:`train_full_batch` for
-    ``method``."""
+    ``method``; an adaptive method's controller re-estimates every ``adapt_interval`` steps
+    and chooses widths of at least ``min_bits``."""
     if method == "pyg":
         return model, {}
     if method.startswith("uniform"):  # every tensor at these bits, GAT's attention included
@@ -112,7 +115,9 @@ def prepare(method: str, model: nn.Module, data,
     if method.startswith("adaptive"):
         bits = int(method[8:])
         gnnact.convert(model, gnnact.Config(bits=bits))
-        controller = gnnact.Controller(model, avg_bits=bits, adapt_interval=ADAPT_INTERVAL)
+        widths = tuple(w for w in gnnact.adaptive.WIDTHS if w >= min_bits)
+        controller = gnnact.Controller(model, avg_bits=bits, adapt_interval=adapt_interval,
+                                       widths=widths)
         return model, {"before_step": lambda: controller.adapt(lambda: loss_of(model, data))}
     if method == "amp":
         return model, {"step_context": lambda: torch.autocast(device.type, dtype=torch.bfloat16)}
@@ -174,12 +179,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="the graph as edge_index, or as a torch.sparse_csr adj_t")
     parser.add_argument("--bn-momentum", type=float, default=0.1,
                         help="momentum of every BatchNorm's running statistics")
+    parser.add_argument("--adapt-interval", type=int, default=ADAPT_INTERVAL,
+                        help="steps between an adaptive method's sensitivity estimates")
+    parser.add_argument("--min-bits", type=int, default=1,
+                        help="the narrowest width an adaptive method may choose")
     parser.add_argument("--device", type=torch.device, default=torch.device("cpu"))
     parser.add_argument("--smoke", action="store_true",
                         help="a 1,500-node graph, 3 epochs, one seed; no results written")
     parser.add_argument("--out", type=Path, default=RESULTS / "suite.jsonl")
     parser.add_argument("--summary", type=Path, default=RESULTS / "suite.md")
     args = parser.parse_args(argv)
+    if not 1 <= args.min_bits <= 8:
+        parser.error(f"--min-bits must be in 1..8, got {args.min_bits}")
     if args.adj == "csr" and "amp" in args.methods and args.device.type == "cpu":
         parser.error("--methods amp needs --adj edge_index on the CPU: torch has no bfloat16 "
                      "sparse CSR product there")
@@ -200,7 +211,9 @@ def main(argv: list[str] | None = None) -> int:
                     for module in base.modules():
                         if isinstance(module, nn.modules.batchnorm._BatchNorm):
                             module.momentum = args.bn_momentum
-                    model, kwargs = prepare(method, base, data, args.device)
+                    model, kwargs = prepare(method, base, data, args.device,
+                                            adapt_interval=args.adapt_interval,
+                                            min_bits=args.min_bits)
                     run = train_full_batch(model, data, epochs=args.epochs, lr=args.lr,
                                            **kwargs)
                     runs[method].append(run)
@@ -212,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
                 new.append({
                     "bench": "suite", **env, "graph": args.graph, "num_nodes": data.num_nodes,
                     "num_edges": data.num_edges, "adj": args.adj,
-                    "bn_momentum": args.bn_momentum, "model": model_name,
+                    "bn_momentum": args.bn_momentum, "adapt_interval": args.adapt_interval,
+                    "min_bits": args.min_bits, "model": model_name,
                     "method": method,
                     "seeds": args.seeds, "epochs": args.epochs, "test_acc": accs,
                     "acc_mean": statistics.mean(accs),

@@ -3,8 +3,8 @@ points of each compressed method against it, and the saved-context ratio at the 
 
 It reads ``benchmarks/results/suite.jsonl`` (written by ``bench_suite.py``) and prints one
 markdown table per graph. The fp32 (``pyg``) row of a (graph, model) is its newest; each
-method's change is taken from its newest row with the same epochs, seeds and BatchNorm
-momentum, so that a rerun replaces an older one and a run of other settings is never compared.
+method's change is taken from its newest row with the same settings (:func:`settings`), so that
+a rerun replaces an older one and a run of other settings is never compared.
 A method with no such row shows ``–``.
 
 Usage::
@@ -31,9 +31,11 @@ MODELS = {"gcn": "GCN", "sage": "SAGE", "gat": "GAT", "gcnii": "GCNII"}
 
 
 def settings(row: dict) -> tuple:
-    """What must match for two rows to be compared: epochs, seeds, BatchNorm momentum (rows
-    from before ``--bn-momentum`` existed ran at PyTorch's 0.1)."""
-    return row["epochs"], tuple(row["seeds"]), row.get("bn_momentum", 0.1)
+    """What must match for two rows to be compared: epochs, seeds, BatchNorm momentum and the
+    adaptive controller's interval and narrowest width (rows from before these options existed
+    ran at the defaults: 0.1, 50, 1)."""
+    return (row["epochs"], tuple(row["seeds"]), row.get("bn_momentum", 0.1),
+            row.get("adapt_interval", 50), row.get("min_bits", 1))
 
 
 def newest(rows: list[dict]) -> dict[tuple, dict]:
