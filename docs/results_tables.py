@@ -22,6 +22,11 @@ _TABLES = {
         ("test acc (%)", lambda r: f"{r['acc_mean']:.2f} ± {r['acc_std']:.2f}"),
         ("saved MB", lambda r: _mb(r.get("saved_bytes"))),
         ("step ms", lambda r: f"{r['epoch_ms']:.1f}")]),
+    "adaptive_ablation.jsonl": ("Adaptive bits: estimate schedule and narrowest width", [
+        ("graph", "graph"), ("model", "model"), ("method", "method"), ("epochs", "epochs"),
+        ("interval", "adapt_interval"), ("min bits", "min_bits"),
+        ("test acc (%)", lambda r: f"{r['acc_mean']:.2f} ± {r['acc_std']:.2f}"),
+        ("saved MB", lambda r: _mb(r.get("saved_bytes")))]),
     "generic.jsonl": ("Generic pipeline: CNN and transformer", [
         ("part", "part"), ("model", "model"), ("method", "method"),
         ("saved MB", lambda r: _mb(r.get("saved_bytes"))),
