@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 
+import torch
 import torch_geometric.nn as pyg_nn
 from torch import Tensor, nn
 
@@ -48,8 +49,24 @@ class GCNII(nn.Module):
         self.act = nn.ReLU()
         self.drop = nn.Dropout(dropout)
 
+    def drop_input(self, x: Tensor) -> Tensor:
+        """Dropout on the input features; on a sparse ``x`` (bag-of-words features, which
+        torch's dropout does not take) on its stored values, with the same layout kept."""
+        if x.layout == torch.strided:
+            return self.drop(x)
+        # The indices are x's own, valid by construction: no invariant checks needed.
+        if x.layout == torch.sparse_coo:
+            x = x.coalesce()
+            return torch.sparse_coo_tensor(x.indices(), self.drop(x.values()), x.shape,
+                                           is_coalesced=True, check_invariants=False)
+        if x.layout == torch.sparse_csr:
+            return torch.sparse_csr_tensor(x.crow_indices(), x.col_indices(),
+                                           self.drop(x.values()), x.shape,
+                                           check_invariants=False)
+        raise ValueError(f"x must be dense, sparse COO or sparse CSR, got layout {x.layout}")
+
     def forward(self, x: Tensor, adj) -> Tensor:
-        x = x_0 = self.act(self.lins[0](self.drop(x)))
+        x = x_0 = self.act(self.lins[0](self.drop_input(x)))
         for conv in self.convs:
             x = self.act(conv(self.drop(x), x_0, adj))
         return self.lins[1](self.drop(x))

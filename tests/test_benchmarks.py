@@ -87,6 +87,30 @@ def test_suite_csr_adjacency(tmp_path):
         suite.main(["--smoke", "--methods", "amp", "--adj", "csr"])
 
 
+def test_suite_sparse_features(tmp_path):
+    """``--features sparse``: the same features as a sparse CSR ``x``, the same loss, recorded."""
+    import torch
+
+    from gnnact.models import build
+    from gnnact.training import loss_of
+
+    suite = _script("bench_suite")
+    sparse = suite.load_graph("synthetic-arxiv", 300, 0, str(tmp_path), "csr", "sparse")
+    plain = suite.load_graph("synthetic-arxiv", 300, 0, str(tmp_path), "csr")
+    assert sparse.x.layout == torch.sparse_csr
+    torch.testing.assert_close(sparse.x.to_dense(), plain.x)
+    torch.manual_seed(0)
+    model = build("gcnii", plain.num_features, int(plain.y.max()) + 1).eval()
+    torch.testing.assert_close(loss_of(model, sparse), loss_of(model, plain))
+    out = tmp_path / "suite.jsonl"
+    assert suite.main(["--nodes", "300", "--epochs", "2", "--seeds", "0", "--models", "gcnii",
+                       "--methods", "pyg", "adaptive2", "--adj", "csr", "--features", "sparse",
+                       "--out", str(out), "--summary", str(tmp_path / "suite.md")]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["method"], r["features"]) for r in rows] == [("pyg", "sparse"),
+                                                            ("adaptive2", "sparse")]
+
+
 def test_table3_compares_like_with_like():
     """Changes against fp32 of the same model, epochs and seeds; the newest row wins."""
     table3 = _script("table3")

@@ -248,6 +248,65 @@ def test_resident_inputs_kept_by_reference_temporaries_packed():
         Config(resident_inputs=1)
 
 
+@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr])
+def test_sparse_input_features_kept_by_reference(layout):
+    """A sparse x (bag-of-words features) goes through gnnact's linear map as it is: the same
+    output and weight gradient as dense, the sparse tensor itself the only thing kept."""
+    gen = torch.Generator().manual_seed(0)
+    dense = torch.rand(200, 40, generator=gen) * (torch.rand(200, 40, generator=gen) < 0.1)
+    x = dense.to_sparse() if layout == torch.sparse_coo else dense.to_sparse_csr()
+    lin = gnnact.nn.Linear(40, 8, config=Config(bits=2))
+    out, ref = lin(x), lin(dense)
+    torch.testing.assert_close(out, ref)
+    g = torch.randn(200, 8, generator=gen)
+    for got, want in zip(torch.autograd.grad(out, list(lin.parameters()), g),
+                         torch.autograd.grad(ref, list(lin.parameters()), g), strict=True):
+        torch.testing.assert_close(got, want)
+    assert saved_bytes(lin(x).sum(), exclude=[x]) == 0
+    parts = ((x.indices(), x.values()) if layout == torch.sparse_coo
+             else (x.crow_indices(), x.col_indices(), x.values()))
+    # Not excluded: x's values and indices, exactly; nothing densified.
+    assert saved_bytes(lin(x).sum()) == sum(t.untyped_storage().nbytes() for t in parts)
+    with pytest.raises(ValueError, match="sparse x must be 2-D and need no gradient"):
+        lin(x.clone().requires_grad_())
+
+
+@pytest.mark.parametrize("name", ["gcn", "sage", "gat", "gcnii"])
+def test_models_take_sparse_features(name):
+    """Every model, PyG's and converted, gives the loss and gradients of dense features when
+    given them as a sparse CSR tensor (GCNII's input dropout acts on the stored values); PyG's
+    SAGE cannot aggregate sparse features, gnnact's (which transforms first) can."""
+    from gnnact.data import synthetic_graph
+    from gnnact.models import build
+    from gnnact.training import loss_of
+
+    data = synthetic_graph(200, 6, 30, 4, seed=0)
+    data.x = data.x * (torch.rand_like(data.x) < 0.2)
+    sparse = data.clone()
+    sparse.x = data.x.to_sparse_csr()
+    for convert in ([True] if name == "sage" else [False, True]):
+        torch.manual_seed(0)
+        model = build(name, 30, 4, hidden=16, **({"layers": 3} if name == "gcnii" else {}))
+        if convert:
+            gnnact.convert(model, EXACT)
+        params = list(model.parameters())
+        results = []
+        model.drop.p = 0.0  # dropout draws differ between the layouts
+        for d in (data, sparse):
+            loss = loss_of(model, d)
+            results.append((loss, torch.autograd.grad(loss, params)))
+        torch.testing.assert_close(results[0], results[1])
+    model = gnnact.convert(build(name, 30, 4, hidden=16), Config(bits=2))
+    if name == "gcnii":  # input dropout zeroes stored values, scales the rest by 1 / (1 - p)
+        dropped = model.drop_input(sparse.x)
+        assert dropped.layout == torch.sparse_csr
+        kept = dropped.values() != 0
+        torch.testing.assert_close(dropped.values()[kept], 2 * sparse.x.values()[kept])
+        assert 0.3 < kept.float().mean() < 0.7
+    loss_of(model, sparse).backward()  # trains at 2 bits with dropout
+    assert all(p.grad is not None for p in model.parameters())
+
+
 def test_gcn3_saved_bytes_exact_formula():
     n, f_in, hidden, classes = 1000, 64, 256, 7
     gen = torch.Generator().manual_seed(0)
