@@ -8,7 +8,8 @@ Methods (each on the same graph, seeds, initial weights and epochs):
 - ``uniform4``: converted with every tensor at 4 bits, GAT's attention included (GACT's "fixed
   4-bit", the configuration that collapsed GAT there);
 - ``adaptive2``, ``adaptive3``, ``adaptive4``: converted, with a ``gnnact.Controller`` at that
-  average (sensitivities re-estimated every 50 steps; its passes are outside the timing);
+  average (sensitivities estimated at steps 0, 10, 30 and then every 50; its passes are
+  outside the timing);
 - ``pernode2``: converted at 2 bits with per-node mixed precision (``Config(per_node=True)``);
 - ``amp``: PyG under ``torch.autocast`` in bfloat16 (what mixed precision alone saves);
 - ``checkpoint``: PyG with every layer block recomputed in backward
@@ -45,7 +46,7 @@ Usage::
     python benchmarks/bench_suite.py [--graph synthetic-arxiv | <dataset name>] [--nodes N]
         [--models gcn sage gat gcnii] [--methods pyg gnnact2 ...] [--seeds 0 1 2]
         [--epochs 100] [--adj edge_index | csr] [--features dense | sparse]
-        [--bn-momentum 0.1] [--adapt-interval 50]
+        [--bn-momentum 0.1] [--adapt-interval 50] [--first-interval 10 | none]
         [--min-bits 1] [--device cuda] [--smoke]
 """
 
@@ -72,8 +73,9 @@ from gnnact.data import SHAPES, load_dataset, synthetic_like
 from gnnact.models import GCNII, MODELS, Stack, build
 from gnnact.training import RunResult, loss_of, train_full_batch
 
-# Re-estimate sensitivities every this many steps (the first step estimates too).
-ADAPT_INTERVAL = 50
+# Sensitivity estimates at step 0, then gaps of FIRST_INTERVAL steps doubling up to
+# ADAPT_INTERVAL (gnnact.Controller's schedule).
+ADAPT_INTERVAL, FIRST_INTERVAL = 50, 10
 
 METHODS = ("pyg", "gnnact2", "gnnact4", "gnnact8", "uniform4", "adaptive2", "adaptive3",
            "adaptive4", "pernode2", "amp", "checkpoint", "save_on_cpu")
@@ -104,11 +106,12 @@ class Checkpointed(nn.Module):
 
 
 def prepare(method: str, model: nn.Module, data, device: torch.device, *,
-            adapt_interval: int = ADAPT_INTERVAL,
+            adapt_interval: int = ADAPT_INTERVAL, first_interval: int | None = FIRST_INTERVAL,
             min_bits: int = 1) -> tuple[nn.Module, dict]:
     """The model to train and the keyword arguments of :func:`train_full_batch` for
-    ``method``; an adaptive method's controller re-estimates every ``adapt_interval`` steps
-    and chooses widths of at least ``min_bits``."""
+    ``method``; an adaptive method's controller estimates on the schedule of ``first_interval``
+    and ``adapt_interval`` (:meth:`gnnact.Controller.schedule`) and chooses widths of at least
+    ``min_bits``."""
     if method == "pyg":
         return model, {}
     if method.startswith("uniform"):  # every tensor at these bits, GAT's attention included
@@ -124,6 +127,7 @@ def prepare(method: str, model: nn.Module, data, device: torch.device, *,
         gnnact.convert(model, gnnact.Config(bits=bits))
         widths = tuple(w for w in gnnact.adaptive.WIDTHS if w >= min_bits)
         controller = gnnact.Controller(model, avg_bits=bits, adapt_interval=adapt_interval,
+                                       first_interval=first_interval,
                                        widths=widths)
         return model, {"before_step": lambda: controller.adapt(lambda: loss_of(model, data))}
     if method == "amp":
@@ -192,7 +196,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bn-momentum", type=float, default=0.1,
                         help="momentum of every BatchNorm's running statistics")
     parser.add_argument("--adapt-interval", type=int, default=ADAPT_INTERVAL,
-                        help="steps between an adaptive method's sensitivity estimates")
+                        help="the longest gap between an adaptive method's sensitivity "
+                             "estimates, in steps")
+    parser.add_argument("--first-interval", type=lambda v: None if v == "none" else int(v),
+                        default=FIRST_INTERVAL,
+                        help="the first gap, doubling up to --adapt-interval; 'none': every "
+                             "--adapt-interval steps from the start")
     parser.add_argument("--min-bits", type=int, default=1,
                         help="the narrowest width an adaptive method may choose")
     parser.add_argument("--device", type=torch.device, default=torch.device("cpu"))
@@ -226,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
                             module.momentum = args.bn_momentum
                     model, kwargs = prepare(method, base, data, args.device,
                                             adapt_interval=args.adapt_interval,
+                                            first_interval=args.first_interval,
                                             min_bits=args.min_bits)
                     run = train_full_batch(model, data, epochs=args.epochs, lr=args.lr,
                                            **kwargs)
@@ -239,7 +249,8 @@ def main(argv: list[str] | None = None) -> int:
                     "bench": "suite", **env, "graph": args.graph, "num_nodes": data.num_nodes,
                     "num_edges": data.num_edges, "adj": args.adj, "features": args.features,
                     "bn_momentum": args.bn_momentum, "adapt_interval": args.adapt_interval,
-                    "min_bits": args.min_bits, "model": model_name,
+                    "first_interval": args.first_interval, "min_bits": args.min_bits,
+                    "model": model_name,
                     "method": method,
                     "seeds": args.seeds, "epochs": args.epochs, "test_acc": accs,
                     "acc_mean": statistics.mean(accs),

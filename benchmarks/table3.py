@@ -3,13 +3,17 @@ points of each compressed method against it, and the saved-context ratio at the 
 
 It reads ``benchmarks/results/suite.jsonl`` (written by ``bench_suite.py``) and prints one
 markdown table per graph. The fp32 (``pyg``) row of a (graph, model) is its newest; each
-method's change is taken from its newest row with the same settings (:func:`settings`), so that
-a rerun replaces an older one and a run of other settings is never compared.
-A method with no such row shows ``–``.
+method's change is taken from its newest row of the same run settings (:func:`settings`), so
+that a rerun replaces an older one and a run of other settings is never compared. An adaptive
+method's row must also have been run with the controller settings asked for (:func:`controller`;
+by default the suite's defaults); failing that, a row from before the estimate schedule existed
+(estimates at step 0 and every 50 steps) is shown, marked †. A method with no such row shows
+``–``.
 
 Usage::
 
     python benchmarks/table3.py [--graphs dblp computers] [--rows benchmarks/results/suite.jsonl]
+        [--adapt-interval 50] [--first-interval 10 | none] [--min-bits 1]
 """
 
 from __future__ import annotations
@@ -30,45 +34,70 @@ COLUMNS = (("gnnact4", "fixed 4"), ("uniform4", "uniform 4"), ("adaptive4", "ada
 MODELS = {"gcn": "GCN", "sage": "SAGE", "gat": "GAT", "gcnii": "GCNII"}
 
 
+# The controller settings of rows from before the estimate schedule existed (and before
+# --adapt-interval and --min-bits): estimates at step 0 and every 50 steps, widths from 1 bit.
+LEGACY = (50, None, 1)
+
+
 def settings(row: dict) -> tuple:
-    """What must match for two rows to be compared: epochs, seeds, BatchNorm momentum and the
-    adaptive controller's interval and narrowest width (rows from before these options existed
-    ran at the defaults: 0.1, 50, 1)."""
-    return (row["epochs"], tuple(row["seeds"]), row.get("bn_momentum", 0.1),
-            row.get("adapt_interval", 50), row.get("min_bits", 1))
+    """What must match for two rows to be compared: epochs, seeds and BatchNorm momentum (rows
+    from before the option existed ran at 0.1)."""
+    return row["epochs"], tuple(row["seeds"]), row.get("bn_momentum", 0.1)
 
 
-def newest(rows: list[dict]) -> dict[tuple, dict]:
-    """The newest row per (model, method, *:func:`settings`), by the rows' ISO dates; the fp32
-    row also under (model, "pyg")."""
-    out: dict[tuple, dict] = {}
-    for r in sorted(rows, key=lambda r: r["date"]):
-        out[(r["model"], r["method"], *settings(r))] = r
-        if r["method"] == "pyg":
-            out[r["model"], "pyg"] = r
-    return out
+def controller(row: dict) -> tuple:
+    """An adaptive row's controller settings: longest and first gap between estimates, and the
+    narrowest width (rows from before these were recorded: :data:`LEGACY`)."""
+    if "first_interval" not in row:
+        return row.get("adapt_interval", 50), None, row.get("min_bits", 1)
+    return row["adapt_interval"], row["first_interval"], row["min_bits"]
 
 
-def table(rows: list[dict], graph: str) -> str:
-    """The markdown table of ``graph``: one line per model with an fp32 row."""
-    best = newest([r for r in rows if r.get("bench") == "suite" and r["graph"] == graph])
+def pick(rows: list[dict], model: str, method: str, same: tuple,
+         wanted: tuple) -> tuple[dict | None, str]:
+    """The newest row of ``model`` and ``method`` with run settings ``same`` (and, if adaptive,
+    controller settings ``wanted``, else :data:`LEGACY` marked ``"†"``), and its mark."""
+    def newest(keep) -> dict | None:
+        found = [r for r in rows if r["model"] == model and r["method"] == method
+                 and settings(r) == same and keep(r)]
+        return max(found, key=lambda r: r["date"]) if found else None
+
+    if not method.startswith("adaptive"):
+        return newest(lambda r: True), ""
+    row = newest(lambda r: controller(r) == wanted)
+    if row is not None or wanted == LEGACY:
+        return row, ""
+    row = newest(lambda r: controller(r) == LEGACY)
+    return row, "" if row is None else "†"
+
+
+def table(rows: list[dict], graph: str, wanted: tuple = (50, 10, 1)) -> str:
+    """The markdown table of ``graph``: one line per model with an fp32 row; adaptive methods
+    at controller settings ``wanted`` (:func:`controller`)."""
+    rows = [r for r in rows if r.get("bench") == "suite" and r["graph"] == graph]
     lines = ["| model | epochs | BN momentum | fp32 | " + " | ".join(h for _, h in COLUMNS)
              + " | saved context at adaptive 2 |",
              "|---|---|---|---|" + "---|" * len(COLUMNS) + "---|"]
+    marked = False
     for model, label in MODELS.items():
-        ref = best.get((model, "pyg"))
-        if ref is None:
+        refs = [r for r in rows if r["model"] == model and r["method"] == "pyg"]
+        if not refs:
             continue
+        ref = max(refs, key=lambda r: r["date"])
         same = settings(ref)
         cells = []
         for method, _ in COLUMNS:
-            r = best.get((model, method, *same))
-            cells.append("–" if r is None else f"{r['acc_mean'] - ref['acc_mean']:+.2f}")
-        low = best.get((model, "adaptive2", *same))
+            r, mark = pick(rows, model, method, same, wanted)
+            marked |= bool(mark)
+            cells.append("–" if r is None else f"{r['acc_mean'] - ref['acc_mean']:+.2f}{mark}")
+        low, _ = pick(rows, model, "adaptive2", same, wanted)
         ratio = ("–" if low is None or not low["saved_bytes"] or not ref["saved_bytes"]
                  else f"{ref['saved_bytes'] / low['saved_bytes']:.1f}×")
         lines.append(f"| {label} | {ref['epochs']} | {same[2]} | {ref['acc_mean']:.2f} ± "
                      f"{ref['acc_std']:.2f} | " + " | ".join(cells) + f" | {ratio} |")
+    if marked:
+        lines.append("\n† estimates at step 0 and every 50 steps (run before the schedule "
+                     "existed)")
     return "\n".join(lines) + "\n"
 
 
@@ -76,10 +105,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--graphs", nargs="+", default=["dblp", "computers", "physics"])
     parser.add_argument("--rows", type=Path, default=RESULTS / "suite.jsonl")
+    parser.add_argument("--adapt-interval", type=int, default=50)
+    parser.add_argument("--first-interval", type=lambda v: None if v == "none" else int(v),
+                        default=10)
+    parser.add_argument("--min-bits", type=int, default=1)
     args = parser.parse_args(argv)
     rows = [json.loads(line) for line in args.rows.read_text().splitlines() if line.strip()]
+    wanted = (args.adapt_interval, args.first_interval, args.min_bits)
     for graph in args.graphs:
-        print(f"### {graph}\n\n{table(rows, graph)}")
+        print(f"### {graph}\n\n{table(rows, graph, wanted)}")
     return 0
 
 

@@ -283,6 +283,23 @@ def test_adapt_interval_report_summary_and_alarm(graph):
             quiet.observe(warmup=0)
 
 
+def test_estimate_schedule_backs_off(graph):
+    """Estimates at step 0, then gaps of first_interval doubling up to adapt_interval; adapt()
+    follows schedule() exactly."""
+    model = _model("gcn", graph)
+    assert Controller(model, adapt_interval=50).schedule(200) == [0, 10, 30, 70, 120, 170]
+    assert Controller(model, adapt_interval=4, first_interval=1).schedule(12) == [0, 1, 3, 7, 11]
+    assert Controller(model, adapt_interval=3, first_interval=None).schedule(7) == [0, 3, 6]
+    assert Controller(model, adapt_interval=3, first_interval=5).schedule(7) == [0, 3, 6]
+    controller = Controller(model, adapt_interval=4, first_interval=1)
+    closure = _closure(model, graph)
+    adapted = [step for step in range(12) if controller.adapt(closure)]
+    assert adapted == controller.schedule(12) and controller.adaptations == 5
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="first_interval"):
+            Controller(model, first_interval=bad)
+
+
 def test_controller_bad_input(graph):
     with pytest.raises(ValueError, match="gnnact.convert"):
         Controller(nn.Linear(3, 3))

@@ -120,15 +120,29 @@ def test_table3_compares_like_with_like():
                 "acc_mean": acc, "acc_std": 0.5, "epochs": epochs, "seeds": [0, 1, 2],
                 "saved_bytes": saved, "date": date}
 
+    def scheduled(r, first=10, interval=50, min_bits=1):
+        return {**r, "adapt_interval": interval, "first_interval": first, "min_bits": min_bits}
+
     rows = [row("gcn", "pyg", 80.0, "2026-01-01"), row("gcn", "adaptive2", 79.0, "2026-01-01",
                                                          saved=4),
             row("gcn", "adaptive2", 80.25, "2026-01-02", saved=5),   # newer: replaces it
             row("gcn", "adaptive3", 70.0, "2026-01-03", epochs=50),  # another length: not used
             {**row("gcn", "adaptive4", 70.0, "2026-01-03"), "bn_momentum": 0.5},  # neither
             row("gat", "uniform4", 60.0, "2026-01-01")]              # no fp32 row: no line
-    lines = table3.table(rows, "g").splitlines()
+    lines = table3.table(rows, "g", table3.LEGACY).splitlines()
     assert len(lines) == 3
     assert lines[2] == "| GCN | 100 | 0.1 | 80.00 ± 0.50 | – | – | – | – | +0.25 | 20.0× |"
+    # At the scheduled controller settings the legacy row stands in, marked, until a row of
+    # those settings exists; another schedule or width never does.
+    lines = table3.table(rows, "g").splitlines()
+    assert lines[2].endswith("| +0.25† | 20.0× |") and lines[-1].startswith("† estimates")
+    rows += [scheduled(row("gcn", "adaptive2", 80.1, "2026-01-01", saved=4)),
+             scheduled(row("gcn", "adaptive2", 75.0, "2026-01-05"), first=None, interval=10),
+             scheduled(row("gcn", "adaptive2", 75.0, "2026-01-05"), min_bits=2),
+             scheduled(row("gcn", "uniform4", 81.0, "2026-01-05"), first=None)]  # not adaptive
+    lines = table3.table(rows, "g").splitlines()
+    assert lines[2] == "| GCN | 100 | 0.1 | 80.00 ± 0.50 | – | +1.00 | – | – | +0.10 | 25.0× |"
+    assert len(lines) == 3
 
 
 def test_generic_rows(tmp_path, capsys):

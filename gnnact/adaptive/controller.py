@@ -16,7 +16,11 @@ D_l` (:func:`~gnnact.adaptive.allocate`, exact).
 
 An estimate costs one forward and backward pass per tensor plus one (the passes run on the
 model's parameters without touching ``.grad``; BatchNorm running statistics and the RNG
-states are restored afterwards), so it runs every ``adapt_interval`` steps.
+states are restored afterwards), so it runs only now and then. Sensitivities move most while
+the weights leave their initialisation and settle after the first epochs (GACT, Fig. 3c), so
+the estimates are spaced by exponential backoff, as Adacc spaces its re-tuning: at step 0, then
+after gaps of ``first_interval`` steps doubling up to ``adapt_interval``, then every
+``adapt_interval`` steps (:meth:`Controller.schedule`).
 
 Use, two lines in a training loop (the closure is how the controller re-runs forward passes
 with controlled noise; it must return the loss and not call ``backward``)::
@@ -24,7 +28,7 @@ with controlled noise; it must return the loss and not call ``backward``)::
     controller = gnnact.Controller(model, avg_bits=2, adapt_interval=100)
     closure = lambda: F.cross_entropy(model(x, adj)[mask], y[mask])
     for epoch in range(epochs):
-        controller.adapt(closure)          # re-estimates every adapt_interval calls
+        controller.adapt(closure)          # re-estimates at steps 0, 10, 30, 70, 150, 250, ...
         optimizer.zero_grad()
         closure().backward()
         optimizer.step()
@@ -114,8 +118,11 @@ class Controller:
             ``config.tag`` (their path) and, after each adaptation, their own ``bits``.
         avg_bits (float, optional): :math:`\bar b`, the average bits per compressed value.
             (default: :obj:`2.0`)
-        adapt_interval (int, optional): re-estimate every this many :meth:`adapt` calls; the
-            first call always estimates. (default: :obj:`100`)
+        adapt_interval (int, optional): the longest gap between two estimates, in
+            :meth:`adapt` calls; the first call always estimates. (default: :obj:`100`)
+        first_interval (int, optional): the first gap; each next gap doubles until it
+            reaches ``adapt_interval``. :obj:`None` for ``adapt_interval`` from the start.
+            (default: :obj:`10`)
         hooks (compress_saved_tensors, optional): a saved-tensor pipeline whose
             :class:`~gnnact.compress.Quantize`- and :class:`~gnnact.compress.Division`-compressed
             tensors are adapted too, by name (:attr:`compress_saved_tensors.bits`); the
@@ -131,9 +138,9 @@ class Controller:
         seed (int, optional): seed of the estimation passes. (default: :obj:`0`)
 
     Raises:
-        ValueError: if ``avg_bits`` is below the smallest width, ``adapt_interval`` or
-            ``samples`` is not positive, or the model has no gnnact module and no ``hooks``
-            are given.
+        ValueError: if ``avg_bits`` is below the smallest width, ``adapt_interval``,
+            ``first_interval`` or ``samples`` is not positive, or the model has no gnnact
+            module and no ``hooks`` are given.
         TypeError: if ``hooks`` is not a :class:`gnnact.compress_saved_tensors`.
 
     Example:
@@ -159,14 +166,16 @@ class Controller:
     """
 
     def __init__(self, model: nn.Module, avg_bits: float = 2.0, adapt_interval: int = 100, *,
+                 first_interval: int | None = 10,
                  hooks: compress_saved_tensors | None = None,
                  widths: tuple[int, ...] = WIDTHS, adapt_attention: bool = False,
                  samples: int = 1, alarm_ratio: float = 1.0, seed: int = 0) -> None:
         if not avg_bits >= min(widths):
             raise ValueError(f"avg_bits must be at least {min(widths)}, got {avg_bits}")
-        if isinstance(adapt_interval, bool) or not isinstance(adapt_interval, int) or \
-                adapt_interval < 1:
-            raise ValueError(f"adapt_interval must be a positive int, got {adapt_interval!r}")
+        for name, value in (("adapt_interval", adapt_interval),
+                            ("first_interval", 1 if first_interval is None else first_interval)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
         if samples < 1:
             raise ValueError(f"samples must be at least 1, got {samples}")
         if hooks is not None and not isinstance(hooks, compress_saved_tensors):
@@ -175,6 +184,7 @@ class Controller:
         self.hooks = hooks
         self.avg_bits = float(avg_bits)
         self.adapt_interval = adapt_interval
+        self.first_interval = first_interval
         self.widths = tuple(sorted(widths))
         self.adapt_attention = adapt_attention
         self.samples = samples
@@ -192,6 +202,7 @@ class Controller:
         self.tensors: dict[str, CompressedTensor] = {}
         self.calls = 0
         self.adaptations = 0
+        self._next_estimate = 0  # the adapt() call that estimates next
         self.last_cost_s = 0.0  # seconds of the last estimate
         self.last_passes = 0  # forward/backward passes of the last estimate
         self._grad_mean: Tensor | None = None
@@ -295,14 +306,38 @@ class Controller:
             module.config = dataclasses.replace(module.config, **{key: b})
         return {t.name: t.bits for t in tensors}
 
+    def _gap(self, adaptations: int) -> int:
+        """Steps from estimate number ``adaptations`` (0 first) to the next."""
+        if self.first_interval is None:
+            return self.adapt_interval
+        return min(self.first_interval << min(adaptations, 62), self.adapt_interval)
+
+    def schedule(self, steps: int) -> list[int]:
+        """The :meth:`adapt` calls, of the first ``steps``, that estimate and assign.
+
+        Example:
+            >>> from torch_geometric.nn.models import GCN
+            >>> model = gnnact.convert(GCN(8, 16, num_layers=2, out_channels=3))
+            >>> Controller(model, adapt_interval=100).schedule(400)
+            [0, 10, 30, 70, 150, 250, 350]
+            >>> Controller(model, adapt_interval=100, first_interval=None).schedule(400)
+            [0, 100, 200, 300]
+        """
+        out, step = [], 0
+        while step < steps:
+            out.append(step)
+            step += self._gap(len(out) - 1)
+        return out
+
     def adapt(self, closure: Callable[[], Tensor]) -> bool:
-        """Once per training step, before it: every ``adapt_interval`` calls (the first one
+        """Once per training step, before it: at the steps of :meth:`schedule` (the first call
         included) :meth:`estimate` and :meth:`assign`. Returns whether it adapted."""
-        due = self.calls % self.adapt_interval == 0
+        due = self.calls == self._next_estimate
         self.calls += 1
         if due:
             self.estimate(closure)
             self.assign()
+            self._next_estimate += self._gap(self.adaptations)
             self.adaptations += 1
         return due
 
