@@ -25,9 +25,9 @@ per-edge gather and scatter, 4-5x faster for GCN and GCNII on the CPU. The rows 
 
 ``--features sparse`` gives every method the node features as a ``torch.sparse_csr`` tensor:
 the same values, but the first layer's product is sparse. Coauthor-Physics' 8,415 bag-of-words
-columns are 0.4 % non-zero; dense, its first layer alone takes ~6 s of a CPU step (2 s with
-sparse features, the whole step). The rows record it. (SAGE's PyG layer cannot aggregate sparse
-features; gnnact's, which transforms before aggregating, can.)
+columns are 0.4 % non-zero; dense, its first layer alone takes ~6 s of a CPU step, while PyG's
+whole GCN step takes ~2 s with sparse features. The rows record it. (SAGE's PyG layer cannot
+aggregate sparse features; gnnact's, which transforms before aggregating, can.)
 
 ``--bn-momentum`` sets every BatchNorm's running-statistics momentum (PyTorch's default 0.1).
 On graphs whose features are normalised rows over many columns (Amazon-Computers: 767 columns,

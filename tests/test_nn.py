@@ -248,17 +248,19 @@ def test_resident_inputs_kept_by_reference_temporaries_packed():
         Config(resident_inputs=1)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
 @pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr])
-def test_sparse_input_features_kept_by_reference(layout):
+def test_sparse_input_features_kept_by_reference(layout, device):
     """A sparse x (bag-of-words features) goes through gnnact's linear map as it is: the same
     output and weight gradient as dense, the sparse tensor itself the only thing kept."""
     gen = torch.Generator().manual_seed(0)
     dense = torch.rand(200, 40, generator=gen) * (torch.rand(200, 40, generator=gen) < 0.1)
+    dense = dense.to(device)
     x = dense.to_sparse() if layout == torch.sparse_coo else dense.to_sparse_csr()
-    lin = gnnact.nn.Linear(40, 8, config=Config(bits=2))
+    lin = gnnact.nn.Linear(40, 8, config=Config(bits=2)).to(device)
     out, ref = lin(x), lin(dense)
     torch.testing.assert_close(out, ref)
-    g = torch.randn(200, 8, generator=gen)
+    g = torch.randn(200, 8, generator=gen).to(device)
     for got, want in zip(torch.autograd.grad(out, list(lin.parameters()), g),
                          torch.autograd.grad(ref, list(lin.parameters()), g), strict=True):
         torch.testing.assert_close(got, want)
