@@ -19,6 +19,8 @@ _TABLES = {
         ("Δ vs fp32", lambda r: f"{r['delta_vs_fp32']:+.2f}")]),
     "suite.jsonl": ("Benchmark suite", [
         ("graph", "graph"), ("model", "model"), ("method", "method"), ("epochs", "epochs"),
+        ("BN momentum", lambda r: r.get("bn_momentum", 0.1)),
+        ("estimates", lambda r: _schedule(r) if r["method"].startswith("adaptive") else ""),
         ("test acc (%)", lambda r: f"{r['acc_mean']:.2f} ± {r['acc_std']:.2f}"),
         ("saved MB", lambda r: _mb(r.get("saved_bytes"))),
         ("step ms", lambda r: f"{r['epoch_ms']:.1f}")]),
@@ -42,6 +44,12 @@ _TABLES = {
         ("op", "op"), ("backend", "backend"), ("dtype", "dtype"), ("bits", "bits"),
         ("GB/s", lambda r: f"{r['gbps']:.2f}"), ("share of a copy", "frac_of_copy")]),
 }
+
+
+def _schedule(row: dict) -> str:
+    """An adaptive row's estimate schedule: the first and longest gap, in steps."""
+    first, interval = row.get("first_interval"), row.get("adapt_interval", 50)
+    return f"every {interval}" if first is None else f"{first}, doubling to {interval}"
 
 
 def _mb(value) -> str:
