@@ -69,7 +69,7 @@ class _Linear(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_x = grad @ weight
         if ctx.needs_input_grad[1] and x_hat.layout != torch.strided:
-            # dense @ COO is the fastest of torch's CPU products for G^T X (2-4x CSR's).
+            # dense @ COO is the fastest of torch's CPU products for G^T X (~4x CSR's).
             grad_w = g2.t() @ x_hat.to_sparse_coo()
         elif ctx.needs_input_grad[1]:
             grad_w = g2.t() @ x_hat.reshape(-1, x_hat.size(-1))
