@@ -20,6 +20,14 @@ def _script(name: str):
     return module
 
 
+def _run_suite(suite, tmp_path, *args: str) -> list[dict]:
+    """The rows of a suite run on a 300-node graph, 2 epochs, seed 0, with ``args``."""
+    out = tmp_path / "suite.jsonl"
+    assert suite.main(["--nodes", "300", "--epochs", "2", "--seeds", "0", *args, "--out",
+                       str(out), "--summary", str(tmp_path / "suite.md")]) == 0
+    return [json.loads(line) for line in out.read_text().splitlines()]
+
+
 def test_suite_smoke_writes_nothing(tmp_path, capsys):
     suite = _script("bench_suite")
     out, summary = tmp_path / "suite.jsonl", tmp_path / "suite.md"
@@ -72,11 +80,8 @@ def test_suite_csr_adjacency(tmp_path):
         model = build(name, plain.num_features, int(plain.y.max()) + 1).eval()
         torch.testing.assert_close(loss_of(model, with_csr), loss_of(model, plain))
 
-    out = tmp_path / "suite.jsonl"
-    assert suite.main(["--nodes", "300", "--epochs", "2", "--seeds", "0", "--models", "gcn",
-                       "--methods", "pyg", "gnnact2", "--adj", "csr", "--bn-momentum", "0.5",
-                       "--out", str(out), "--summary", str(tmp_path / "suite.md")]) == 0
-    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    rows = _run_suite(suite, tmp_path, "--models", "gcn", "--methods", "pyg", "gnnact2",
+                      "--adj", "csr", "--bn-momentum", "0.5")
     assert [(r["method"], r["adj"], r["bn_momentum"]) for r in rows] == [
         ("pyg", "csr", 0.5), ("gnnact2", "csr", 0.5)]
     assert rows[0]["saved_bytes"] > 10 * rows[1]["saved_bytes"] > 0
@@ -102,13 +107,10 @@ def test_suite_sparse_features(tmp_path):
     torch.manual_seed(0)
     model = build("gcnii", plain.num_features, int(plain.y.max()) + 1).eval()
     torch.testing.assert_close(loss_of(model, sparse), loss_of(model, plain))
-    out = tmp_path / "suite.jsonl"
-    assert suite.main(["--nodes", "300", "--epochs", "2", "--seeds", "0", "--models", "gcnii",
-                       "--methods", "pyg", "adaptive2", "--adj", "csr", "--features", "sparse",
-                       "--out", str(out), "--summary", str(tmp_path / "suite.md")]) == 0
-    rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [(r["method"], r["features"]) for r in rows] == [("pyg", "sparse"),
-                                                            ("adaptive2", "sparse")]
+    rows = _run_suite(suite, tmp_path, "--models", "gcnii", "--methods", "pyg", "adaptive2",
+                      "--adj", "csr", "--features", "sparse")
+    assert [(r["method"], r["features"], r["first_interval"]) for r in rows] == [
+        ("pyg", "sparse", 10), ("adaptive2", "sparse", 10)]
 
 
 def test_table3_compares_like_with_like():
