@@ -14,10 +14,20 @@ import torch
 
 from gnnact.env import environment
 
-__all__ = ["RESULTS", "ROOT", "append_rows", "data_root", "environment", "finish", "median_time"]
+__all__ = ["ADAPT_INTERVAL", "FIRST_INTERVAL", "RESULTS", "ROOT", "append_rows", "data_root",
+           "environment", "finish", "median_time", "optional_int"]
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
+
+# The suite's adaptive controller: estimates at step 0, then gaps of FIRST_INTERVAL steps
+# doubling up to ADAPT_INTERVAL (gnnact.Controller's schedule).
+ADAPT_INTERVAL, FIRST_INTERVAL = 50, 10
+
+
+def optional_int(value: str) -> int | None:
+    """An argparse type: an int, or ``"none"`` for :obj:`None`."""
+    return None if value == "none" else int(value)
 
 
 def data_root() -> Path:

@@ -66,16 +66,20 @@ from torch.utils.checkpoint import checkpoint
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RESULTS, append_rows, data_root, environment
+from _common import (
+    ADAPT_INTERVAL,
+    FIRST_INTERVAL,
+    RESULTS,
+    append_rows,
+    data_root,
+    environment,
+    optional_int,
+)
 
 import gnnact
 from gnnact.data import SHAPES, load_dataset, synthetic_like
 from gnnact.models import GCNII, MODELS, Stack, build
 from gnnact.training import RunResult, loss_of, train_full_batch
-
-# Sensitivity estimates at step 0, then gaps of FIRST_INTERVAL steps doubling up to
-# ADAPT_INTERVAL (gnnact.Controller's schedule).
-ADAPT_INTERVAL, FIRST_INTERVAL = 50, 10
 
 METHODS = ("pyg", "gnnact2", "gnnact4", "gnnact8", "uniform4", "adaptive2", "adaptive3",
            "adaptive4", "pernode2", "amp", "checkpoint", "save_on_cpu")
@@ -198,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--adapt-interval", type=int, default=ADAPT_INTERVAL,
                         help="the longest gap between an adaptive method's sensitivity "
                              "estimates, in steps")
-    parser.add_argument("--first-interval", type=lambda v: None if v == "none" else int(v),
+    parser.add_argument("--first-interval", type=optional_int,
                         default=FIRST_INTERVAL,
                         help="the first gap, doubling up to --adapt-interval; 'none': every "
                              "--adapt-interval steps from the start")

@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RESULTS
+from _common import ADAPT_INTERVAL, FIRST_INTERVAL, RESULTS, optional_int
 
 # (method, column heading): GACT's fixed 4 bits is ``uniform4`` (attention at 4 bits too);
 # ``gnnact4`` keeps GAT's attention at its default 8 bits.
@@ -71,7 +71,8 @@ def pick(rows: list[dict], model: str, method: str, same: tuple,
     return row, "" if row is None else "†"
 
 
-def table(rows: list[dict], graph: str, wanted: tuple = (50, 10, 1)) -> str:
+def table(rows: list[dict], graph: str,
+          wanted: tuple = (ADAPT_INTERVAL, FIRST_INTERVAL, 1)) -> str:
     """The markdown table of ``graph``: one line per model with an fp32 row; adaptive methods
     at controller settings ``wanted`` (:func:`controller`)."""
     rows = [r for r in rows if r.get("bench") == "suite" and r["graph"] == graph]
@@ -105,9 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--graphs", nargs="+", default=["dblp", "computers", "physics"])
     parser.add_argument("--rows", type=Path, default=RESULTS / "suite.jsonl")
-    parser.add_argument("--adapt-interval", type=int, default=50)
-    parser.add_argument("--first-interval", type=lambda v: None if v == "none" else int(v),
-                        default=10)
+    parser.add_argument("--adapt-interval", type=int, default=ADAPT_INTERVAL)
+    parser.add_argument("--first-interval", type=optional_int, default=FIRST_INTERVAL)
     parser.add_argument("--min-bits", type=int, default=1)
     args = parser.parse_args(argv)
     rows = [json.loads(line) for line in args.rows.read_text().splitlines() if line.strip()]
