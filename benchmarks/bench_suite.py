@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
                     "first_interval": args.first_interval, "min_bits": args.min_bits,
                     "model": model_name,
                     "method": method,
-                    "seeds": args.seeds, "epochs": args.epochs, "test_acc": accs,
+                    "seeds": args.seeds, "epochs": args.epochs, "lr": args.lr, "test_acc": accs,
                     "acc_mean": statistics.mean(accs),
                     "acc_std": statistics.stdev(accs) if len(accs) > 1 else 0.0,
                     "saved_bytes": results[0].saved_bytes,
