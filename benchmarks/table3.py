@@ -40,9 +40,10 @@ LEGACY = (50, None, 1)
 
 
 def settings(row: dict) -> tuple:
-    """What must match for two rows to be compared: epochs, seeds and BatchNorm momentum (rows
-    from before the option existed ran at 0.1)."""
-    return row["epochs"], tuple(row["seeds"]), row.get("bn_momentum", 0.1)
+    """What must match for two rows to be compared: epochs, seeds, BatchNorm momentum and
+    learning rate (rows from before these were recorded ran at 0.1 and 0.01)."""
+    return (row["epochs"], tuple(row["seeds"]), row.get("bn_momentum", 0.1),
+            row.get("lr", 0.01))
 
 
 def controller(row: dict) -> tuple:
@@ -76,9 +77,9 @@ def table(rows: list[dict], graph: str,
     """The markdown table of ``graph``: one line per model with an fp32 row; adaptive methods
     at controller settings ``wanted`` (:func:`controller`)."""
     rows = [r for r in rows if r.get("bench") == "suite" and r["graph"] == graph]
-    lines = ["| model | epochs | BN momentum | fp32 | " + " | ".join(h for _, h in COLUMNS)
+    lines = ["| model | epochs | lr | BN momentum | fp32 | " + " | ".join(h for _, h in COLUMNS)
              + " | saved context at adaptive 2 |",
-             "|---|---|---|---|" + "---|" * len(COLUMNS) + "---|"]
+             "|---|---|---|---|---|" + "---|" * len(COLUMNS) + "---|"]
     marked = False
     for model, label in MODELS.items():
         refs = [r for r in rows if r["model"] == model and r["method"] == "pyg"]
@@ -94,8 +95,9 @@ def table(rows: list[dict], graph: str,
         low, _ = pick(rows, model, "adaptive2", same, wanted)
         ratio = ("–" if low is None or not low["saved_bytes"] or not ref["saved_bytes"]
                  else f"{ref['saved_bytes'] / low['saved_bytes']:.1f}×")
-        lines.append(f"| {label} | {ref['epochs']} | {same[2]} | {ref['acc_mean']:.2f} ± "
-                     f"{ref['acc_std']:.2f} | " + " | ".join(cells) + f" | {ratio} |")
+        lines.append(f"| {label} | {ref['epochs']} | {same[3]} | {same[2]} | "
+                     f"{ref['acc_mean']:.2f} ± {ref['acc_std']:.2f} | "
+                     + " | ".join(cells) + f" | {ratio} |")
     if marked:
         lines.append("\n† estimates at step 0 and every 50 steps (run before the schedule "
                      "existed)")

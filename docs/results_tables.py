@@ -19,6 +19,7 @@ _TABLES = {
         ("Δ vs fp32", lambda r: f"{r['delta_vs_fp32']:+.2f}")]),
     "suite.jsonl": ("Benchmark suite", [
         ("graph", "graph"), ("model", "model"), ("method", "method"), ("epochs", "epochs"),
+        ("lr", lambda r: r.get("lr", 0.01)),
         ("BN momentum", lambda r: r.get("bn_momentum", 0.1)),
         ("estimates", lambda r: _schedule(r) if r["method"].startswith("adaptive") else ""),
         ("test acc (%)", lambda r: f"{r['acc_mean']:.2f} ± {r['acc_std']:.2f}"),

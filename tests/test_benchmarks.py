@@ -130,10 +130,11 @@ def test_table3_compares_like_with_like():
             row("gcn", "adaptive2", 80.25, "2026-01-02", saved=5),   # newer: replaces it
             row("gcn", "adaptive3", 70.0, "2026-01-03", epochs=50),  # another length: not used
             {**row("gcn", "adaptive4", 70.0, "2026-01-03"), "bn_momentum": 0.5},  # neither
+            {**row("gcn", "gnnact4", 70.0, "2026-01-03"), "lr": 0.05},  # nor another rate
             row("gat", "uniform4", 60.0, "2026-01-01")]              # no fp32 row: no line
     lines = table3.table(rows, "g", table3.LEGACY).splitlines()
     assert len(lines) == 3
-    assert lines[2] == "| GCN | 100 | 0.1 | 80.00 ± 0.50 | – | – | – | – | +0.25 | 20.0× |"
+    assert lines[2] == "| GCN | 100 | 0.01 | 0.1 | 80.00 ± 0.50 | – | – | – | – | +0.25 | 20.0× |"
     # At the scheduled controller settings the legacy row stands in, marked, until a row of
     # those settings exists; another schedule or width never does.
     lines = table3.table(rows, "g").splitlines()
@@ -143,7 +144,8 @@ def test_table3_compares_like_with_like():
              scheduled(row("gcn", "adaptive2", 75.0, "2026-01-05"), min_bits=2),
              scheduled(row("gcn", "uniform4", 81.0, "2026-01-05"), first=None)]  # not adaptive
     lines = table3.table(rows, "g").splitlines()
-    assert lines[2] == "| GCN | 100 | 0.1 | 80.00 ± 0.50 | – | +1.00 | – | – | +0.10 | 25.0× |"
+    assert lines[2] == ("| GCN | 100 | 0.01 | 0.1 | 80.00 ± 0.50 | – | +1.00 | – | – | +0.10 "
+                        "| 25.0× |")
     assert len(lines) == 3
 
 
