@@ -113,6 +113,23 @@ def test_suite_sparse_features(tmp_path):
         ("pyg", "sparse", 10), ("adaptive2", "sparse", 10)]
 
 
+def test_saved_bytes_adaptive_rows(tmp_path):
+    """One estimate per model serves every budget: each budget's widths keep its average, a
+    larger budget keeps more bytes, and 2 bits on average keeps no more than 2 bits each."""
+    bench = _script("bench_saved_bytes")
+    out = tmp_path / "saved.jsonl"
+    assert bench.main(["--nodes", "1500", "--models", "gat", "--bits", "2", "--adaptive", "2",
+                       "4", "--out", str(out)]) == 0
+    fixed, ad2, ad4 = (json.loads(line) for line in out.read_text().splitlines())
+    assert (fixed["bits"], ad2["adaptive_avg_bits"], ad4["adaptive_avg_bits"]) == (2, 2, 4)
+    assert ad2["estimate_passes"] == ad4["estimate_passes"] == len(ad2["widths"]) + 1
+    assert ad2["estimate_s"] == ad4["estimate_s"]  # the same estimate
+    assert ad2["gnnact_bytes"] <= fixed["gnnact_bytes"] < ad4["gnnact_bytes"]
+    assert ad2["pyg_fp32_bytes"] == fixed["pyg_fp32_bytes"]
+    assert set(ad2["widths"].values()) - set(range(1, 9)) == set()
+    assert sorted(ad2["widths"]) == sorted(ad4["widths"])
+
+
 def test_table3_compares_like_with_like():
     """Changes against fp32 of the same model, epochs and seeds; the newest row wins."""
     table3 = _script("table3")
