@@ -45,6 +45,19 @@ def measure(model: torch.nn.Module, data, exclude: list) -> int:
     return nbytes
 
 
+def measured_row(model: torch.nn.Module, data, exclude: list, fp32: int, env: dict,
+                 name: str, label: str, **fields) -> dict:
+    """Measure the converted ``model``, print one line, and return its result row (``fields``
+    say how it was compressed)."""
+    packed = measure(model, data, exclude)
+    ratio = fp32 / packed
+    print(f"{name:6s} {label}  {packed / 2**20:10.1f} MiB  {ratio:6.2f}x")
+    return {"bench": "saved_bytes", **env, "model": name, **fields,
+            "num_nodes": data.num_nodes, "num_edges": data.num_edges,
+            "num_features": data.num_features, "pyg_fp32_bytes": fp32,
+            "gnnact_bytes": packed, "ratio": round(ratio, 3)}
+
+
 def adaptive_rows(name: str, model: torch.nn.Module, data, exclude: list, fp32: int,
                   budgets: list[float], env: dict) -> list[dict]:
     """One :class:`gnnact.Controller` estimate, then its widths and the saved bytes at each
@@ -61,16 +74,10 @@ def adaptive_rows(name: str, model: torch.nn.Module, data, exclude: list, fp32: 
     for avg in budgets:
         controller.avg_bits = float(avg)
         widths = controller.assign()
-        packed = measure(model, data, exclude)
-        ratio = fp32 / packed
-        print(f"{name:6s} adaptive {avg:g}  {packed / 2**20:10.1f} MiB  {ratio:6.2f}x")
-        rows.append({"bench": "saved_bytes", **env, "model": name, "bits": None,
-                     "adaptive_avg_bits": avg, "widths": widths,
-                     "estimate_passes": controller.last_passes,
-                     "estimate_s": round(controller.last_cost_s, 2),
-                     "num_nodes": data.num_nodes, "num_edges": data.num_edges,
-                     "num_features": data.num_features, "pyg_fp32_bytes": fp32,
-                     "gnnact_bytes": packed, "ratio": round(ratio, 3)})
+        rows.append(measured_row(model, data, exclude, fp32, env, name, f"adaptive {avg:g}",
+                                 bits=None, adaptive_avg_bits=avg, widths=widths,
+                                 estimate_passes=controller.last_passes,
+                                 estimate_s=round(controller.last_cost_s, 2)))
     return rows
 
 
@@ -98,15 +105,10 @@ def main(argv: list[str] | None = None) -> int:
         fp32 = measure(model, data, exclude)
         print(f"{name:6s} PyG fp32 {fp32 / 2**20:10.1f} MiB")
         for bits in args.bits:
-            gnnact.convert(model, gnnact.Config(bits=bits))
-            packed = measure(model, data, exclude)
-            ratio = fp32 / packed
-            print(f"{name:6s} {bits:2d} bits  {packed / 2**20:10.1f} MiB  {ratio:6.2f}x")
-            rows.append({"bench": "saved_bytes", **env, "model": name, "bits": bits,
-                         "attention_bits": gnnact.Config(bits=bits).attention,
-                         "num_nodes": data.num_nodes, "num_edges": data.num_edges,
-                         "num_features": data.num_features, "pyg_fp32_bytes": fp32,
-                         "gnnact_bytes": packed, "ratio": round(ratio, 3)})
+            config = gnnact.Config(bits=bits)
+            gnnact.convert(model, config)
+            rows.append(measured_row(model, data, exclude, fp32, env, name, f"{bits:2d} bits",
+                                     bits=bits, attention_bits=config.attention))
         if args.adaptive:
             rows += adaptive_rows(name, model, data, exclude, fp32, args.adaptive, env)
         del model
