@@ -130,6 +130,25 @@ def test_saved_bytes_adaptive_rows(tmp_path):
     assert sorted(ad2["widths"]) == sorted(ad4["widths"])
 
 
+def test_saved_bytes_writes_each_model_when_done(tmp_path, monkeypatch):
+    """A model that fails (or is stopped) after another finished costs only its own rows."""
+    bench = _script("bench_saved_bytes")
+    out = tmp_path / "saved.jsonl"
+    build = bench.build
+
+    def build_or_fail(name, *args):
+        if name == "gat":
+            raise RuntimeError("stopped")
+        return build(name, *args)
+
+    monkeypatch.setattr(bench, "build", build_or_fail)
+    with pytest.raises(RuntimeError, match="stopped"):
+        bench.main(["--nodes", "1500", "--models", "gcn", "gat", "--bits", "2", "4",
+                    "--out", str(out)])
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["model"], r["bits"]) for r in rows] == [("gcn", 2), ("gcn", 4)]
+
+
 def test_table3_compares_like_with_like():
     """Changes against fp32 of the same model, epochs and seeds; the newest row wins."""
     table3 = _script("table3")
