@@ -78,7 +78,7 @@ from _common import (
 
 import gnnact
 from gnnact.data import SHAPES, load_dataset, synthetic_like
-from gnnact.models import GCNII, MODELS, Stack, build
+from gnnact.models import GCNII, MODELS, Stack, build, has_batchnorm
 from gnnact.training import RunResult, loss_of, train_full_batch
 
 METHODS = ("pyg", "gnnact2", "gnnact4", "gnnact8", "uniform4", "adaptive2", "adaptive3",
@@ -252,7 +252,9 @@ def main(argv: list[str] | None = None) -> int:
                 new.append({
                     "bench": "suite", **env, "graph": args.graph, "num_nodes": data.num_nodes,
                     "num_edges": data.num_edges, "adj": args.adj, "features": args.features,
-                    "bn_momentum": args.bn_momentum, "adapt_interval": args.adapt_interval,
+                    # None where the model has no BatchNorm for the momentum to act on
+                    "bn_momentum": args.bn_momentum if has_batchnorm(model_name) else None,
+                    "adapt_interval": args.adapt_interval,
                     "first_interval": args.first_interval, "min_bits": args.min_bits,
                     "model": model_name,
                     "method": method,

@@ -27,6 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import ADAPT_INTERVAL, FIRST_INTERVAL, RESULTS, optional_int
 
+from gnnact.models import has_batchnorm
+
 # (method, column heading): GACT's fixed 4 bits is ``uniform4`` (attention at 4 bits too);
 # ``gnnact4`` keeps GAT's attention at its default 8 bits.
 COLUMNS = (("gnnact4", "fixed 4"), ("uniform4", "uniform 4"), ("adaptive4", "adaptive 4"),
@@ -40,10 +42,11 @@ LEGACY = (50, None, 1)
 
 
 def settings(row: dict) -> tuple:
-    """What must match for two rows to be compared: epochs, seeds, BatchNorm momentum and
-    learning rate (rows from before these were recorded ran at 0.1 and 0.01)."""
-    return (row["epochs"], tuple(row["seeds"]), row.get("bn_momentum", 0.1),
-            row.get("lr", 0.01))
+    """What must match for two rows to be compared: epochs, seeds, BatchNorm momentum (None for
+    a model without BatchNorm) and learning rate (rows from before these were recorded ran at
+    0.1 and 0.01)."""
+    momentum = row.get("bn_momentum", 0.1) if has_batchnorm(row["model"]) else None
+    return row["epochs"], tuple(row["seeds"]), momentum, row.get("lr", 0.01)
 
 
 def controller(row: dict) -> tuple:
@@ -95,7 +98,7 @@ def table(rows: list[dict], graph: str,
         low, _ = pick(rows, model, "adaptive2", same, wanted)
         ratio = ("–" if low is None or not low["saved_bytes"] or not ref["saved_bytes"]
                  else f"{ref['saved_bytes'] / low['saved_bytes']:.1f}×")
-        lines.append(f"| {label} | {ref['epochs']} | {same[3]} | {same[2]} | "
+        lines.append(f"| {label} | {ref['epochs']} | {same[3]} | {same[2] or '–'} | "
                      f"{ref['acc_mean']:.2f} ± {ref['acc_std']:.2f} | "
                      + " | ".join(cells) + f" | {ratio} |")
     if marked:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from gnnact.models import has_batchnorm
+
 # file -> (title, columns as (header, row key or callable))
 _TABLES = {
     "saved_bytes.jsonl": ("Saved context, arxiv-shaped graph", [
@@ -20,7 +22,8 @@ _TABLES = {
     "suite.jsonl": ("Benchmark suite", [
         ("graph", "graph"), ("model", "model"), ("method", "method"), ("epochs", "epochs"),
         ("lr", lambda r: r.get("lr", 0.01)),
-        ("BN momentum", lambda r: r.get("bn_momentum", 0.1)),
+        ("BN momentum",
+         lambda r: r.get("bn_momentum", 0.1) if has_batchnorm(r["model"]) else "–"),
         ("estimates", lambda r: _schedule(r) if r["method"].startswith("adaptive") else ""),
         ("test acc (%)", lambda r: f"{r['acc_mean']:.2f} ± {r['acc_std']:.2f}"),
         ("saved MB", lambda r: _mb(r.get("saved_bytes"))),

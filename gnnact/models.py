@@ -10,6 +10,7 @@ Defaults (:func:`build`):
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import torch
@@ -90,3 +91,12 @@ def build(name: str, f_in: int, classes: int, *, hidden: int | None = None,
     if name == "gcnii":
         return GCNII(f_in, hidden or 256, classes, layers=layers or 16, dropout=dropout)
     raise ValueError(f"model must be one of {MODELS}, got {name!r}")
+
+
+@functools.cache
+def has_batchnorm(name: str) -> bool:
+    """Whether :func:`build` gives model ``name`` BatchNorm layers (GCN, SAGE, GAT: yes;
+    GCNII: no), so that a BatchNorm setting means something for it. Read off a tiny build, so
+    that it stays true when :func:`build` changes."""
+    return any(isinstance(module, nn.modules.batchnorm._BatchNorm)
+               for module in build(name, 2, 2, hidden=2, layers=2).modules())

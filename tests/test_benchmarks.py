@@ -183,6 +183,12 @@ def test_table3_compares_like_with_like():
     assert lines[2] == ("| GCN | 100 | 0.01 | 0.1 | 80.00 ± 0.50 | – | +1.00 | – | – | +0.10 "
                         "| 25.0× |")
     assert len(lines) == 3
+    # GCNII has no BatchNorm: no momentum shown, and rows that recorded one (as the suite did
+    # before it wrote None for such models) compare with rows that did not.
+    rows += [{**row("gcnii", "pyg", 70.0, "2026-01-01"), "bn_momentum": None},
+             {**row("gcnii", "gnnact4", 70.5, "2026-01-01"), "bn_momentum": 0.5}]
+    assert table3.table(rows, "g").splitlines()[3] == (
+        "| GCNII | 100 | 0.01 | – | 70.00 ± 0.50 | +0.50 | – | – | – | – | – |")
 
 
 def test_generic_rows(tmp_path, capsys):

@@ -273,6 +273,13 @@ def test_sparse_input_features_kept_by_reference(layout, device):
         lin(x.clone().requires_grad_())
 
 
+def test_has_batchnorm_matches_the_built_models():
+    from gnnact.models import MODELS, has_batchnorm
+
+    assert {name: has_batchnorm(name) for name in MODELS} == {
+        "gcn": True, "sage": True, "gat": True, "gcnii": False}
+
+
 @pytest.mark.parametrize("name", ["gcn", "sage", "gat", "gcnii"])
 def test_models_take_sparse_features(name):
     """Every model, PyG's and converted, gives the loss and gradients of dense features when
