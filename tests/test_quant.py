@@ -61,6 +61,32 @@ def test_hand_worked_packing(bits):
     assert p.scales.tolist() == [0.5] and p.zeros.tolist() == [0.0]
 
 
+@pytest.mark.parametrize("bits", QBITS)
+@pytest.mark.parametrize("group_size", [24, 13])  # whole 8-code blocks, and not
+def test_packing_layout_and_every_byte_value(bits, group_size):
+    # Random codes in several groups: each group's bytes are its own little-endian bit stream
+    # (however the width is packed), and they unpack to the same codes.
+    from gnnact.quant import reference
+
+    q = torch.randint(0, 1 << bits, (5, group_size), generator=torch.Generator().manual_seed(1))
+    codes = reference.pack_codes(q.to(torch.float32), bits)
+    for row, packed in zip(q.tolist(), codes.tolist(), strict=True):
+        stream = sum(v << (j * bits) for j, v in enumerate(row))
+        assert packed == list(stream.to_bytes(packed_code_bytes(group_size, bits), "little"))
+    ones, zeros = torch.ones(5), torch.zeros(5)
+    out = reference.dequantize_groups(codes, ones, zeros, bits, group_size, q.numel(),
+                                      torch.float32)
+    assert torch.equal(out, q.flatten().to(torch.float32))
+    if 8 % bits == 0:  # every byte value, through the byte-aligned unpacking
+        per_byte = 8 // bits
+        codes = torch.arange(256, dtype=torch.uint8)[:, None]
+        out = reference.dequantize_groups(codes, torch.ones(256), torch.zeros(256), bits,
+                                          per_byte, 256 * per_byte, torch.float32)
+        expected = [(v >> (k * bits)) & ((1 << bits) - 1) for v in range(256)
+                    for k in range(per_byte)]
+        assert out.tolist() == expected
+
+
 def test_hand_worked_stochastic_rounding():
     # u = [0, 0.9, 1.8, 3]; q = floor(u) + [r < frac(u)].
     x = torch.tensor([0.0, 0.3, 0.6, 1.0])
