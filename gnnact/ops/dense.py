@@ -123,19 +123,26 @@ class _BatchNorm(torch.autograd.Function):
         n = grad.numel() // grad.size(1)
         mean = mean.to(grad.dtype).view(shape)
         invstd = invstd.to(grad.dtype).view(shape)
-        xn = (x_hat - mean) * invstd
+        # x_hat may be the input itself (16/32 bits keep it as is): never written. Every
+        # tensor made here is, in place, with the rounding of the out-of-place expressions
+        # (full-size temporaries cost as much as the arithmetic on the CPU).
+        xn = (x_hat - mean).mul_(invstd)
         # The exact normalised input has zero mean per channel, so sum_n dX_n = 0: a shift
         # before BatchNorm (the bias of the layer before) gets no gradient. Rounding noise
         # breaks that, and Adam blows the leaked noise up to full-size steps that random-walk
         # those biases (and the running means behind them). Centring keeps the sum exactly
         # zero and, being linear, keeps E[xn] unchanged.
-        xn = xn - xn.mean(dims, keepdim=True)
+        xn.sub_(xn.mean(dims, keepdim=True))
         sum_g = grad.sum(dims)
         sum_gx = (grad * xn).sum(dims)
         grad_x = None
         if ctx.needs_input_grad[0]:
             scale = invstd if weight is None else invstd * weight.view(shape)
-            grad_x = scale / n * (n * grad - sum_g.view(shape) - xn * sum_gx.view(shape))
+            if grad.dtype == xn.dtype == scale.dtype:  # (scale / n)(n grad - ...), in place
+                grad_x = (n * grad).sub_(sum_g.view(shape)).sub_(xn.mul_(sum_gx.view(shape)))
+                grad_x.mul_(scale / n)
+            else:  # mixed dtypes: promoted where the expression promotes them
+                grad_x = scale / n * (n * grad - sum_g.view(shape) - xn * sum_gx.view(shape))
         grad_w = sum_gx if ctx.has_weight and ctx.needs_input_grad[1] else None
         grad_b = sum_g if ctx.has_bias and ctx.needs_input_grad[2] else None
         return grad_x, grad_w, grad_b, None, None, None, None, None
