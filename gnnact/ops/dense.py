@@ -123,9 +123,10 @@ class _BatchNorm(torch.autograd.Function):
         n = grad.numel() // grad.size(1)
         mean = mean.to(grad.dtype).view(shape)
         invstd = invstd.to(grad.dtype).view(shape)
-        # x_hat may be the input itself (16/32 bits keep it as is): never written. Every
-        # tensor made here is, in place, with the rounding of the out-of-place expressions
-        # (full-size temporaries cost as much as the arithmetic on the CPU).
+        # x_hat may be the input itself (16/32 bits keep it as is), so it is never written.
+        # The tensors made here are updated in place, in the order and with the rounding of
+        # the out-of-place expressions: on the CPU, full-size temporaries cost as much as the
+        # arithmetic.
         xn = (x_hat - mean).mul_(invstd)
         # The exact normalised input has zero mean per channel, so sum_n dX_n = 0: a shift
         # before BatchNorm (the bias of the layer before) gets no gradient. Rounding noise
