@@ -383,6 +383,25 @@ def test_compressed_batchnorm_input_gradient_sums_to_zero():
     assert grad_bias.abs().max() < 1e-9 * grad_x.abs().max()
 
 
+@pytest.mark.parametrize("bits", [2, 16, 32])
+def test_batchnorm_backward_leaves_its_input_alone(bits):
+    # At 16 and 32 bits BatchNorm keeps its input itself, and its backward works in place on
+    # what it computes: the input and the incoming gradient must come out unchanged.
+    x = torch.randn(64, 8, dtype=torch.float32).requires_grad_()
+    g = torch.randn(64, 8)
+    x0, g0 = x.detach().clone(), g.clone()
+    weight = torch.rand(8, requires_grad=True)
+    out = ops.batch_norm(x, None, None, weight, None, training=True,
+                         config=Config(bits=bits))
+    grad_x, grad_w = torch.autograd.grad(out, (x, weight), g)
+    assert torch.equal(x.detach(), x0) and torch.equal(g, g0)
+    if bits == 32:  # the exact gradient, up to the centring's rounding
+        ref = torch.nn.functional.batch_norm(x, None, None, weight, None, training=True)
+        ref_x, ref_w = torch.autograd.grad(ref, (x, weight), g)
+        torch.testing.assert_close(grad_x, ref_x)
+        torch.testing.assert_close(grad_w, ref_w)
+
+
 def test_convert_keeps_weights_objects_and_outputs():
     torch.manual_seed(0)
     x, ei = graph_inputs()
