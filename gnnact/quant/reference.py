@@ -28,6 +28,8 @@ dequantization multiply then add), which the CUDA kernel reproduces with ``__fsu
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
@@ -169,10 +171,12 @@ def dequantize_groups(codes: Tensor, scales: Tensor, zeros: Tensor, bits: int, g
     return out.reshape(-1)[:numel].to(dtype)
 
 
-def _byte_codes(bits: int, device: torch.device) -> Tensor:
-    """``float32 [256, 8 / b]``: the codes byte value :math:`v` holds, lowest bits first."""
+@functools.cache
+def _byte_codes(bits: int, device: torch.device, dtype: torch.dtype = torch.float32) -> Tensor:
+    """``[256, 8 / b]`` of ``dtype``: the codes byte value :math:`v` holds, lowest bits first.
+    Built once per width, device and dtype (read only: callers gather from it)."""
     values = torch.arange(256, dtype=torch.int32, device=device)[:, None]
-    return ((values >> _bit_shifts(bits, device)) & ((1 << bits) - 1)).to(torch.float32)
+    return ((values >> _bit_shifts(bits, device)) & ((1 << bits) - 1)).to(dtype)
 
 
 def _pack_blocks(q: Tensor, bits: int) -> Tensor:
@@ -236,6 +240,5 @@ def pack_mask_bits(mask: Tensor) -> Tensor:
 def unpack_mask_bits(data: Tensor, numel: int) -> Tensor:
     """Inverse of :func:`pack_mask_bits`: a flat ``torch.bool`` tensor of ``numel`` elements
     (one gather from a 256-entry table of each byte's bits)."""
-    values = torch.arange(256, dtype=torch.int32, device=data.device)[:, None]
-    table = ((values >> _bit_shifts(1, data.device)) & 1).to(torch.bool)
+    table = _byte_codes(1, data.device, torch.bool)
     return table.index_select(0, data.to(torch.int32)).view(-1)[:numel]
