@@ -36,6 +36,14 @@ def data_root() -> Path:
     return Path(os.environ.get("GNNACT_DATA", ROOT.parent / "shared" / "datasets"))
 
 
+def out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` says memory ran out: the caching allocator's ``OutOfMemoryError``, or
+    a CUDA runtime error from a pinned host allocation (``cudaHostAlloc``, as in
+    ``save_on_cpu``), which PyTorch raises as a plain runtime error."""
+    return isinstance(error, torch.OutOfMemoryError) or (
+        isinstance(error, RuntimeError) and "out of memory" in str(error))
+
+
 def append_rows(path: Path, rows: list[dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as f:

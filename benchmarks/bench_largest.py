@@ -29,7 +29,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RESULTS, environment, finish
+from _common import RESULTS, environment, finish, out_of_memory
 
 import gnnact
 from gnnact.models import build
@@ -98,7 +98,9 @@ def fits(method: str, model_name: str, args: argparse.Namespace) -> Callable[[in
         try:
             step(method, model_name, n, args)
             ok = True
-        except torch.OutOfMemoryError:
+        except RuntimeError as error:  # OutOfMemoryError is one
+            if not out_of_memory(error):
+                raise
             ok = False
         gc.collect()
         if args.device.type == "cuda":
@@ -135,9 +137,11 @@ def main(argv: list[str] | None = None) -> int:
         return finish(args.out, [], smoke=True)
     if args.device.type != "cuda":
         parser.error("the memory cap needs a CUDA device; use --smoke on the CPU")
-    total = torch.cuda.get_device_properties(args.device).total_memory
+    # The memory-fraction call wants an index: "cuda" alone means the current device.
+    index = args.device.index if args.device.index is not None else torch.cuda.current_device()
+    total = torch.cuda.get_device_properties(index).total_memory
     cap = int(args.cap_gb * 2**30)
-    torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), args.device)
+    torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), index)
     rows = []
     for method in args.methods:
         n = largest(fits(method, args.model, args), args.lo, args.hi, args.tolerance)

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RESULTS, environment, finish, median_time
+from _common import RESULTS, environment, finish, median_time, out_of_memory
 
 import gnnact
 from gnnact.data import SHAPES, synthetic_like
@@ -146,7 +146,9 @@ def main(argv: list[str] | None = None) -> int:
             results[method] = measure(model, context, data, args.device, args.epochs,
                                       args.warmup)
             row.update(results[method], oom=False)
-        except torch.OutOfMemoryError:
+        except RuntimeError as error:  # OutOfMemoryError is one
+            if not out_of_memory(error):
+                raise
             row["oom"] = True
         rows.append(row)
         peak = row.get("peak_bytes")

@@ -83,7 +83,10 @@ def test_cuda_gnnact_layers_context_is_offloaded():
     skip = [data.x, data.edge_index]
     expected = run(compress_saved_tensors(Config(bits=2), model=model, skip=skip))
     hooks = compress_saved_tensors(Config(bits=2, offload=True), model=model, skip=skip)
-    assert torch.equal(run(hooks), expected)
+    # Not torch.equal: CUDA's scatter-add (GCN's aggregation and its backward) adds with
+    # atomics, so two runs of the same path differ in the last bits (seen on an H100, ~1e-9).
+    # A wrong host copy would be off by the 2-bit rounding step, orders of magnitude more.
+    torch.testing.assert_close(run(hooks), expected, rtol=1e-5, atol=1e-7)
     assert hooks.offloaded_bytes > 0
 
 
@@ -105,7 +108,10 @@ def test_cuda_no_memory_growth_over_100_steps():
         offloader = next(iter(hooks._offloaders.values()))
         device.append(torch.cuda.memory_allocated())
         pinned.append(offloader.pool.allocated_bytes)
-    assert device[-1] == device[2] and pinned[-1] == pinned[2] > 0
+    # No growth: later steps hold no more than the early ones (on an H100 the last step held
+    # 1.7 MB less than the third) and the pinned pool stops at one pass's worth.
+    assert max(device[10:]) <= max(device[:10])
+    assert pinned[-1] == pinned[2] > 0
 
 
 @pytest.mark.cuda

@@ -66,7 +66,9 @@ class RegroupedTensor:
 
     def dequantize(self) -> Tensor:
         flat = self.packed.dequantize()
-        return flat.view(self.g, self.a, self.b).transpose(0, 1).reshape(self.shape)
+        # contiguous(): a reshape of the transposed view can itself be a view with permuted
+        # strides, which cuDNN's backward kernels reject (seen on an H100: BatchNorm2d).
+        return flat.view(self.g, self.a, self.b).transpose(0, 1).contiguous().view(self.shape)
 
 
 class Mesa(Compressor):
