@@ -10,6 +10,7 @@ needs it. The forward pass itself stays exact. Which compressor a tensor gets is
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import weakref
 from collections.abc import Callable, Iterable
@@ -31,6 +32,7 @@ from gnnact.memory import storage_keys, tensor_storages
 from gnnact.ops.context import (
     cache_key,
     cached,
+    hold_parts,
     noise_generator,
     own_context,
     release,
@@ -253,6 +255,7 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         self._paths = {} if model is None else {id(m): p for p, m in model.named_modules()}
         self._stack: list[nn.Module] = []
         self._handles: list[Any] = []
+        self._holding = contextlib.ExitStack()  # hold_parts() while offloading
         self.bits: dict[str, int] = {}  # tensor name -> width, set by gnnact.Controller
         self.reset_stats()
         super().__init__(self._pack, self._unpack)
@@ -288,11 +291,17 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         self._stack = []
         self._handles = [register_module_forward_pre_hook(self._enter_module),
                          register_module_forward_hook(self._leave_module, always_call=True)]
+        self._holding = contextlib.ExitStack()
+        if self.config.offload or self.offload_paths:
+            # gnnact ops share packed copies through weak references; offloading leaves nothing
+            # on the device to back them (see gnnact.ops.context.hold_parts).
+            self._holding.enter_context(hold_parts())
         super().__enter__()
         return self
 
     def __exit__(self, *args: object) -> None:
         super().__exit__(*args)
+        self._holding.close()
         for handle in self._handles:
             handle.remove()
         self._handles = []
@@ -394,15 +403,14 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         """Offload ``tensors``, what keeps ``t`` for backward, to pinned host memory (CUDA
         only; on the CPU ``rebuild(tensors)`` is kept as is). With ``share``, one host copy
         serves every save of ``t`` (not for a ReLU mask: later saves need the values)."""
-        if not t.is_cuda or not all(x.is_contiguous() for x in tensors):
+        if not self._can_offload(t, tensors):
             return rebuild(tensors)
         shared = self._shared_swap(t) if share else None
         if shared is not None:
             return shared
         offloader = self._offloaders.get(t.device)
         if offloader is None:
-            offloader = self._offloaders[t.device] = Offloader(t.device,
-                                                               self.config.prefetch_depth)
+            offloader = self._offloaders[t.device] = self._new_offloader(t.device)
             offloader.new_pass()
         item = offloader.offload(tensors, rebuild, t.shape)
         self.offloaded_bytes += item.nbytes
@@ -410,6 +418,13 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
             key, owner = cache_key(t)
             self._swapped[key] = (weakref.ref(owner), t._version, weakref.ref(item))
         return item
+
+    def _can_offload(self, t: Tensor, tensors: tuple[Tensor, ...]) -> bool:
+        """Whether ``tensors`` (what keeps ``t``) can go to host memory: CUDA and contiguous."""
+        return t.is_cuda and all(x.is_contiguous() for x in tensors)
+
+    def _new_offloader(self, device: torch.device) -> Offloader:
+        return Offloader(device, self.config.prefetch_depth)
 
     def _shared_swap(self, t: Tensor) -> Any:
         """The host copy already made for this tensor (or another view of its data)."""

@@ -44,7 +44,7 @@ from __future__ import annotations
 import contextlib
 import weakref
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,9 +56,10 @@ from gnnact.quant import PackedMask, PackedTensor, quantize, unpack_mask
 from gnnact.quant.mixed import MixedPackedTensor, allocate_rows, quantize_rows
 from gnnact.quant.packed import BYTE_ALIGNED_BITS, QUANT_BITS
 
-__all__ = ["apply_mask", "cache_key", "cached", "controlled_noise", "derive", "input_bits",
-           "load_context", "noise_generator", "own_context", "per_node_quantize", "records_graph",
-           "release", "remember", "save_context", "shared_quantize", "transient"]
+__all__ = ["apply_mask", "cache_key", "cached", "controlled_noise", "derive", "hold_parts",
+           "input_bits", "load_context", "noise_generator", "own_context", "per_node_quantize",
+           "records_graph", "release", "remember", "save_context", "shared_quantize",
+           "transient"]
 
 # cache_key(tensor) -> (weakref to the tensor or the base it views, its _version, format,
 # weakrefs to the packed tensors, the packed class and its metadata). Weak references only: the
@@ -106,10 +107,43 @@ class Reshaped:
         return self.inner.dequantize().reshape(self.shape)
 
 
+# Strong references to the tensors behind a _CACHE or _DERIVED entry, kept only inside
+# hold_parts() (while offloading): the offloading hooks move each of them to host memory as soon
+# as autograd packs it, and nothing on the device would hold it any more, so the registries'
+# weak references would die before the next consumer of the same tensor asked for the shared
+# copy, or the next op for a derived tensor's pieces. It would quantize afresh instead: other
+# noise, and a second copy. Each entry goes with its registry entry (its tensor died, changed or
+# was read by a backward), and all of them when the outermost hold_parts() ends.
+_HELD: dict[tuple, tuple[Tensor, ...]] = {}
+_holding = 0
+
+
+@contextlib.contextmanager
+def hold_parts() -> Iterator[None]:
+    """Inside, the packed copies that :func:`remember` shares and the pieces that
+    :func:`derive` records stay alive while the tensor they stand for does, even when nothing
+    else on the device references them (see ``_HELD``). :class:`gnnact.compress_saved_tensors`
+    enters it around a forward pass that offloads context."""
+    global _holding
+    _holding += 1
+    try:
+        yield
+    finally:
+        _holding -= 1
+        if not _holding:
+            _HELD.clear()
+
+
+def _hold(key: tuple, tensors: Iterable[Tensor | None]) -> None:
+    if _holding:
+        _HELD[key] = tuple(t for t in tensors if t is not None)
+
+
 def _forget(key: tuple, ref: weakref.ref) -> None:
     entry = _CACHE.get(key)
     if entry is not None and entry[0] is ref:
         del _CACHE[key]
+        _HELD.pop(("cache", key), None)
 
 
 def _release(codes: Tensor) -> None:
@@ -117,6 +151,7 @@ def _release(codes: Tensor) -> None:
     for key, entry in list(_CACHE.items()):
         if entry[3][0]() is codes:
             del _CACHE[key]
+            _HELD.pop(("cache", key), None)
 
 
 # id(tensor) -> (weakref to the derived tensor, its _version, steps); each step is
@@ -139,13 +174,17 @@ def derive(out: Tensor, source: Tensor | None, kind: str, tensors: tuple, meta: 
         steps = _DERIVED[id(source)][2]
     key = id(out)
     out_ref = weakref.ref(out, lambda r, k=key: _forget_derived(k, r))
-    _DERIVED[key] = (out_ref, out._version, (*steps, (kind, tuple(map(_ref, tensors)), meta)))
+    chain = (*steps, (kind, tuple(map(_ref, tensors)), meta))
+    _DERIVED[key] = (out_ref, out._version, chain)
+    # The whole chain: the source's own hold goes when the source dies, before ``out`` does.
+    _hold(("derived", key), (r() for _, refs, _ in chain for r in refs if r is not None))
 
 
 def _forget_derived(key: int, ref: weakref.ref) -> None:
     entry = _DERIVED.get(key)
     if entry is not None and entry[0] is ref:
         del _DERIVED[key]
+        _HELD.pop(("derived", key), None)
 
 
 def _resolve(x: Tensor) -> list[tuple] | None:
@@ -343,11 +382,13 @@ def cached(x: Tensor, fmt: tuple | None = None) -> Any:
 def remember(x: Tensor, fmt: tuple, packed: Any) -> None:
     """Share ``packed`` (anything with ``tensors()``, ``meta`` and ``from_parts``) as the copy
     of ``x`` in format ``fmt`` until a backward pass reads it (:func:`release`), ``x`` changes
-    or dies, or the packed tensors die. Only weak references are held."""
+    or dies, or the packed tensors die. Only weak references are held (outside
+    :func:`hold_parts`)."""
     key, owner = cache_key(x)
     x_ref = weakref.ref(owner, lambda r, k=key: _forget(k, r))
     refs = tuple(weakref.ref(t) for t in packed.tensors())
     _CACHE[key] = (x_ref, x._version, fmt, refs, type(packed), packed.meta)
+    _hold(("cache", key), packed.tensors())
 
 
 def release(packed: Any) -> None:
