@@ -7,7 +7,13 @@
 #   bash benchmarks/gpu_all.sh                 # every part, in order
 #   bash benchmarks/gpu_all.sh tests train     # some parts
 #
-# Parts (each fits one 10-minute device call on an H100; together about 60 minutes):
+# On a machine whose copy of the checkout has an older .git (the device tool's), name the tree:
+#   GNNACT_COMMIT=$(git rev-parse --short HEAD), computed here, in front of the command.
+#
+# Parts (each fits one 10-minute device call on an H100; together about 60 minutes). Seen on an
+# H100 on 2026-11-23: tests 11 s; train 1.5 min; generic under 3 min; swap under 2 min;
+# largest about 2 min; suite over 3.5 min for GCN alone (run GCN and SAGE in separate calls if
+# the call is short).
 #   tests      CUDA tests (pytest -m cuda) and quantize/dequantize throughput
 #   train      training step time and memory, PyG fp32 vs gnnact 2/4 bits, arxiv-shaped graph,
 #              all four models
@@ -31,6 +37,15 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+# A Python that has torch: $PYTHON, else the first of these that imports it (the GPU image keeps
+# its torch in /opt/torch/.venv, which need not be on PATH; a symlink to it would not work).
+py="${PYTHON:-}"
+if [ -z "$py" ]; then
+  for candidate in python python3 /opt/torch/.venv/bin/python3; do
+    if "$candidate" -c "import torch" >/dev/null 2>&1; then py="$candidate"; break; fi
+  done
+fi
+[ -n "$py" ] || { echo "no Python with torch found; set PYTHON"; exit 1; }
 out="${OUT:-benchmarks/results}"
 mkdir -p "$out"
 status=0
@@ -40,54 +55,54 @@ parts=("$@")
 
 {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  echo "commit: ${GNNACT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
   echo "parts: ${parts[*]}"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1
-  python -c "import torch, torch_geometric as g; print('torch', torch.__version__, 'cuda', torch.version.cuda, '| PyG', g.__version__)"
-  python -c "import cupy; print('cupy', cupy.__version__)" 2>&1
+  "$py" -c "import torch, torch_geometric as g; print('torch', torch.__version__, 'cuda', torch.version.cuda, '| PyG', g.__version__)"
+  "$py" -c "import cupy; print('cupy', cupy.__version__)" 2>&1
 } | tee -a "$out/gpu_env.txt"
 
 for part in "${parts[@]}"; do
   echo "== $part"
   case "$part" in
     tests)
-      python -m pytest -m cuda -q -rs -p no:cacheprovider 2>&1 | tee "$out/pytest_cuda.txt"
+      "$py" -m pytest -m cuda -q -rs -p no:cacheprovider 2>&1 | tee "$out/pytest_cuda.txt"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-      python benchmarks/bench_quantize.py --device cuda --out "$out/quantize.jsonl" || status=1
-      python benchmarks/bench_quantize.py --device cuda --dtype bfloat16 --bits 2 4 8 \
+      "$py" benchmarks/bench_quantize.py --device cuda --out "$out/quantize.jsonl" || status=1
+      "$py" benchmarks/bench_quantize.py --device cuda --dtype bfloat16 --bits 2 4 8 \
         --out "$out/quantize.jsonl" || status=1
       ;;
     train)
-      python benchmarks/bench_train.py --device cuda --models gcn sage gat gcnii --bits 2 4 \
+      "$py" benchmarks/bench_train.py --device cuda --models gcn sage gat gcnii --bits 2 4 \
         --out "$out/train.jsonl" || status=1
       ;;
     products)
-      python benchmarks/bench_train.py --device cuda --shape products --models gcn sage \
+      "$py" benchmarks/bench_train.py --device cuda --shape products --models gcn sage \
         --bits 2 4 --epochs 5 --warmup 1 --out "$out/train.jsonl" || status=1
       ;;
     suite)
-      python benchmarks/bench_suite.py --device cuda --models gcn sage --seeds 0 1 \
+      "$py" benchmarks/bench_suite.py --device cuda --models gcn sage --seeds 0 1 \
         --epochs 50 --out "$out/suite.jsonl" --summary "$out/suite_gcn_sage.md" || status=1
       ;;
     suite-gat)
-      python benchmarks/bench_suite.py --device cuda --models gat gcnii --seeds 0 1 \
+      "$py" benchmarks/bench_suite.py --device cuda --models gat gcnii --seeds 0 1 \
         --epochs 50 --out "$out/suite.jsonl" --summary "$out/suite_gat_gcnii.md" || status=1
       ;;
     generic)
-      python benchmarks/bench_generic.py --device cuda --out "$out/generic.jsonl" || status=1
+      "$py" benchmarks/bench_generic.py --device cuda --out "$out/generic.jsonl" || status=1
       ;;
     swap)
-      python benchmarks/bench_swap.py --device cuda --out "$out/swap.jsonl" || status=1
-      python benchmarks/bench_swap.py --device cuda --shape products --nodes 1000000 \
+      "$py" benchmarks/bench_swap.py --device cuda --out "$out/swap.jsonl" || status=1
+      "$py" benchmarks/bench_swap.py --device cuda --shape products --nodes 1000000 \
         --epochs 10 --out "$out/swap.jsonl" || status=1
       ;;
     largest)
-      python benchmarks/bench_largest.py --device cuda --cap-gb 16 --out "$out/largest.jsonl" \
+      "$py" benchmarks/bench_largest.py --device cuda --cap-gb 16 --out "$out/largest.jsonl" \
         || status=1
       ;;
     accuracy)
       if [ -d data_local/datasets ]; then
-        GNNACT_DATA="$PWD/data_local/datasets" python benchmarks/bench_accuracy.py \
+        GNNACT_DATA="$PWD/data_local/datasets" "$py" benchmarks/bench_accuracy.py \
           --device cuda --datasets physics computers dblp --models gcn sage --seeds 0 1 2 \
           --out "$out/accuracy.jsonl" || status=1
       else
@@ -97,7 +112,7 @@ for part in "${parts[@]}"; do
       ;;
     adaptive-*)
       if [ -d data_local/datasets ]; then
-        GNNACT_DATA="$PWD/data_local/datasets" python benchmarks/bench_suite.py --device cuda \
+        GNNACT_DATA="$PWD/data_local/datasets" "$py" benchmarks/bench_suite.py --device cuda \
           --graph "${part#adaptive-}" --models gcn gat gcnii --epochs 200 \
           --methods pyg gnnact4 uniform4 adaptive4 adaptive3 adaptive2 pernode2 \
           --out "$out/suite.jsonl" --summary "$out/suite_${part}.md" || status=1

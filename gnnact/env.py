@@ -4,6 +4,7 @@ date. Shared by the command line and the benchmark scripts."""
 from __future__ import annotations
 
 import datetime as _dt
+import os
 import platform
 import subprocess
 from pathlib import Path
@@ -17,7 +18,10 @@ _ROOT = Path(__file__).resolve().parent.parent
 
 def git_commit(short: bool = True) -> str | None:
     """HEAD of the checkout this package runs from (``-dirty`` if tracked files changed), or
-    ``None`` outside a git checkout."""
+    ``None`` outside a git checkout; ``$GNNACT_COMMIT`` when set, for a copy of the tree whose
+    ``.git`` is not its own (a GPU machine's copy of a checkout can carry an older one)."""
+    if os.environ.get("GNNACT_COMMIT"):
+        return os.environ["GNNACT_COMMIT"]
     try:
         args = ["git", "rev-parse", *(["--short"] if short else []), "HEAD"]
         head = subprocess.run(args, cwd=_ROOT, check=True, capture_output=True, text=True,
