@@ -213,6 +213,9 @@ def apply_mask(x: Tensor, mask: Tensor, divisor: float, slope: float) -> Tensor:
 
 
 def _rebuild(steps: list[tuple]) -> Tensor:
+    # In place wherever that computes the same bits: this runs in backward, where each
+    # full-size temporary adds to the step's peak memory (a GPU's peak is in backward). The
+    # dequantized input is a fresh tensor unless its parts are the tensor itself (16/32 bits).
     value: Tensor | None = None
     for kind, tensors, meta in steps:
         if kind == "batch_norm":
@@ -221,15 +224,29 @@ def _rebuild(steps: list[tuple]) -> Tensor:
             _release(parts[0])  # read by a backward: its forward pass is over
             x = cls.from_parts(tuple(parts), inner).dequantize()
             shape = [1, -1] + [1] * (x.dim() - 2)
-            value = (x - mean.to(x.dtype).view(shape)) * invstd.to(x.dtype).view(shape)
+            mean = mean.to(x.dtype).view(shape)
+            aliased = any(p is not None and p.untyped_storage().data_ptr()
+                          == x.untyped_storage().data_ptr() for p in parts)
+            value = (x - mean) if aliased else x.sub_(mean)
+            value.mul_(invstd.to(x.dtype).view(shape))
+            # A weight or bias of another dtype promotes, so that stays out of place.
             if weight is not None:
-                value = value * weight.view(shape)
+                w = weight.view(shape)
+                value = value.mul_(w) if w.dtype == value.dtype else value * w
             if bias is not None:
-                value = value + bias.view(shape)
+                b = bias.view(shape)
+                value = value.add_(b) if b.dtype == value.dtype else value + b
         else:  # "mask"
             (data,) = tensors
             shape, divisor, slope = meta
-            value = apply_mask(value, unpack_mask(PackedMask(data, shape)), divisor, slope)
+            mask = unpack_mask(PackedMask(data, shape))
+            if slope != 0.0:
+                value = apply_mask(value, mask, divisor, slope)
+            else:  # apply_mask's product, into value (x * scale == scale * x, bit for bit)
+                scale = mask.to(value.dtype)
+                if divisor != 1.0:
+                    scale.div_(divisor)
+                value.mul_(scale)
     assert value is not None
     return value
 
