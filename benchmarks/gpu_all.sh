@@ -32,6 +32,8 @@
 #              swap without and with prefetch; step time, peak memory, hidden copy share
 #   largest    the largest random graph (products' degree and widths) SAGE 3x256 trains on
 #              under a 16 GB cap: PyG fp32 vs gnnact 2 bits vs 2 bits + swap; products' peak
+#   peak       what is alive at a step's peak memory, by source line (allocator history):
+#              GCN and SAGE at 2 bits, arxiv shape and a 1M-node products shape
 #
 # Extend this script whenever a GPU path or a GPU benchmark is added.
 set -uo pipefail
@@ -50,7 +52,7 @@ out="${OUT:-benchmarks/results}"
 mkdir -p "$out"
 status=0
 parts=("$@")
-[ ${#parts[@]} -gt 0 ] || parts=(tests train products suite suite-gat generic swap largest
+[ ${#parts[@]} -gt 0 ] || parts=(tests train products suite suite-gat generic swap largest peak
                                  accuracy adaptive-dblp adaptive-computers adaptive-physics)
 
 {
@@ -99,6 +101,12 @@ for part in "${parts[@]}"; do
     largest)
       "$py" benchmarks/bench_largest.py --device cuda --cap-gb 16 --out "$out/largest.jsonl" \
         || status=1
+      ;;
+    peak)
+      "$py" benchmarks/profile_peak.py --device cuda --models gcn sage --bits 2 \
+        --out "$out/peak.jsonl" || status=1
+      "$py" benchmarks/profile_peak.py --device cuda --shape products --nodes 1000000 \
+        --models sage --bits 2 --out "$out/peak.jsonl" || status=1
       ;;
     accuracy)
       if [ -d data_local/datasets ]; then

@@ -241,3 +241,23 @@ def test_swap_and_largest_smoke(capsys):
     assert "prefetch_hidden_share" in text and "gnnact2_swap: one step" in text
     with pytest.raises(SystemExit):
         swap.main(["--device", "cpu"])  # offloading needs a GPU outside smoke runs
+
+
+def test_profile_peak_replays_the_allocator_trace():
+    peak = _script("profile_peak")
+    frame = {"filename": "/x/site-packages/gnnact/ops/context.py", "line": 7, "name": "f"}
+    other = {"filename": "/usr/lib/python3/threading.py", "line": 1, "name": "run"}
+    events = [
+        {"action": "free_completed", "addr": 99, "size": 50},  # allocated before the trace
+        {"action": "alloc", "addr": 1, "size": 100, "frames": [other, frame]},
+        {"action": "alloc", "addr": 2, "size": 30, "frames": [other]},
+        {"action": "free_requested", "addr": 1, "size": 100},  # not yet given back
+        {"action": "alloc", "addr": 3, "size": 20, "frames": [frame]},
+        {"action": "free_completed", "addr": 1, "size": 100},
+        {"action": "alloc", "addr": 4, "size": 60, "frames": []},
+    ]
+    top, at, alive = peak.peak_live(events)
+    assert top == 150 and at == "gnnact/ops/context.py:7 f"
+    assert alive == [("gnnact/ops/context.py:7 f", 120, 2), ("other", 30, 1)]
+    with pytest.raises(SystemExit):
+        peak.main(["--device", "cpu"])

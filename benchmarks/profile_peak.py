@@ -1,0 +1,146 @@
+"""Where a training step's peak GPU memory goes: the allocations alive at the peak, by source line.
+
+One full-batch step (forward, backward, optimizer) of each model, after ``--warmup`` steps, under
+PyTorch's allocator history (``torch.cuda.memory._record_memory_history``). Replaying the
+recorded allocations and frees gives the peak above what was allocated before the step (model,
+optimizer state, graph) and what was alive then, grouped by the innermost frame in gnnact, PyG
+or this folder. Swap only lowers a peak made of saved context, so this says what a lower peak
+would take.
+
+Usage::
+
+    python benchmarks/profile_peak.py --device cuda [--models sage] [--bits 2] [--shape arxiv]
+        [--nodes N] [--top 12]
+
+Rows (``peak.jsonl``): the traced peak, ``max_memory_allocated`` over the same step for
+comparison, the site of the allocation that reached the peak, and the ``--top`` sites by bytes
+alive at the peak. CUDA only (the CPU allocator keeps no such history).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import RESULTS, environment, finish
+
+import gnnact
+from gnnact.data import SHAPES, synthetic_like
+from gnnact.models import MODELS, build
+from gnnact.training import loss_of
+
+ROOTS = ("gnnact/", "torch_geometric/", "benchmarks/")
+
+
+def site(frames: list[dict], roots: tuple[str, ...] = ROOTS) -> str:
+    """``file:line function`` of the innermost frame under one of ``roots`` (``"other"``)."""
+    for frame in frames:  # innermost first
+        name = frame.get("filename", "")
+        for root in roots:
+            if root in name:
+                return f"{root}{name.split(root, 1)[1]}:{frame.get('line')} {frame.get('name')}"
+    return "other"
+
+
+def peak_live(events: Iterable[dict], site_of: Callable[[list[dict]], str] = site
+              ) -> tuple[int, str | None, list[tuple[str, int, int]]]:
+    """Replay allocator events (``alloc`` / ``free_completed``, as in the snapshot's
+    ``device_traces``): the peak of the bytes allocated since the first event, the site of the
+    allocation that reached it, and ``(site, bytes, count)`` of what was alive then, largest
+    first. Frees of blocks allocated before the trace began are ignored."""
+    live: dict[int, tuple[int, str]] = {}
+    current = peak = 0
+    at: str | None = None
+    alive_at_peak: dict[int, tuple[int, str]] = {}
+    for event in events:
+        action = event["action"]
+        if action == "alloc":
+            where = site_of(event.get("frames") or [])
+            live[event["addr"]] = (event["size"], where)
+            current += event["size"]
+            if current > peak:
+                peak, at, alive_at_peak = current, where, dict(live)
+        elif action == "free_completed":
+            entry = live.pop(event["addr"], None)
+            if entry is not None:
+                current -= entry[0]
+    by_site: dict[str, list[int]] = {}
+    for size, where in alive_at_peak.values():
+        totals = by_site.setdefault(where, [0, 0])
+        totals[0] += size
+        totals[1] += 1
+    ranked = sorted(((w, b, n) for w, (b, n) in by_site.items()), key=lambda r: -r[1])
+    return peak, at, ranked
+
+
+def profile_step(model: torch.nn.Module, data, device: torch.device, warmup: int) -> dict:
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        loss_of(model, data).backward()
+        opt.step()
+
+    model.train()
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    torch.cuda.memory._record_memory_history(max_entries=2_000_000)
+    try:
+        step()
+        torch.cuda.synchronize(device)
+        snapshot = torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    peak, at, ranked = peak_live(snapshot["device_traces"][index])
+    return {"traced_peak_bytes": peak,
+            "peak_bytes": torch.cuda.max_memory_allocated(device) - before,
+            "at": at, "alive": ranked}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", type=torch.device, default=torch.device("cuda"))
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=["sage"])
+    parser.add_argument("--bits", nargs="+", type=int, default=[2])
+    parser.add_argument("--shape", choices=list(SHAPES), default="arxiv")
+    parser.add_argument("--nodes", type=int, default=None, help="default: the shape's")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--out", type=Path, default=RESULTS / "peak.jsonl")
+    args = parser.parse_args(argv)
+    if args.device.type != "cuda":
+        parser.error(f"--device {args.device}: the allocator history needs CUDA")
+    data = synthetic_like(args.shape, num_nodes=args.nodes).to(args.device)
+    env = environment(args.device)
+    rows = []
+    for name in args.models:
+        for bits in args.bits:
+            torch.manual_seed(0)
+            model = build(name, data.num_features, SHAPES[args.shape][3]).to(args.device)
+            if bits < 32:
+                gnnact.convert(model, gnnact.Config(bits=bits))
+            result = profile_step(model, data, args.device, args.warmup)
+            result["alive"] = result["alive"][:args.top]
+            rows.append({"bench": "peak", **env, "model": name, "bits": bits,
+                         "graph": args.shape, "num_nodes": data.num_nodes, **result})
+            print(f"{name} {bits} bits: peak {result['peak_bytes'] / 2**20:.1f} MiB (traced "
+                  f"{result['traced_peak_bytes'] / 2**20:.1f}), reached at {result['at']}")
+            for where, nbytes, count in result["alive"]:
+                print(f"  {nbytes / 2**20:9.1f} MiB  {count:4d}x  {where}")
+            del model
+    return finish(args.out, rows)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
