@@ -9,6 +9,9 @@
 //   2. round and pack: lane l writes code bytes l, l+32, ...; each byte holds 8/BITS codes of
 //      consecutive elements, so a warp reads a contiguous span and no two lanes (or groups)
 //      write the same byte. The second read of the group hits L1/L2.
+//      Widths that straddle bytes (3, 5, 6, 7) go by blocks instead: lane l packs codes
+//      8l .. 8l+7 of the group into one 64-bit word and writes its BITS bytes, the group's
+//      LSB-first bit stream, as the reference's _pack_blocks/_pack_stream lay it out.
 // Every float operation is an explicit round-to-nearest intrinsic so that NVRTC cannot
 // contract a multiply and an add into an FMA, which would round differently from torch.
 // CuPy compiles with -ftz=true, so denormal inputs (|x| < 1.2e-38) are flushed to zero here.
@@ -81,6 +84,21 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// The code of element idx: q = floor(u) + [r < u - floor(u)], u = (v - zero) * inv. The
+// fractional part is exact (Sterbenz), so no rounding of u + r can push a code past its
+// neighbour; fmaxf(NaN, 0) = 0 turns a NaN code (non-finite group) into 0.
+template <typename L>
+__device__ __forceinline__ u32 round_code(const typename L::T* __restrict__ x,
+                                          const float* __restrict__ noise, i64 idx, float zero,
+                                          float inv, float levels, u32 s0, u32 s1) {
+    const float v = L::load(x[idx]);
+    const float r = noise != nullptr ? noise[idx] : hash_uniform((u64)idx, s0, s1);
+    const float u = __fmul_rn(__fsub_rn(v, zero), inv);
+    const float fl = floorf(u);
+    const float up = r < __fsub_rn(u, fl) ? 1.0f : 0.0f;
+    return (u32)fminf(fmaxf(__fadd_rn(fl, up), 0.0f), levels);
+}
+
 template <typename L, int BITS>
 __device__ __forceinline__ void quantize_impl(
     const typename L::T* __restrict__ x, const float* __restrict__ noise, u8* __restrict__ codes,
@@ -127,26 +145,37 @@ __device__ __forceinline__ void quantize_impl(
         }
 
         u8* out = codes + g * bytes_per_group;
-        for (i64 b = lane; b < bytes_per_group; b += 32) {
-            u32 packed = 0;
+        if (8 % BITS == 0) {
+            for (i64 b = lane; b < bytes_per_group; b += 32) {
+                u32 packed = 0;
 #pragma unroll
-            for (int k = 0; k < PER; ++k) {
-                const i64 j = b * PER + k;
-                if (j < len) {
-                    const i64 idx = start + j;
-                    const float v = L::load(x[idx]);
-                    const float r = noise != nullptr ? noise[idx] : hash_uniform((u64)idx, s0, s1);
-                    const float u = __fmul_rn(__fsub_rn(v, zero), inv);
-                    // q = floor(u) + [r < u - floor(u)]: the fractional part is exact
-                    // (Sterbenz), so no rounding of u + r can push a code past its neighbour.
-                    const float fl = floorf(u);
-                    const float up = r < __fsub_rn(u, fl) ? 1.0f : 0.0f;
-                    // fmaxf(NaN, 0) = 0: a NaN code (non-finite group) becomes 0.
-                    const float q = fminf(fmaxf(__fadd_rn(fl, up), 0.0f), levels);
-                    packed |= ((u32)q) << (k * BITS);
+                for (int k = 0; k < PER; ++k) {
+                    const i64 j = b * PER + k;
+                    if (j < len)
+                        packed |= round_code<L>(x, noise, start + j, zero, inv, levels, s0, s1)
+                                  << (k * BITS);
+                }
+                out[b] = (u8)packed;
+            }
+        } else {
+            // Codes past len (the tail of the last group) are 0, as in the reference.
+            for (i64 blk = lane; blk * 8 < len; blk += 32) {
+                u64 word = 0;
+#pragma unroll
+                for (int k = 0; k < 8; ++k) {
+                    const i64 j = blk * 8 + k;
+                    if (j < len)
+                        word |= (u64)round_code<L>(x, noise, start + j, zero, inv, levels, s0,
+                                                   s1) << (k * BITS);
+                }
+#pragma unroll
+                for (int k = 0; k < BITS; ++k) {
+                    const i64 b = blk * BITS + k;
+                    if (b < bytes_per_group) out[b] = (u8)(word >> (8 * k));
                 }
             }
-            out[b] = (u8)packed;
+            // Whole bytes past the last code (a partial last group) are zero bytes.
+            for (i64 b = ((len + 7) / 8) * BITS + lane; b < bytes_per_group; b += 32) out[b] = 0;
         }
     }
 }
@@ -167,14 +196,33 @@ __device__ __forceinline__ void dequantize_impl(
         const float scale = scales[g];
         const float zero = zeros[g];
         const u8* in = codes + g * bytes_per_group;
-        for (i64 b = lane; b < bytes_per_group; b += 32) {
-            const u32 c = in[b];
+        if (8 % BITS == 0) {
+            for (i64 b = lane; b < bytes_per_group; b += 32) {
+                const u32 c = in[b];
 #pragma unroll
-            for (int k = 0; k < PER; ++k) {
-                const i64 j = b * PER + k;
-                if (j < len) {
-                    const float q = (float)((c >> (k * BITS)) & mask);
-                    out[start + j] = L::store(__fadd_rn(__fmul_rn(q, scale), zero));
+                for (int k = 0; k < PER; ++k) {
+                    const i64 j = b * PER + k;
+                    if (j < len) {
+                        const float q = (float)((c >> (k * BITS)) & mask);
+                        out[start + j] = L::store(__fadd_rn(__fmul_rn(q, scale), zero));
+                    }
+                }
+            }
+        } else {
+            for (i64 blk = lane; blk * 8 < len; blk += 32) {
+                u64 word = 0;
+#pragma unroll
+                for (int k = 0; k < BITS; ++k) {
+                    const i64 b = blk * BITS + k;
+                    if (b < bytes_per_group) word |= ((u64)in[b]) << (8 * k);
+                }
+#pragma unroll
+                for (int k = 0; k < 8; ++k) {
+                    const i64 j = blk * 8 + k;
+                    if (j < len) {
+                        const float q = (float)((u32)(word >> (k * BITS)) & mask);
+                        out[start + j] = L::store(__fadd_rn(__fmul_rn(q, scale), zero));
+                    }
                 }
             }
         }
@@ -201,7 +249,11 @@ __device__ __forceinline__ void dequantize_impl(
 #define GNNACT_DEFINE_ALL_BITS(NAME, L) \
     GNNACT_DEFINE(NAME, L, 1)           \
     GNNACT_DEFINE(NAME, L, 2)           \
+    GNNACT_DEFINE(NAME, L, 3)           \
     GNNACT_DEFINE(NAME, L, 4)           \
+    GNNACT_DEFINE(NAME, L, 5)           \
+    GNNACT_DEFINE(NAME, L, 6)           \
+    GNNACT_DEFINE(NAME, L, 7)           \
     GNNACT_DEFINE(NAME, L, 8)
 
 GNNACT_DEFINE_ALL_BITS(f32, F32)
