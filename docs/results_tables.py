@@ -45,6 +45,23 @@ _TABLES = {
         ("model", "model"), ("bits", "bits"), ("test acc", lambda r: _pct(r.get("test_acc"))),
         ("saved MB", lambda r: _mb(r.get("saved_bytes"))),
         ("vs fp32", lambda r: _x(r.get("ratio_vs_fp32")))]),
+    "train.jsonl": ("Training step on a GPU: PyG fp32 against gnnact", [
+        ("graph", "graph"), ("model", "model"), ("bits", "bits"),
+        ("step ms", lambda r: "out of memory" if r.get("oom") else f"{r['epoch_ms']:.1f}"),
+        ("vs PyG", lambda r: _x(r.get("time_vs_pyg"))),
+        ("peak MB", lambda r: _mb(r.get("peak_bytes"))),
+        ("peak lower by", lambda r: _x(r.get("peak_ratio_vs_pyg")))]),
+    "swap.jsonl": ("Swap and prefetch (GACT Table 5 shape)", [
+        ("graph", "graph"), ("nodes", "num_nodes"), ("method", "method"),
+        ("step ms", lambda r: "out of memory" if r.get("oom") else f"{r['epoch_ms']:.1f}"),
+        ("peak MB", lambda r: _mb(r.get("peak_bytes")))]),
+    "largest.jsonl": ("Largest graph under a memory cap", [
+        ("model", "model"), ("method", "method"), ("cap GB", lambda r: r["cap_bytes"] / 2**30),
+        ("largest nodes", lambda r: f"{r['largest_nodes']:,}"),
+        ("peak MB there", lambda r: _mb(r.get("peak_bytes_at_largest")))]),
+    "peak.jsonl": ("What is alive at the peak", [
+        ("graph", "graph"), ("model", "model"), ("bits", "bits"),
+        ("peak MB", lambda r: _mb(r.get("peak_bytes"))), ("reached at", "at")]),
     "quantize.jsonl": ("Quantizer throughput", [
         ("op", "op"), ("backend", "backend"), ("dtype", "dtype"), ("bits", "bits"),
         ("GB/s", lambda r: f"{r['gbps']:.2f}"), ("share of a copy", "frac_of_copy")]),
