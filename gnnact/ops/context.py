@@ -242,11 +242,14 @@ def _rebuild(steps: list[tuple]) -> Tensor:
             mask = unpack_mask(PackedMask(data, shape))
             if slope != 0.0:
                 value = apply_mask(value, mask, divisor, slope)
-            else:  # apply_mask's product, into value (x * scale == scale * x, bit for bit)
-                scale = mask.to(value.dtype)
+            else:
+                # apply_mask's x * (mask / d), into value and without its full-size scale: x * 1
+                # is exact, and x * 0 * s keeps x * 0's sign since s > 0; s is that scale's
+                # nonzero entry, computed by the same division.
+                value.mul_(mask)
                 if divisor != 1.0:
-                    scale.div_(divisor)
-                value.mul_(scale)
+                    value.mul_(torch.ones((), dtype=value.dtype, device=value.device)
+                               .div_(divisor))
     assert value is not None
     return value
 
