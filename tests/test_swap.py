@@ -30,6 +30,16 @@ def grads(model, x, y, hooks, seed=0):
     return torch.cat([p.grad.flatten() for p in model.parameters()])
 
 
+def layer_grads(model, data, hooks):
+    """The parameter gradients of a gnnact GNN after one pass under ``hooks`` (seed 1)."""
+    model.zero_grad()
+    torch.manual_seed(1)
+    with hooks:
+        loss = F.cross_entropy(model(data.x, data.edge_index), data.y)
+    loss.backward()
+    return torch.cat([p.grad.flatten() for p in model.parameters()])
+
+
 def pipeline(model, x, **config):
     return compress_saved_tensors(Config(bits=4, **config), model=model, skip=[x],
                                   policy=Policy(default=Quantize(4)))
@@ -86,19 +96,11 @@ def test_offloaded_layer_context_keeps_shared_and_derived_copies(name):
     torch.manual_seed(0)
     model = gnnact.convert(build(name, 32, 4, hidden=64), Config(bits=2))
 
-    def run(hooks):
-        model.zero_grad()
-        torch.manual_seed(1)
-        with hooks:
-            loss = F.cross_entropy(model(data.x, data.edge_index), data.y)
-        loss.backward()
-        return torch.cat([p.grad.flatten() for p in model.parameters()])
-
     skip = [data.x, data.edge_index]
     plain = compress_saved_tensors(Config(bits=2), model=model, skip=skip)
-    expected = run(plain)
+    expected = layer_grads(model, data, plain)
     hooks = CopyingHooks(Config(bits=2, offload=True), model=model, skip=skip)
-    assert torch.equal(run(hooks), expected)
+    assert torch.equal(layer_grads(model, data, hooks), expected)
     assert 0 < hooks.offloaded_bytes <= plain.passthrough_bytes
 
 
@@ -131,21 +133,14 @@ def test_cuda_gnnact_layers_context_is_offloaded():
     torch.manual_seed(0)
     model = gnnact.convert(build("gcn", 64, 5, hidden=128), Config(bits=2)).cuda()
 
-    def run(hooks):
-        model.zero_grad()
-        torch.manual_seed(1)
-        with hooks:
-            loss = F.cross_entropy(model(data.x, data.edge_index), data.y)
-        loss.backward()
-        return torch.cat([p.grad.flatten() for p in model.parameters()])
-
     skip = [data.x, data.edge_index]
-    expected = run(compress_saved_tensors(Config(bits=2), model=model, skip=skip))
+    plain = compress_saved_tensors(Config(bits=2), model=model, skip=skip)
+    expected = layer_grads(model, data, plain)
     hooks = compress_saved_tensors(Config(bits=2, offload=True), model=model, skip=skip)
     # Not torch.equal: CUDA's scatter-add (GCN's aggregation and its backward) adds with
     # atomics, so two runs of the same path differ in the last bits (seen on an H100, ~1e-9).
     # A wrong host copy would be off by the 2-bit rounding step, orders of magnitude more.
-    torch.testing.assert_close(run(hooks), expected, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(layer_grads(model, data, hooks), expected, rtol=1e-5, atol=1e-7)
     assert hooks.offloaded_bytes > 0
 
 
