@@ -1,8 +1,9 @@
 """Swap and prefetch on a GNN (GACT Table 5): fp32 + ``save_on_cpu`` against compressed swap,
 with and without prefetch, side by side in one run.
 
-SAGE 3x256 on an ogbn-arxiv-shaped synthetic graph (or ``--shape``/``--nodes``), full batch.
-Methods:
+SAGE 3x256 (or ``--model``, e.g. GCNII's 16 layers, whose saved context is large next to one
+layer's backward temporaries) on an ogbn-arxiv-shaped synthetic graph (or
+``--shape``/``--nodes``), full batch. Methods:
 
 - ``pyg``: PyG fp32, context kept on the GPU (the reference);
 - ``pyg_save_on_cpu``: PyG fp32 with ``torch.autograd.graph.save_on_cpu(pin_memory=True)``;
@@ -18,7 +19,8 @@ swap (target >= 2.5x) and the share of copy time prefetch hides,
 
 Usage::
 
-    python benchmarks/bench_swap.py --device cuda [--shape arxiv] [--nodes N] [--epochs 20]
+    python benchmarks/bench_swap.py --device cuda [--model sage] [--shape arxiv] [--nodes N]
+        [--epochs 20]
     python benchmarks/bench_swap.py --smoke          # CPU, tiny graph: offload is a no-op
 """
 
@@ -41,16 +43,16 @@ from _common import RESULTS, environment, finish, median_time, out_of_memory
 
 import gnnact
 from gnnact.data import SHAPES, synthetic_like
-from gnnact.models import build
+from gnnact.models import MODELS, build
 
 METHODS = ("pyg", "pyg_save_on_cpu", "gnnact2", "gnnact2_swap", "gnnact2_swap_prefetch")
 
 
-def prepare(method: str, data, classes: int, device: torch.device
+def prepare(method: str, data, classes: int, device: torch.device, model_name: str = "sage"
             ) -> tuple[torch.nn.Module, Callable[[], contextlib.AbstractContextManager]]:
     """The model of ``method`` and the context its forward passes run in."""
     torch.manual_seed(0)
-    model = build("sage", data.num_features, classes).to(device)
+    model = build(model_name, data.num_features, classes).to(device)
     if method == "pyg":
         return model, contextlib.nullcontext
     if method == "pyg_save_on_cpu":
@@ -121,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", type=torch.device, default=torch.device(
         "cuda" if torch.cuda.is_available() else "cpu"))
+    parser.add_argument("--model", choices=MODELS, default="sage")
     parser.add_argument("--shape", choices=list(SHAPES), default="arxiv")
     parser.add_argument("--nodes", type=int, default=None)
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
@@ -138,8 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     env = environment(args.device)
     rows, results = [], {}
     for method in args.methods:
-        model, context = prepare(method, data, classes, args.device)
-        row = {"bench": "swap", **env, "model": "sage", "method": method, "graph": args.shape,
+        model, context = prepare(method, data, classes, args.device, args.model)
+        row = {"bench": "swap", **env, "model": args.model, "method": method, "graph": args.shape,
                "num_nodes": data.num_nodes, "num_edges": data.num_edges,
                "epochs_timed": args.epochs}
         try:
@@ -160,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.device.type == "cuda":
             torch.cuda.empty_cache()
     summary = summarize(results)
-    rows.append({"bench": "swap", **env, "method": "summary", "graph": args.shape,
+    rows.append({"bench": "swap", **env, "model": args.model, "method": "summary",
+                 "graph": args.shape,
                  "num_nodes": data.num_nodes, **summary})
     print(summary)
     return finish(args.out, rows, smoke=args.smoke)

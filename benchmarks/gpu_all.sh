@@ -29,7 +29,8 @@
 #   generic    the saved-tensor pipeline on a ResNet-18-style CNN and a transformer: saved bytes,
 #              step time and peak memory per compressor vs fp32, and digits accuracy (3 seeds)
 #   swap       GACT Table 5 on SAGE 3x256 (arxiv shape): fp32 + save_on_cpu vs gnnact 2-bit
-#              swap without and with prefetch; step time, peak memory, hidden copy share
+#              swap without and with prefetch; step time, peak memory, hidden copy share;
+#              then 1M products-shaped nodes, and GCNII (16 layers) at 2 bits
 #   largest    the largest random graph (products' degree and widths) SAGE 3x256 trains on
 #              under a 16 GB cap: PyG fp32 vs gnnact 2 bits vs 2 bits + swap; products' peak
 #   peak       what is alive at a step's peak memory, by source line (allocator history):
@@ -97,6 +98,9 @@ for part in "${parts[@]}"; do
       "$py" benchmarks/bench_swap.py --device cuda --out "$out/swap.jsonl" || status=1
       "$py" benchmarks/bench_swap.py --device cuda --shape products --nodes 1000000 \
         --epochs 10 --out "$out/swap.jsonl" || status=1
+      # 16 layers: context that outweighs one layer's backward temporaries, where swap pays.
+      "$py" benchmarks/bench_swap.py --device cuda --model gcnii --epochs 10 \
+        --methods gnnact2 gnnact2_swap gnnact2_swap_prefetch --out "$out/swap.jsonl" || status=1
       ;;
     largest)
       "$py" benchmarks/bench_largest.py --device cuda --cap-gb 16 --out "$out/largest.jsonl" \
