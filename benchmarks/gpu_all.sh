@@ -77,6 +77,9 @@ for part in "${parts[@]}"; do
       "$py" benchmarks/bench_quantize.py --device cuda --out "$out/quantize.jsonl" || status=1
       "$py" benchmarks/bench_quantize.py --device cuda --dtype bfloat16 --bits 2 4 8 \
         --out "$out/quantize.jsonl" || status=1
+      # The 3/5/6/7-bit kernels, called directly until the dispatch takes them.
+      "$py" benchmarks/bench_quantize.py --device cuda --bits 3 5 6 7 \
+        --out "$out/quantize.jsonl" || status=1
       ;;
     train)
       "$py" benchmarks/bench_train.py --device cuda --models gcn sage gat gcnii --bits 2 4 \
