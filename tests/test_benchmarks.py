@@ -241,6 +241,12 @@ def test_swap_and_largest_smoke(capsys):
     assert "prefetch_hidden_share" in text and "gnnact2_swap: one step" in text
     with pytest.raises(SystemExit):
         swap.main(["--device", "cpu"])  # offloading needs a GPU outside smoke runs
+    # 1 ms of 4 ms of copies exposed without prefetch, 0.5 ms with it
+    times = {"gnnact2": 28.0, "gnnact2_swap": 29.0, "gnnact2_swap_prefetch": 28.5}
+    row = swap.summarize({m: {"epoch_ms": t} for m, t in times.items()}, copy=4.0)
+    assert row["prefetch_hidden_share"] == 0.5
+    assert row["copy_hidden_share_without_prefetch"] == 0.75
+    assert row["copy_hidden_share_with_prefetch"] == 0.875
 
 
 def test_profile_peak_replays_the_allocator_trace():
