@@ -202,14 +202,20 @@ def _resolve(x: Tensor) -> list[tuple] | None:
     return steps
 
 
-def apply_mask(x: Tensor, mask: Tensor, divisor: float, slope: float) -> Tensor:
-    r""":math:`X \odot M / d + s X \odot (1 - M)`, as ReLU, LeakyReLU and dropout compute it."""
+def apply_mask(x: Tensor, mask: Tensor, divisor: float, slope: float,
+               inplace: bool = False) -> Tensor:
+    r""":math:`X \odot M / d + s X \odot (1 - M)`, as ReLU, LeakyReLU and dropout compute it.
+    With ``inplace`` (and no slope) the product is written into ``x``, which nothing else may
+    read."""
     if slope != 0.0:
         return torch.where(mask, x, x * slope)
-    scale = mask.to(x.dtype)
+    # F.dropout's x * (M / d), without its full-size scale: x * 1 is exact, and x * 0 * s keeps
+    # the sign of x * 0 since s > 0, where s, the scale's nonzero entry, comes from the same
+    # division. (Not where(): a NaN input must stay NaN, as in torch.relu.)
+    out = x.mul_(mask) if inplace else x * mask
     if divisor != 1.0:
-        scale.div_(divisor)  # as F.dropout builds its noise
-    return x * scale  # (not where(): a NaN input must stay NaN, as in torch.relu)
+        out.mul_(torch.ones((), dtype=out.dtype, device=out.device).div_(divisor))
+    return out
 
 
 def _rebuild(steps: list[tuple]) -> Tensor:
@@ -240,16 +246,7 @@ def _rebuild(steps: list[tuple]) -> Tensor:
             (data,) = tensors
             shape, divisor, slope = meta
             mask = unpack_mask(PackedMask(data, shape))
-            if slope != 0.0:
-                value = apply_mask(value, mask, divisor, slope)
-            else:
-                # apply_mask's x * (mask / d), into value and without its full-size scale: x * 1
-                # is exact, and x * 0 * s keeps x * 0's sign since s > 0; s is that scale's
-                # nonzero entry, computed by the same division.
-                value.mul_(mask)
-                if divisor != 1.0:
-                    value.mul_(torch.ones((), dtype=value.dtype, device=value.device)
-                               .div_(divisor))
+            value = apply_mask(value, mask, divisor, slope, inplace=True)
     assert value is not None
     return value
 
