@@ -152,7 +152,9 @@ def main(argv: list[str] | None = None) -> int:
         if method != "pyg":
             try:
                 row["products_peak_bytes"] = step(method, args.model, PRODUCTS_NODES, args)
-            except torch.OutOfMemoryError:
+            except RuntimeError as error:  # OutOfMemoryError is one
+                if not out_of_memory(error):
+                    raise
                 row["products_peak_bytes"] = None  # does not fit under the cap
             gc.collect()
             torch.cuda.empty_cache()

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RESULTS, environment, finish, median_time
+from _common import RESULTS, environment, finish, median_time, out_of_memory
 
 import gnnact
 from gnnact.data import SHAPES, synthetic_like
@@ -117,7 +117,9 @@ def main(argv: list[str] | None = None) -> int:
                    "epochs_timed": args.epochs}
             try:
                 result = run(model, data, device, args.epochs, args.warmup)
-            except torch.OutOfMemoryError:
+            except RuntimeError as error:  # OutOfMemoryError is one
+                if not out_of_memory(error):
+                    raise
                 # The point of the benchmark on big graphs: record that it does not fit.
                 rows.append({**row, "oom": True})
                 print(f"{name:6s} {row['impl']:6s} {bits:2d} bits: out of memory")

@@ -291,7 +291,6 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         self._stack = []
         self._handles = [register_module_forward_pre_hook(self._enter_module),
                          register_module_forward_hook(self._leave_module, always_call=True)]
-        self._holding = contextlib.ExitStack()
         if self.config.offload or self.offload_paths:
             # gnnact ops share packed copies through weak references; offloading leaves nothing
             # on the device to back them (see gnnact.ops.context.hold_parts).
