@@ -26,8 +26,6 @@
 #              amazon,citation_full} into data_local/datasets/ and carry data_local.
 #   adaptive-<dataset>   GACT's Table 3 shape on physics, computers or dblp: GCN, GAT, GCNII x
 #              {fp32, 4 bits, uniform 4 bits, adaptive 4/3/2, per-node 2}, 3 seeds
-#   adaptive-gaps  the Table-3 cells the CPU runs left empty, at those rows' settings
-#              (GCNII on Amazon-Computers, adaptive 4 and 3); carry data_local
 #   generic    the saved-tensor pipeline on a ResNet-18-style CNN and a transformer: saved bytes,
 #              step time and peak memory per compressor vs fp32, and digits accuracy (3 seeds)
 #   swap       GACT Table 5 on SAGE 3x256 (arxiv shape): fp32 + save_on_cpu vs gnnact 2-bit
@@ -56,7 +54,6 @@ mkdir -p "$out"
 status=0
 parts=("$@")
 [ ${#parts[@]} -gt 0 ] || parts=(tests train products suite suite-gat generic swap largest peak
-                                 adaptive-gaps
                                  accuracy adaptive-dblp adaptive-computers adaptive-physics)
 
 {
@@ -123,18 +120,6 @@ for part in "${parts[@]}"; do
         GNNACT_DATA="$PWD/data_local/datasets" "$py" benchmarks/bench_accuracy.py \
           --device cuda --datasets physics computers dblp --models gcn sage --seeds 0 1 2 \
           --out "$out/accuracy.jsonl" || status=1
-      else
-        echo "no data_local/datasets: copy ../shared/datasets families there and carry it"
-        status=1
-      fi
-      ;;
-    adaptive-gaps)
-      # The Table-3 cells still missing, with the settings of the CPU rows beside them (so
-      # benchmarks/table3.py puts them in the same row): GCNII on Amazon-Computers.
-      if [ -d data_local/datasets ]; then
-        GNNACT_DATA="$PWD/data_local/datasets" "$py" benchmarks/bench_suite.py --device cuda \
-          --graph computers --models gcnii --methods adaptive4 adaptive3 --epochs 100 \
-          --lr 0.05 --adj csr --out "$out/suite.jsonl" || status=1
       else
         echo "no data_local/datasets: copy ../shared/datasets families there and carry it"
         status=1
