@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS, environment, finish, out_of_memory
 
 import gnnact
+from gnnact.env import cuda_index
 from gnnact.models import build
 
 METHODS = ("pyg", "gnnact2", "gnnact2_swap")
@@ -137,8 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         return finish(args.out, [], smoke=True)
     if args.device.type != "cuda":
         parser.error("the memory cap needs a CUDA device; use --smoke on the CPU")
-    # The memory-fraction call wants an index: "cuda" alone means the current device.
-    index = args.device.index if args.device.index is not None else torch.cuda.current_device()
+    index = cuda_index(args.device)
     total = torch.cuda.get_device_properties(index).total_memory
     cap = int(args.cap_gb * 2**30)
     torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), index)

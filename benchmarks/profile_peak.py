@@ -33,6 +33,7 @@ from _common import RESULTS, environment, finish
 
 import gnnact
 from gnnact.data import SHAPES, synthetic_like
+from gnnact.env import cuda_index
 from gnnact.models import MODELS, build
 from gnnact.training import loss_of
 
@@ -101,8 +102,7 @@ def profile_step(model: torch.nn.Module, data, device: torch.device, warmup: int
         snapshot = torch.cuda.memory._snapshot()
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    peak, at, ranked = peak_live(snapshot["device_traces"][index])
+    peak, at, ranked = peak_live(snapshot["device_traces"][cuda_index(device)])
     return {"traced_peak_bytes": peak,
             "peak_bytes": torch.cuda.max_memory_allocated(device) - before,
             "at": at, "alive": ranked}

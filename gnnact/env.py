@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["device_name", "environment", "git_commit"]
+__all__ = ["cuda_index", "device_name", "environment", "git_commit"]
 
 _ROOT = Path(__file__).resolve().parent.parent
 
@@ -41,6 +41,12 @@ def _cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def cuda_index(device: torch.device) -> int:
+    """The index of CUDA ``device``; the current device's for plain ``"cuda"`` (APIs such as
+    ``set_per_process_memory_fraction`` and the allocator's traces want the number)."""
+    return device.index if device.index is not None else torch.cuda.current_device()
 
 
 def device_name(device: torch.device | str) -> str:

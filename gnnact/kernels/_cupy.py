@@ -22,6 +22,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from gnnact.env import cuda_index
+
 __all__ = ["cupy_available", "device_ptr", "get_function", "kernel_source_dir", "launch",
            "require_cupy"]
 
@@ -92,7 +94,7 @@ def device_ptr(t: torch.Tensor | None) -> np.uint64:
 def launch(filename: str, name: str, device: torch.device, grid: int, block: int,
            args: tuple) -> None:
     """Launch ``name`` from ``cuda/<filename>`` on torch's current stream of ``device``."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = cuda_index(device)
     fn = get_function(filename, name, index)
     stream = _Stream(torch.cuda.current_stream(index).cuda_stream)
     with require_cupy().cuda.Device(index):
