@@ -14,6 +14,7 @@ import contextlib
 import functools
 import weakref
 from collections.abc import Callable, Iterable
+from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,12 +38,23 @@ from gnnact.ops.context import (
     own_context,
     release,
     remember,
+    resident,
 )
+from gnnact.ops.state import ForwardState, forward_pass
 from gnnact.quant import PackedMask, PackedTensor, pack_mask, unpack_mask
 from gnnact.quant.core import FLOAT_DTYPES
 from gnnact.swap import Offloader, Swapped
 
-__all__ = ["SavedEntry", "compress_saved_tensors"]
+__all__ = ["SavedEntry", "active_pipeline", "compress_saved_tensors"]
+
+# The pipeline whose hooks are active in this context (thread): module tracking ignores the
+# modules other threads run, and a converted model's scope leaves a user's pipeline in charge.
+_ACTIVE: ContextVar[compress_saved_tensors | None] = ContextVar("gnnact_pipeline", default=None)
+
+
+def active_pipeline() -> compress_saved_tensors | None:
+    """The :class:`compress_saved_tensors` whose hooks are active in this context, if any."""
+    return _ACTIVE.get()
 
 
 @dataclass(frozen=True)
@@ -161,8 +173,14 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
     copies created), :attr:`passthrough_bytes` (distinct storages kept as they are, gnnact ops'
     context included, without those of :obj:`skip`, :obj:`model` and parameters: the set
     :func:`gnnact.memory.saved_bytes` counts with ``exclude=skip``), :attr:`num_packed`,
-    :attr:`num_shared` (saves served by an existing copy), :attr:`bytes_by_kind` and
-    :attr:`offloaded_bytes`.
+    :attr:`num_shared` (saves served by an existing copy), :attr:`bytes_by_kind`,
+    :attr:`bytes_by_module` (the same bytes by the module path that saved them first: what
+    :func:`gnnact.summary` reports) and :attr:`offloaded_bytes`.
+
+    The block is one forward pass (:func:`gnnact.ops.state.forward_pass`): what gnnact's ops
+    share inside it is dropped when it ends, and the module tracking ignores modules that
+    other threads run meanwhile. A model converted by :func:`gnnact.convert` inside the block
+    leaves this pipeline in charge of what its pass saves.
 
     With :func:`torch.utils.checkpoint.checkpoint` inside the context (either mode), each
     checkpointed region's inputs are saved through these hooks and compressed (GACT's CB1);
@@ -255,7 +273,9 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         self._paths = {} if model is None else {id(m): p for p, m in model.named_modules()}
         self._stack: list[nn.Module] = []
         self._handles: list[Any] = []
-        self._holding = contextlib.ExitStack()  # hold_parts() while offloading
+        self._region = contextlib.ExitStack()  # the forward pass (and hold_parts())
+        self._state: weakref.ref[ForwardState] | None = None
+        self._token: Token | None = None
         self.bits: dict[str, int] = {}  # tensor name -> width, set by gnnact.Controller
         self.reset_stats()
         super().__init__(self._pack, self._unpack)
@@ -268,6 +288,7 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         self.num_shared = 0
         self.offloaded_bytes = 0
         self.bytes_by_kind: dict[str, int] = {}
+        self.bytes_by_module: dict[str, int] = {}
         self.tensors: dict[str, SavedEntry] = {}
         self._passed: set[Any] = set()
         self._counts: dict[str, int] = {}
@@ -291,26 +312,36 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         self._stack = []
         self._handles = [register_module_forward_pre_hook(self._enter_module),
                          register_module_forward_hook(self._leave_module, always_call=True)]
+        # The block is one forward pass (joining an enclosing one): what gnnact's ops share in
+        # it is gone when it ends.
+        state = self._region.enter_context(forward_pass())
+        self._state = weakref.ref(state)
         if self.config.offload or self.offload_paths:
             # gnnact ops share packed copies through weak references; offloading leaves nothing
             # on the device to back them (see gnnact.ops.context.hold_parts).
-            self._holding.enter_context(hold_parts())
+            self._region.enter_context(hold_parts())
+        self._token = _ACTIVE.set(self)
         super().__enter__()
         return self
 
     def __exit__(self, *args: object) -> None:
         super().__exit__(*args)
-        self._holding.close()
+        if self._token is not None:
+            _ACTIVE.reset(self._token)
+            self._token = None
+        self._region.close()
         for handle in self._handles:
             handle.remove()
         self._handles = []
         self._stack = []
 
+    # The module hooks are process-wide: only modules run where this pipeline is active count.
     def _enter_module(self, module: nn.Module, args: Any) -> None:
-        self._stack.append(module)
+        if _ACTIVE.get() is self:
+            self._stack.append(module)
 
     def _leave_module(self, module: nn.Module, args: Any, output: Any) -> None:
-        if self._stack and self._stack[-1] is module:
+        if _ACTIVE.get() is self and self._stack and self._stack[-1] is module:
             self._stack.pop()
 
     def _where(self) -> tuple[str, nn.Module | None]:
@@ -329,7 +360,7 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
 
     def _pack(self, t: Tensor) -> Any:
         if not self._candidate(t):
-            self._pass(t)
+            self._pass(t, self._where()[0])
             if (own_context(t) and self._offloads(self._where()[0])
                     and _storage_key(t) not in self._skip):
                 # gnnact ops' context, compressed already: offloaded like the pipeline's own
@@ -343,6 +374,7 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
             mask = ReluMask(pack_mask(t.detach() > 0), t.dtype)
             self.num_packed += 1
             self.packed_bytes += mask.nbytes
+            self._tally(path, mask.nbytes)
             self._record(name, "relu_mask", t, 1, mask.nbytes, False)
             if self._offloads(path) and t.is_cuda:
                 return self._swap(t, mask.tensors(), functools.partial(
@@ -354,7 +386,7 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         if compressor is None or compressor.bits == 32:
             # (Even if an earlier op keeps a compressed copy: exact is what the policy asks.)
             self._record(name, "exact", t, None, 0, False)
-            self._pass(t)
+            self._pass(t, path)
             return t
         shared = self._shared_swap(t) if self._swapped else None
         if shared is None:
@@ -366,10 +398,11 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         with torch.no_grad():
             packed = compressor.compress(t.detach(), name, generator or self.generator)
         if isinstance(packed, PackedTensor) and packed.codes is t:  # 16 bits of a 16-bit tensor
-            self._pass(t)
+            self._pass(t, path)
             return t
         self.num_packed += 1
         self.packed_bytes += packed.nbytes
+        self._tally(path, packed.nbytes)
         self._record(name, compressor.kind, t, compressor.bits, packed.nbytes,
                      compressor.adaptive)
         if self._offloads(path) and t.is_cuda:
@@ -385,7 +418,9 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         if isinstance(saved, Swapped):
             saved = self._offloaders[saved.device].fetch(saved)
         elif not isinstance(saved, Tensor):
-            release(saved)  # read by a backward: its forward pass is over
+            state = self._state() if self._state is not None else None
+            if state is not None:  # read by a backward: its forward pass is over
+                release(saved, state)
         if not isinstance(saved, Tensor):
             with torch.no_grad():
                 saved = saved.dequantize()
@@ -454,18 +489,22 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
             return False
         if _is_parameter(t):
             return False
-        if self.config.resident_inputs and not t.requires_grad:
+        if self.config.resident_inputs and resident(t):
             return False
         return not own_context(t) and _storage_key(t) not in self._skip
 
-    def _pass(self, t: Tensor) -> None:
-        """Tally the storages of a tensor that is saved as is."""
+    def _tally(self, path: str, nbytes: int) -> None:
+        self.bytes_by_module[path] = self.bytes_by_module.get(path, 0) + nbytes
+
+    def _pass(self, t: Tensor, path: str) -> None:
+        """Tally the storages of a tensor that is saved as is (saved in module ``path``)."""
         if _is_parameter(t):  # saved_bytes leaves graph leaves out too
             return
         for _, _, nbytes, key in tensor_storages(t, "saved"):
             if key not in self._skip and key not in self._passed:
                 self._passed.add(key)
                 self.passthrough_bytes += nbytes
+                self._tally(path, nbytes)
                 if t.dtype in FLOAT_DTYPES:
                     self.bytes_by_kind["exact"] = self.bytes_by_kind.get("exact", 0) + nbytes
 

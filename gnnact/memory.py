@@ -17,7 +17,15 @@ where :math:`\mathcal{X}` holds the excluded storages: those of the graph leaves
   tuple/list of tensors. For a custom :class:`torch.autograd.Function` node: its
   ``saved_tensors`` and every tensor, :class:`~gnnact.quant.packed.PackedTensor` or
   :class:`~gnnact.quant.packed.PackedMask` stored as a ``ctx`` attribute (also inside
-  tuples, lists and dicts).
+  tuples, lists and dicts), and the tensors of a :class:`~gnnact.ops.graph.Graph` it holds:
+  gnnact's **graph cache** (the CSR structure its aggregations keep for backward, built once
+  per adjacency), counted like any other storage and reported as its own line by
+  :func:`breakdown`.
+* A tensor saved under :func:`torch.autograd.graph.saved_tensors_hooks` is read in its
+  packed form, without calling the unpack hook (``_raw_saved_*``): for gnnact's own pipeline
+  (:class:`gnnact.compress_saved_tensors`, the scope of a converted model) that is the
+  compressed copy, counted by the storages of its parts (``tensors()``; offloaded items by
+  their host buffers).
 * :math:`S(t)` for a strided tensor is its whole ``untyped_storage()`` (a view keeps all of
   its base alive); for a sparse tensor, the storages of its index and value tensors; for a
   traceable wrapper subclass (PyG's :class:`~torch_geometric.EdgeIndex` and
@@ -27,10 +35,9 @@ where :math:`\mathcal{X}` holds the excluded storages: those of the graph leaves
 * Two storages are the same when their device and ``data_ptr()`` agree, so a tensor saved by
   several nodes (a ReLU output that the next linear layer also saves) counts once.
 
-What a graph walk cannot see: tensors packed by :func:`torch.autograd.graph.saved_tensors_hooks`
-(reading ``_saved_*`` calls the unpack hook, which may allocate or recompute, as with
-non-reentrant checkpointing), and anything held outside the graph. Do not use it on graphs
-built under such hooks; measure those by allocator or RSS instead.
+What a graph walk cannot see: what other saved-tensor hooks pack into objects that are neither
+tensors nor gnnact's packed forms (non-reentrant checkpointing keeps a handle and recomputes),
+and anything held outside the graph. Measure those by allocator or RSS instead.
 """
 
 from __future__ import annotations
@@ -48,7 +55,8 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from gnnact.quant.packed import PackedMask, PackedTensor
 
-__all__ = ["SavedRecord", "saved_bytes", "saved_tensors", "storage_keys", "tensor_storages"]
+__all__ = ["SavedBytes", "SavedRecord", "breakdown", "saved_bytes", "saved_tensors",
+           "storage_keys", "tensor_storages"]
 
 #: Storage identity: ``(device type, device index, data pointer)``.
 StorageKey = tuple[str, int | None, int]
@@ -93,6 +101,8 @@ class SavedRecord:
         storage (tuple): de-duplication key ``(device type, device index, data_ptr)``.
         first (bool): ``True`` for the first record of its storage; only those add to
             :func:`saved_bytes`.
+        kind (str): ``"context"``, or ``"graph_cache"`` for the tensors of a gnnact
+            :class:`~gnnact.ops.graph.Graph`. (default: :obj:`"context"`)
 
     Example:
         >>> x = torch.randn(100, 64, requires_grad=True)
@@ -108,6 +118,32 @@ class SavedRecord:
     nbytes: int
     storage: StorageKey
     first: bool
+    kind: str = "context"
+
+
+@dataclass(frozen=True)
+class SavedBytes:
+    """What an autograd graph keeps for backward, in bytes, by line (see :func:`breakdown`).
+
+    Args:
+        context (int): activations, masks and everything else the nodes keep.
+        graph_cache (int): gnnact's graph structure (CSR, transposed CSR, degrees) held by
+            its aggregation ops.
+
+    Example:
+        >>> from gnnact.memory import SavedBytes
+        >>> line = SavedBytes(context=1000, graph_cache=240)
+        >>> line.total
+        1240
+    """
+
+    context: int
+    graph_cache: int
+
+    @property
+    def total(self) -> int:
+        """``context + graph_cache``: what :func:`saved_bytes` returns."""
+        return self.context + self.graph_cache
 
 
 def saved_bytes(
@@ -153,8 +189,40 @@ def saved_bytes(
         >>> saved_bytes(loss)  # and the input the linear layer keeps for its weight gradient
         51200
     """
+    return breakdown(output, exclude=exclude, include_leaves=include_leaves).total
+
+
+def breakdown(
+    output: Tensor | Sequence[Tensor],
+    *,
+    exclude: Iterable[Tensor | torch.nn.Module] = (),
+    include_leaves: bool = False,
+) -> SavedBytes:
+    r""":func:`saved_bytes` by line: the context proper and gnnact's graph cache.
+
+    Args:
+        output (torch.Tensor or Sequence[torch.Tensor]): as in :func:`saved_bytes`.
+        exclude (Iterable[torch.Tensor or torch.nn.Module], optional): as in
+            :func:`saved_bytes`. (default: :obj:`()`)
+        include_leaves (bool, optional): as in :func:`saved_bytes`. (default: :obj:`False`)
+
+    Returns:
+        SavedBytes: ``context`` and ``graph_cache`` in bytes (``total`` is their sum, the
+        value of :func:`saved_bytes`).
+
+    Example:
+        >>> from gnnact.memory import breakdown
+        >>> conv = gnnact.nn.GCNConv(16, 32, config=gnnact.Config(bits=2))
+        >>> x, edge_index = torch.randn(100, 16), torch.randint(0, 100, (2, 400))
+        >>> out = conv(x, edge_index)  # x needs no gradient: kept by reference, excluded
+        >>> line = breakdown(out.sum(), exclude=[x, edge_index])
+        >>> line.context, line.graph_cache > 0
+        (0, True)
+    """
     records = saved_tensors(output, exclude=exclude, include_leaves=include_leaves)
-    return sum(r.nbytes for r in records if r.first)
+    context = sum(r.nbytes for r in records if r.first and r.kind == "context")
+    graph = sum(r.nbytes for r in records if r.first and r.kind == "graph_cache")
+    return SavedBytes(context, graph)
 
 
 def saved_tensors(
@@ -195,7 +263,7 @@ def saved_tensors(
     outputs = _as_outputs(output)
     excluded = storage_keys(exclude)
 
-    raw: list[tuple[str, str, Tensor, int, StorageKey]] = []
+    raw: list[tuple[str, str, Tensor, int, StorageKey, str]] = []
     leaf_keys: set[StorageKey] = set()
 
     # Iterative depth-first walk: deep GNNs (and long unrolled graphs) exceed Python's
@@ -213,8 +281,9 @@ def saved_tensors(
             leaf_keys.update(key for _, _, _, key in tensor_storages(node.variable, ""))
         else:
             for attr, tensor in _node_tensors(node):
+                kind = "graph_cache" if attr.startswith(_GRAPH_PREFIX) else "context"
                 for suffix, part, nbytes, key in tensor_storages(tensor, attr):
-                    raw.append((name, suffix, part, nbytes, key))
+                    raw.append((name, suffix, part, nbytes, key, kind))
 
         for next_node, _ in reversed(node.next_functions):
             if next_node is not None and id(next_node) not in visited:
@@ -225,12 +294,12 @@ def saved_tensors(
 
     records: list[SavedRecord] = []
     seen: set[StorageKey] = set()
-    for name, attr, part, nbytes, key in raw:
+    for name, attr, part, nbytes, key, kind in raw:
         if key in excluded:
             continue
         records.append(SavedRecord(node=name, attr=attr, shape=tuple(part.shape),
                                    dtype=part.dtype, nbytes=nbytes, storage=key,
-                                   first=key not in seen))
+                                   first=key not in seen, kind=kind))
         seen.add(key)
     return records
 
@@ -295,28 +364,76 @@ def storage_keys(exclude: Any) -> set[StorageKey]:
 
 
 def _node_tensors(node: Any) -> Iterator[tuple[str, Tensor]]:
-    """The tensors ``node`` keeps for backward, each with the attribute path it sits at."""
+    """The tensors ``node`` keeps for backward, each with the attribute path it sits at (a
+    path starting with :data:`_GRAPH_PREFIX` for gnnact's graph cache)."""
     try:
         if isinstance(node, BackwardCFunction):  # custom autograd.Function: node is its ctx
-            for i, t in enumerate(node.saved_tensors):
-                if t is not None:
-                    yield f"saved_tensors[{i}]", t
+            raw = getattr(node, "_raw_saved_tensors", None)
+            if raw is None:
+                saved = [("saved_tensors", node.saved_tensors)]
+            else:
+                saved = [(f"saved_tensors[{i}]", r) for i, r in enumerate(raw)]
+            for path, value in saved:
+                yield from _saved_value(node, "saved_tensors", path, value)
             for key, value in vars(node).items():
                 yield from _ctx_tensors(value, key, set())
         else:
             for attr in _saved_attrs(type(node), node):
-                value = getattr(node, attr)
-                if isinstance(value, Tensor):
-                    yield attr, value
-                elif isinstance(value, (tuple, list)):
-                    for i, t in enumerate(value):
-                        if isinstance(t, Tensor):
-                            yield f"{attr}[{i}]", t
+                raw = getattr(node, "_raw" + attr, None)
+                value = getattr(node, attr) if raw is None else raw
+                yield from _saved_value(node, attr, attr, value)
     except RuntimeError as e:
         # torch's own message speaks of a "second backward"; say what to do here instead.
         if "freed" in str(e) or "second time" in str(e):
             raise RuntimeError(_FREED_MESSAGE) from e
         raise
+
+
+_SavedTensor = torch._C._autograd.SavedTensor
+
+
+def _saved_value(node: Any, attr: str, path: str, value: Any) -> Iterator[tuple[str, Tensor]]:
+    """The tensors of one saved value: a tensor, a raw saved tensor (read in its packed form,
+    without the unpack hook), or a tuple/list of either."""
+    if isinstance(value, _SavedTensor):
+        # (No ``data`` on an older torch: the plain read then unpacks.)
+        data = getattr(value, "data", None)
+        if data is None:
+            # Freed by a backward, or never defined: the plain read tells which (and raises
+            # the "freed" error).
+            plain = getattr(node, attr)
+            if isinstance(plain, (tuple, list)):
+                index = int(path[path.rindex("[") + 1:-1])
+                plain = plain[index]
+            if isinstance(plain, Tensor):
+                yield path, plain
+            return
+        value = data
+    if isinstance(value, Tensor):
+        yield path, value
+    elif isinstance(value, (tuple, list)):
+        for i, item in enumerate(value):
+            yield from _saved_value(node, attr, f"{path}[{i}]", item)
+    else:
+        yield from _packed_parts(value, path)
+
+
+def _packed_parts(value: Any, path: str) -> Iterator[tuple[str, Tensor]]:
+    """The tensors that hold a packed object of gnnact's pipeline (anything with
+    ``tensors()``; an offloaded item's host buffers; a shared one's item)."""
+    tensors = getattr(value, "tensors", None)
+    if callable(tensors):
+        for i, t in enumerate(tensors()):
+            yield f"{path}.tensors()[{i}]", t
+        return
+    host = getattr(value, "host", None)
+    if isinstance(host, list):  # gnnact.swap.Swapped: pinned host copies
+        for i, t in enumerate(host):
+            yield f"{path}.host[{i}]", t
+        return
+    item = getattr(value, "item", None)
+    if item is not None:  # a shared offloaded copy read in another shape
+        yield from _packed_parts(item, f"{path}.item")
 
 
 def _saved_attrs(cls: type, node: Any) -> tuple[str, ...]:
@@ -327,10 +444,24 @@ def _saved_attrs(cls: type, node: Any) -> tuple[str, ...]:
     return attrs
 
 
+#: Path prefix of the tensors of a gnnact Graph held on a ctx (the graph cache line).
+_GRAPH_PREFIX = "graph:"
+
+
 def _ctx_tensors(value: Any, path: str, seen: set[int]) -> Iterator[tuple[str, Tensor]]:
-    """Tensors stored as a ``ctx`` attribute, also inside packed objects and containers."""
+    """Tensors stored as a ``ctx`` attribute, also inside packed objects, gnnact graphs and
+    containers."""
+    from gnnact.ops.graph import Graph  # (gnnact.ops imports this module's users)
+
     if isinstance(value, Tensor):
         yield path, value
+    elif isinstance(value, Graph):
+        if id(value) in seen:
+            return
+        seen.add(id(value))
+        for f in dataclasses.fields(value):
+            for sub, t in _ctx_tensors(getattr(value, f.name), f"{path}.{f.name}", seen):
+                yield (sub if sub.startswith(_GRAPH_PREFIX) else _GRAPH_PREFIX + sub), t
     elif isinstance(value, _PACKED_TYPES):
         # Name each tensor by its dataclass field (``codes``, ``scales``, ...).
         names = {id(getattr(value, f.name)): f.name for f in dataclasses.fields(value)}

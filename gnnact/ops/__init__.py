@@ -1,7 +1,7 @@
 """Autograd functions that keep a compressed context: the layer below :mod:`gnnact.nn`."""
 
 from gnnact.ops.context import load_context, save_context, shared_quantize
-from gnnact.ops.dense import batch_norm, dropout, leaky_relu, linear, relu
+from gnnact.ops.dense import batch_norm, dropout, elu, leaky_relu, linear, relu
 from gnnact.ops.gat import gat_attention
 from gnnact.ops.gcn2 import gcn2_residual
 from gnnact.ops.graph import Graph, graph_from
@@ -11,6 +11,7 @@ __all__ = [
     "Graph",
     "batch_norm",
     "dropout",
+    "elu",
     "gat_attention",
     "gcn2_residual",
     "graph_from",

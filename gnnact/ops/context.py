@@ -44,7 +44,8 @@ from __future__ import annotations
 import contextlib
 import weakref
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,21 +53,15 @@ import torch
 from torch import Tensor
 
 from gnnact.config import Config
+from gnnact.ops.state import ForwardState, forward_state
 from gnnact.quant import PackedMask, PackedTensor, quantize, unpack_mask
 from gnnact.quant.mixed import MixedPackedTensor, allocate_rows, quantize_rows
 from gnnact.quant.packed import BYTE_ALIGNED_BITS, QUANT_BITS
 
-__all__ = ["apply_mask", "cache_key", "cached", "controlled_noise", "derive", "hold_parts",
-           "input_bits", "load_context", "noise_generator", "own_context", "per_node_quantize",
-           "records_graph", "release", "remember", "save_context", "shared_quantize",
-           "transient"]
-
-# cache_key(tensor) -> (weakref to the tensor or the base it views, its _version, format,
-# weakrefs to the packed tensors, the packed class and its metadata). Weak references only: the
-# cache never keeps anything alive; the packed tensors live exactly as long as autograd keeps
-# them for some backward.
-_CACHE: dict[tuple, tuple] = {}
-
+__all__ = ["alias_derived", "apply_mask", "cache_key", "cached", "controlled_noise", "derive",
+           "hold_parts", "independent_quantize", "input_bits", "load_context", "noise_generator",
+           "own_context", "per_node_quantize", "records_graph", "release", "remember",
+           "resident", "save_context", "shared_quantize", "transient"]
 
 def cache_key(x: Tensor) -> tuple[tuple, Tensor]:
     """The key of ``x`` and the object whose identity it rests on: the tensor ``x`` views
@@ -107,56 +102,32 @@ class Reshaped:
         return self.inner.dequantize().reshape(self.shape)
 
 
-# Strong references to the tensors behind a _CACHE or _DERIVED entry, kept only inside
-# hold_parts() (while offloading): the offloading hooks move each of them to host memory as soon
-# as autograd packs it, and nothing on the device would hold it any more, so the registries'
-# weak references would die before the next consumer of the same tensor asked for the shared
-# copy, or the next op for a derived tensor's pieces. It would quantize afresh instead: other
-# noise, and a second copy. Each entry goes with its registry entry (its tensor died, changed or
-# was read by a backward), and all of them when the outermost hold_parts() ends.
-_HELD: dict[tuple, tuple[Tensor, ...]] = {}
-_holding = 0
+# While offloading, ForwardState.held keeps strong references to the tensors behind shared
+# copies and derived entries: the offloading hooks move each of them to host memory as soon as
+# autograd packs it, and nothing on the device would hold it any more, so the registries' weak
+# references would die before the next consumer of the same tensor asked for the shared copy,
+# or the next op for a derived tensor's pieces. It would quantize afresh instead: other noise,
+# and a second copy. Each entry goes with its registry entry (its tensor died, changed or was
+# read by a backward), and all of them when the outermost hold_parts() ends.
 
 
-@contextlib.contextmanager
-def hold_parts() -> Iterator[None]:
+def hold_parts() -> contextlib.AbstractContextManager[None]:
     """Inside, the packed copies that :func:`remember` shares and the pieces that
     :func:`derive` records stay alive while the tensor they stand for does, even when nothing
-    else on the device references them (see ``_HELD``). :class:`gnnact.compress_saved_tensors`
-    enters it around a forward pass that offloads context."""
-    global _holding
-    _holding += 1
-    try:
-        yield
-    finally:
-        _holding -= 1
-        if not _holding:
-            _HELD.clear()
+    else on the device references them (:attr:`ForwardState.held
+    <gnnact.ops.state.ForwardState>`). :class:`gnnact.compress_saved_tensors` enters it around
+    a forward pass that offloads context."""
+    return forward_state().hold()
 
 
-def _hold(key: tuple, tensors: Iterable[Tensor | None]) -> None:
-    if _holding:
-        _HELD[key] = tuple(t for t in tensors if t is not None)
-
-
-def _forget(key: tuple, ref: weakref.ref) -> None:
-    entry = _CACHE.get(key)
-    if entry is not None and entry[0] is ref:
-        del _CACHE[key]
-        _HELD.pop(("cache", key), None)
-
-
-def _release(codes: Tensor) -> None:
-    """Stop sharing the packed copy whose codes are ``codes``: a backward pass has read it."""
-    for key, entry in list(_CACHE.items()):
+def _release(codes: Tensor, state: ForwardState | None = None) -> None:
+    """Stop sharing the packed copy whose codes are ``codes``: a backward pass has read it.
+    ``state`` is the forward pass that made it (backward may run in another thread)."""
+    state = forward_state() if state is None else state
+    for key, entry in list(state.shared.items()):
         if entry[3][0]() is codes:
-            del _CACHE[key]
-            _HELD.pop(("cache", key), None)
-
-
-# id(tensor) -> (weakref to the derived tensor, its _version, steps); each step is
-# (kind, tuple of weakrefs to its tensors (or None), metadata). See the module docstring.
-_DERIVED: dict[int, tuple] = {}
+            del state.shared[key]
+            state.held.pop(("cache", key), None)
 
 
 def _ref(t: Tensor | None) -> weakref.ref | None:
@@ -166,31 +137,39 @@ def _ref(t: Tensor | None) -> weakref.ref | None:
 def derive(out: Tensor, source: Tensor | None, kind: str, tensors: tuple, meta: tuple) -> None:
     """Record that ``out`` is step ``(kind, tensors, meta)`` applied to ``source`` (``None``:
     a base step, which needs no source). Nothing is recorded if ``source`` is not derived."""
+    state = forward_state()
     steps: tuple = ()
     if source is not None:
         entry = _resolve(source)
         if entry is None:
             return
-        steps = _DERIVED[id(source)][2]
+        steps = state.derived[id(source)][2]
     key = id(out)
-    out_ref = weakref.ref(out, lambda r, k=key: _forget_derived(k, r))
+    out_ref = weakref.ref(out, state.callback("forget_derived", key))
     chain = (*steps, (kind, tuple(map(_ref, tensors)), meta))
-    _DERIVED[key] = (out_ref, out._version, chain)
+    state.derived[key] = (out_ref, out._version, chain)
     # The whole chain: the source's own hold goes when the source dies, before ``out`` does.
-    _hold(("derived", key), (r() for _, refs, _ in chain for r in refs if r is not None))
+    state.keep(("derived", key), (r() for _, refs, _ in chain for r in refs if r is not None))
 
 
-def _forget_derived(key: int, ref: weakref.ref) -> None:
-    entry = _DERIVED.get(key)
-    if entry is not None and entry[0] is ref:
-        del _DERIVED[key]
-        _HELD.pop(("derived", key), None)
+def alias_derived(out: Tensor, source: Tensor) -> None:
+    """Record ``out`` as rebuilt exactly as ``source`` is (``out`` holds ``source``'s values,
+    e.g. an in-place op's result copied back into its input). Nothing if ``source`` is not
+    derived."""
+    state = forward_state()
+    if _resolve(source) is None:
+        return
+    chain = state.derived[id(source)][2]
+    key = id(out)
+    state.derived[key] = (weakref.ref(out, state.callback("forget_derived", key)), out._version,
+                          chain)
+    state.keep(("derived", key), (r() for _, refs, _ in chain for r in refs if r is not None))
 
 
 def _resolve(x: Tensor) -> list[tuple] | None:
     """The steps that rebuild ``x`` with strong references, or ``None`` if ``x`` is not derived
     (or changed in place, or a piece is gone)."""
-    entry = _DERIVED.get(id(x))
+    entry = forward_state().derived.get(id(x))
     if entry is None or entry[0]() is not x or entry[1] != x._version:
         return None
     steps = []
@@ -218,7 +197,7 @@ def apply_mask(x: Tensor, mask: Tensor, divisor: float, slope: float,
     return out
 
 
-def _rebuild(steps: list[tuple]) -> Tensor:
+def _rebuild(steps: list[tuple], state: ForwardState | None) -> Tensor:
     # In place wherever that computes the same bits: this runs in backward, where each
     # full-size temporary adds to the step's peak memory (a GPU's peak is in backward). The
     # dequantized input is a fresh tensor unless its parts are the tensor itself (16/32 bits).
@@ -227,7 +206,8 @@ def _rebuild(steps: list[tuple]) -> Tensor:
         if kind == "batch_norm":
             *parts, mean, invstd, weight, bias = tensors
             _, cls, inner = meta
-            _release(parts[0])  # read by a backward: its forward pass is over
+            if state is not None:
+                _release(parts[0], state)  # read by a backward: its forward pass is over
             x = cls.from_parts(tuple(parts), inner).dequantize()
             shape = [1, -1] + [1] * (x.dim() - 2)
             mean = mean.to(x.dtype).view(shape)
@@ -242,6 +222,14 @@ def _rebuild(steps: list[tuple]) -> Tensor:
             if bias is not None:
                 b = bias.view(shape)
                 value = value.add_(b) if b.dtype == value.dtype else value + b
+        elif kind == "packed":  # a tensor kept quantized by the op that made it (ELU)
+            _, cls, inner = meta
+            if state is not None:
+                _release(tensors[0], state)
+            value = cls.from_parts(tuple(tensors), inner).dequantize()
+            if any(value.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
+                   for t in tensors):  # (a pass-through copy is the tensor itself)
+                value = value.clone()
         else:  # "mask"
             (data,) = tensors
             shape, divisor, slope = meta
@@ -268,13 +256,26 @@ def transient(out: Tensor) -> Tensor:
     return out
 
 
+def resident(x: Tensor) -> bool:
+    """Whether ``x`` stays in memory whatever the backward pass keeps, so that keeping it by
+    reference costs nothing: it needs no gradient and was not marked :func:`transient`, and,
+    inside a forward pass that knows its inputs (a converted model's), it is one of them (or
+    a view of one). Elsewhere a tensor that needs no gradient is taken for an input."""
+    if x.requires_grad or getattr(x, _TRANSIENT, False):
+        return False
+    keys = forward_state().resident
+    if keys is None or x.layout != torch.strided:
+        return True
+    storage = x.untyped_storage()
+    return (storage.device.type, storage.device.index, storage.data_ptr()) in keys
+
+
 def input_bits(x: Tensor | None, config: Config) -> int:
-    """Bits at which an op keeps its *input* ``x``: 32 (by reference) when ``x`` is resident,
-    i.e. needs no gradient, was not marked :func:`transient` and ``config.resident_inputs`` is
-    set; ``config.bits`` otherwise. Only for tensors passed to ``Function.apply``: inside
-    ``forward`` every tensor the op computes itself needs no gradient either."""
-    if (x is not None and config.resident_inputs and not x.requires_grad
-            and not getattr(x, _TRANSIENT, False)):
+    """Bits at which an op keeps its *input* ``x``: 32 (by reference) when ``x`` is
+    :func:`resident` and ``config.resident_inputs`` is set; ``config.bits`` otherwise. Only
+    for tensors passed to ``Function.apply``: inside ``forward`` every tensor the op computes
+    itself needs no gradient either."""
+    if x is not None and config.resident_inputs and resident(x):
         return 32
     return config.bits
 
@@ -303,13 +304,16 @@ class _NoiseControl:
         return torch.Generator().manual_seed(seed)
 
 
-_NOISE: _NoiseControl | None = None
+# Per context (thread), like the forward state: another thread's quantizations must not draw
+# from (or advance) an estimate's noise.
+_NOISE: ContextVar[_NoiseControl | None] = ContextVar("gnnact_noise", default=None)
 
 
 def noise_generator(tag: str | None, role: str, x: Tensor, bits: int) -> torch.Generator | None:
     """The generator of tensor ``(tag, role)``'s rounding noise inside
     :func:`controlled_noise` (which also records the quantization), else ``None``."""
-    return None if _NOISE is None else _NOISE.generator(tag, role, x, bits)
+    control = _NOISE.get()
+    return None if control is None else control.generator(tag, role, x, bits)
 
 
 @contextlib.contextmanager
@@ -320,17 +324,11 @@ def controlled_noise(seed: int, perturb: tuple[str | None, str] | None = None,
     with the same ``seed`` round identically; the tensor named ``perturb`` draws different
     noise. ``record`` receives ``(tag, role, numel, shape, bits)`` per quantization. For
     :class:`gnnact.Controller`'s sensitivity estimates."""
-    global _NOISE
-    previous, _NOISE = _NOISE, _NoiseControl(seed, perturb, record)
+    token = _NOISE.set(_NoiseControl(seed, perturb, record))
     try:
         yield
     finally:
-        _NOISE = previous
-
-
-# (tag, role, shape) -> norms of the rows of the gradient that reached that tensor at the last
-# backward: the per-node weights of the next quantization (see per_node_quantize).
-_ROW_GRADIENTS: dict[tuple, Tensor] = {}
+        _NOISE.reset(token)
 
 
 def per_node_quantize(x: Tensor, bits: int, config: Config, role: str,
@@ -342,12 +340,15 @@ def per_node_quantize(x: Tensor, bits: int, config: Config, role: str,
     key = (config.tag, role, tuple(x.shape))
     detached = x.detach()
     weights = (detached.amax(1) - detached.amin(1)).double().pow(2)
-    previous = _ROW_GRADIENTS.get(key)
+    # (tag, role, shape) -> row norms of the gradient that reached that tensor at the last
+    # backward, in the dict of whoever owns the training run (see ForwardState.row_gradients).
+    store = forward_state().row_gradients
+    previous = store.get(key)
     if previous is not None and previous.device == x.device:
         weights = weights * previous.double().pow(2)
     if x.requires_grad:
         def remember(grad: Tensor, key: tuple = key) -> None:
-            _ROW_GRADIENTS[key] = grad.detach().norm(dim=1)
+            store[key] = grad.detach().norm(dim=1)
 
         x.register_hook(remember)
     # The CUDA kernels take byte-aligned widths only; keep an explicit cupy backend on them.
@@ -377,6 +378,23 @@ def shared_quantize(x: Tensor, bits: int, config: Config,
     return packed
 
 
+def independent_quantize(x: Tensor, config: Config,
+                         role: str = "activations") -> PackedTensor | None:
+    r"""``x`` at ``config.bits`` with rounding noise of its own, not shared with the copy
+    :func:`shared_quantize` keeps: for a gradient that multiplies two factors that both read
+    ``x`` (an attention vector's gradient: the edge scores' gradient, which reads the shared
+    copy, times the features again). One rounding used twice would give the product a bias of
+    :math:`\mathrm{Var}[\hat x]`; two independent ones make it unbiased. ``None`` at 16/32
+    bits, which round deterministically (the shared copy then serves). ``role`` names it for
+    :func:`controlled_noise` (the features' own role: :class:`gnnact.Controller` then gives
+    it their width and counts it in their bytes)."""
+    if config.bits > 8:
+        return None
+    generator = noise_generator(config.tag, role, x, config.bits)
+    return quantize(x, config.bits, config.group_size, per_row=config.per_row,
+                    generator=generator, backend=config.backend)
+
+
 def cached(x: Tensor, fmt: tuple | None = None) -> Any:
     """The packed copy of this very tensor object (or the same view of the same tensor), at its
     current version, that
@@ -384,7 +402,7 @@ def cached(x: Tensor, fmt: tuple | None = None) -> Any:
     cache of gnnact's ops and of :class:`gnnact.compress_saved_tensors`: a tensor both save is
     compressed once."""
     key, owner = cache_key(x)
-    entry = _CACHE.get(key)
+    entry = forward_state().shared.get(key)
     if entry is None:
         return None
     ref, version, cached_fmt, refs, cls, meta = entry
@@ -402,33 +420,27 @@ def remember(x: Tensor, fmt: tuple, packed: Any) -> None:
     or dies, or the packed tensors die. Only weak references are held (outside
     :func:`hold_parts`)."""
     key, owner = cache_key(x)
-    x_ref = weakref.ref(owner, lambda r, k=key: _forget(k, r))
+    state = forward_state()
+    x_ref = weakref.ref(owner, state.callback("forget_shared", key))
     refs = tuple(weakref.ref(t) for t in packed.tensors())
-    _CACHE[key] = (x_ref, x._version, fmt, refs, type(packed), packed.meta)
-    _hold(("cache", key), packed.tensors())
+    state.shared[key] = (x_ref, x._version, fmt, refs, type(packed), packed.meta)
+    state.keep(("cache", key), packed.tensors())
 
 
-def release(packed: Any) -> None:
-    """Stop sharing ``packed``: a backward pass has read it, so its forward pass is over."""
-    _release(packed.tensors()[0])
-
-
-# id(tensor) -> weakref: the tensors save_context handed to autograd (already compressed, or
-# kept as is on purpose). Autograd packs them after the op's forward returns, through whatever
-# saved-tensor hooks are active; a pipeline around gnnact's ops asks own_context.
-_OWN: dict[int, weakref.ref] = {}
-
-
-def _forget_own(key: int, ref: weakref.ref) -> None:
-    if _OWN.get(key) is ref:
-        del _OWN[key]
+def release(packed: Any, state: ForwardState | None = None) -> None:
+    """Stop sharing ``packed``: a backward pass has read it, so its forward pass is over.
+    ``state``: the forward pass that shared it (default: this context's)."""
+    _release(packed.tensors()[0], state)
 
 
 def own_context(t: Tensor) -> bool:
     """Whether ``t`` is context a gnnact op keeps, already compressed or deliberately kept as
     is: :class:`gnnact.compress_saved_tensors` passes it through instead of compressing it
     again."""
-    ref = _OWN.get(id(t))
+    # ForwardState.own: the tensors save_context handed to autograd (already compressed, or
+    # kept as is on purpose). Autograd packs them after the op's forward returns, through
+    # whatever saved-tensor hooks are active; a pipeline around gnnact's ops asks here.
+    ref = forward_state().own.get(id(t))
     return ref is not None and ref() is t
 
 
@@ -478,17 +490,22 @@ def save_context(ctx: Any, config: Config, *items: Entry) -> None:
             parts = item.tensors()
             slots.append(("packed", len(tensors), len(parts), type(item), item.meta))
             tensors.extend(parts)
+    state = forward_state()
     for t in tensors:
         key = id(t)
-        if key not in _OWN or _OWN[key]() is not t:
-            _OWN[key] = weakref.ref(t, lambda r, k=key: _forget_own(k, r))
+        if key not in state.own or state.own[key]() is not t:
+            state.own[key] = weakref.ref(t, state.callback("forget_own", key))
     ctx.save_for_backward(*tensors)
     ctx.gnnact_slots = slots
+    # Backward releases shared copies in the pass that made them (it may run in another
+    # thread); a weak reference, so that a finished pass's registries are not kept.
+    ctx.gnnact_state = weakref.ref(state)
 
 
 def load_context(ctx: Any) -> list[Tensor | None]:
     """What :func:`save_context` kept, in order: dequantized, unpacked or as is."""
     saved = ctx.saved_tensors
+    state = ctx.gnnact_state()  # None once the pass that saved them is over: nothing to release
     out: list[Tensor | None] = []
     for slot in ctx.gnnact_slots:
         if slot is not None and slot[0] == "derived":
@@ -500,7 +517,7 @@ def load_context(ctx: Any) -> list[Tensor | None]:
                     parts.append(saved[position] if here else None)
                     position += here
                 steps.append((kind, tuple(parts), meta))
-            out.append(_rebuild(steps))
+            out.append(_rebuild(steps, state))
             continue
         if slot is None:
             out.append(None)
@@ -511,6 +528,7 @@ def load_context(ctx: Any) -> list[Tensor | None]:
         else:
             _, start, count, cls, meta = slot
             parts = tuple(saved[start:start + count])
-            _release(parts[0])
+            if state is not None:
+                _release(parts[0], state)
             out.append(cls.from_parts(parts, meta).dequantize())
     return out

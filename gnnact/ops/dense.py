@@ -15,8 +15,15 @@ batch_norm    :math:`Y = \gamma (X - \mu) \sigma^{-1} + \beta`       :math:`X` a
                                                                      :math:`\sigma^{-1}`
 relu, leaky   :math:`Y = \max(X, 0)` / :math:`X` or :math:`s X`      1-bit mask
                                                                      :math:`[X > 0]`
+elu           :math:`Y = X` / :math:`\alpha(e^X - 1)`                1-bit mask
+                                                                     :math:`[X > 0]`,
+                                                                     :math:`Y` at :math:`b`
+                                                                     bits
 dropout       :math:`Y = X \odot M / (1 - p)`                        1-bit mask :math:`M`
 ============  =====================================================  ========================
+
+Each of relu, leaky_relu, elu and dropout takes ``inplace=True`` as PyTorch's does: the result
+is written into the input, which then carries the op's history.
 
 Masks are taken from the exact input, never from a rounded copy: stochastic rounding can take a
 small positive value to 0 and would silently drop its gradient. A tensor consumed by several of
@@ -33,18 +40,20 @@ from torch import Tensor
 
 from gnnact.config import Config
 from gnnact.ops.context import (
+    alias_derived,
     apply_mask,
     derive,
     input_bits,
     load_context,
     records_graph,
+    remember,
     save_context,
     shared_quantize,
     transient,
 )
 from gnnact.quant import pack_mask
 
-__all__ = ["batch_norm", "dropout", "leaky_relu", "linear", "relu"]
+__all__ = ["batch_norm", "dropout", "elu", "leaky_relu", "linear", "relu"]
 
 # Masks are exact; no quantization settings apply to them.
 _NO_QUANT = Config(bits=32)
@@ -219,21 +228,91 @@ def _masked(x: Tensor, mask: Tensor, divisor: float, slope: float) -> Tensor:
     return out
 
 
-def relu(x: Tensor) -> Tensor:
+class _CopyInto(torch.autograd.Function):
+    """``x.copy_(y)`` in place, marking ``x`` dirty: ``x`` then carries ``y``'s history (its
+    old value gets no gradient from here, as after any in-place overwrite). Keeps nothing."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, y: Tensor) -> Tensor:
+        x.copy_(y)
+        ctx.mark_dirty(x)
+        return x
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple:
+        return None, grad
+
+
+def _into(x: Tensor, out: Tensor) -> Tensor:
+    """An in-place op's result: ``out`` written into ``x`` (derived as ``out`` is)."""
+    x = _CopyInto.apply(x, out)
+    alias_derived(x, out)
+    return x
+
+
+def relu(x: Tensor, inplace: bool = False) -> Tensor:
     """ReLU keeping a 1-bit mask :math:`[X > 0]`."""
     if not records_graph(x):
-        return transient(F.relu(x))
-    return _masked(x, x > 0, 1.0, 0.0)
+        return transient(F.relu(x, inplace=inplace))
+    out = _masked(x, x > 0, 1.0, 0.0)
+    return _into(x, out) if inplace else out
 
 
-def leaky_relu(x: Tensor, negative_slope: float = 0.01) -> Tensor:
+def leaky_relu(x: Tensor, negative_slope: float = 0.01, inplace: bool = False) -> Tensor:
     """LeakyReLU keeping a 1-bit mask :math:`[X > 0]`."""
     if not records_graph(x):
-        return transient(F.leaky_relu(x, negative_slope))
-    return _masked(x, x > 0, 1.0, float(negative_slope))
+        return transient(F.leaky_relu(x, negative_slope, inplace=inplace))
+    out = _masked(x, x > 0, 1.0, float(negative_slope))
+    return _into(x, out) if inplace else out
 
 
-def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
+class _ELU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, alpha: float, config: Config, role: str) -> Tensor:
+        out = F.elu(x, alpha)
+        mask = pack_mask(x > 0)
+        ctx.alpha = alpha
+        packed = shared_quantize(out, config.bits, config, role)
+        ctx.packed = not (packed.is_passthrough and packed.codes is out)
+        if not ctx.packed:  # 16/32 bits: the output itself
+            save_context(ctx, _NO_QUANT, mask, out)
+        else:
+            save_context(ctx, _NO_QUANT, mask, packed)
+            ctx.gnnact_base = ((*packed.tensors(),), (packed.bits, type(packed), packed.meta),
+                               packed)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple:
+        mask, out_hat = load_context(ctx)
+        # dY/dX = 1 on X > 0, alpha e^X = Y + alpha elsewhere: linear in the kept Y, so the
+        # gradient stays unbiased with Y rounded.
+        # (A restored copy is ours to overwrite; the output itself is not.)
+        slope = out_hat.add_(ctx.alpha) if ctx.packed else out_hat + ctx.alpha
+        return torch.where(mask, grad, grad * slope), None, None, None
+
+
+def elu(x: Tensor, alpha: float = 1.0, inplace: bool = False, config: Config | None = None,
+        role: str = "elu") -> Tensor:
+    r"""ELU keeping a 1-bit mask :math:`[X > 0]` and its output :math:`Y` at ``config.bits``
+    bits: :math:`\nabla X = \nabla Y \odot ([X > 0] + (\hat Y + \alpha)[X \le 0])`, unbiased.
+    The packed :math:`Y` is shared with the next op that keeps :math:`Y` (a linear map), and a
+    mask op on :math:`Y` (dropout) leaves a tensor that op rebuilds instead of keeping."""
+    if not records_graph(x):
+        return transient(F.elu(x, alpha, inplace=inplace))
+    config = config or Config()
+    out = _ELU.apply(x, float(alpha), config, role)
+    base = getattr(out.grad_fn, "gnnact_base", None)
+    if base is not None:
+        del out.grad_fn.gnnact_base
+        tensors, meta, packed = base
+        derive(out, None, "packed", tensors, meta)
+        remember(out, (config.bits, config.group_size, config.per_row, config.per_node,
+                       config.backend), packed)
+    return _into(x, out) if inplace else out
+
+
+def dropout(x: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
     r"""Dropout keeping its keep-mask :math:`M \sim \mathrm{Bernoulli}(1-p)` in 1 bit.
 
     The mask is drawn exactly as :func:`torch.nn.functional.dropout` draws it on the CPU, so a
@@ -244,6 +323,7 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
     if not training or p == 0.0:
         return x
     if p == 1.0 or not records_graph(x):
-        return transient(F.dropout(x, p, training))
+        return transient(F.dropout(x, p, training, inplace))
     keep = torch.empty_like(x).bernoulli_(1 - p).bool()
-    return _masked(x, keep, 1.0 - p, 0.0)
+    out = _masked(x, keep, 1.0 - p, 0.0)
+    return _into(x, out) if inplace else out

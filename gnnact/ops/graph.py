@@ -5,34 +5,52 @@ A :class:`Graph` describes :math:`Y = A X` with :math:`A \in \mathbb{R}^{N_{dst}
 
 * :math:`A` in CSR (``ptr``, ``src``): edges sorted by target, the order in which edge values
   are given to the ops ("CSR order");
-* :math:`A^\top` in CSR (``t_ptr``, ``t_dst``) plus ``t_perm`` mapping its edges to CSR order,
-  so backward computes :math:`\nabla X = A^\top \nabla Y` without transposing anything;
-* ``input_perm``: CSR edge :math:`e` is input edge ``input_perm[e]`` (for ``edge_index``
-  inputs), so per-edge weights given in input order can be reordered once.
+* :math:`A^\top` for backward (:math:`\nabla X = A^\top \nabla Y`): nothing at all when the
+  adjacency is symmetric (same edge set, and the same values on :math:`(i, j)` and
+  :math:`(j, i)`), detected once when the graph is built; otherwise its CSR (``t_ptr``,
+  ``t_dst``) and, when values must be reordered, ``t_perm`` mapping its edges to CSR order;
+* ``input_perm`` (CSR edge :math:`e` is input edge ``input_perm[e]``) only where per-call edge
+  values come in the caller's order and that order is not already CSR order.
 
-Indices are int32 when :math:`N` and :math:`E` fit, int64 otherwise. The structure is what a
-fixed-adjacency SpMM keeps for backward; no node features.
+What a graph keeps depends on what its user needs (``per_edge``, ``keep_dst``): a fixed
+adjacency aggregated with its own values (GCN, SAGE, GCNII) keeps :math:`A` and, only if it is
+not symmetric, the transposed structure. Indices and permutations are int32 when :math:`N` and
+:math:`E` fit, int64 otherwise. No node features, and nothing derived only for speed: the
+per-edge targets (when not kept) and all-ones values are made in the call that needs them.
+Where the caller's adjacency already is this CSR (a ``torch.sparse`` CSR or
+``torch_sparse.SparseTensor`` ``adj_t``, or an ``EdgeIndex`` sorted by target, with sorted
+columns), the graph refers to its tensors instead of copying them (``borrowed``): those bytes
+are the caller's.
 
 :func:`graph_from` accepts every adjacency PyG accepts: an ``edge_index`` tensor ``[2, E]``
 (source row first, PyG's ``source_to_target`` flow), PyG's ``EdgeIndex``, a ``torch.sparse``
-CSR or COO ``adj_t``, and ``torch_sparse.SparseTensor`` (``adj_t``) when installed. Results are
-cached on the adjacency object (weakly, and invalidated by in-place changes), so a model that
-reuses one ``edge_index`` across layers and epochs builds its graph once.
+CSR or COO ``adj_t``, and ``torch_sparse.SparseTensor`` (``adj_t``) when installed.
+
+**Who keeps graphs.** A :class:`GraphCache`: weakly keyed by the adjacency object and
+invalidated by in-place changes, so a model that reuses one ``edge_index`` across layers and
+epochs builds its graph once. Each gnnact conv layer owns one (:func:`graph_cache_for`); an
+outer owner (a converted model's forward pass) makes all its layers share one through
+:func:`use_graph_cache`, a context variable: two models in two threads never see each other's
+graphs.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import warnings
 import weakref
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
-__all__ = ["Graph", "build_graph", "cache_on", "check_edge_index", "check_sparse_flow",
-           "csr_tensor", "graph_from", "is_sparse_adjacency", "is_sparse_tensor"]
+__all__ = ["Graph", "GraphCache", "active_graph_cache", "build_graph", "cache_on",
+           "check_edge_index", "check_sparse_flow", "csr_tensor", "graph_cache_for", "graph_from",
+           "is_sparse_adjacency", "is_sparse_tensor", "use_graph_cache"]
 
 _INT32_MAX = 2**31 - 1
 
@@ -49,33 +67,70 @@ def csr_tensor(ptr: Tensor, col: Tensor, value: Tensor, size: tuple[int, int]) -
         return torch.sparse_csr_tensor(ptr, col, value, size, check_invariants=False)
 
 
+def _storage_key(t: Tensor) -> tuple:
+    return (t.device.type, t.device.index, t.untyped_storage().data_ptr())
+
+
+def _ones(num_edges: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """All-ones edge values, made per call (never cached). On the CPU a stride-0 view of one
+    element, which torch's CSR @ dense reads like a full vector (same products, same speed:
+    ``benchmarks/bench_graph_cache.py``). Elsewhere a real vector: PyTorch's cuSPARSE CSR
+    descriptor takes the values through ``values.expect_contiguous()`` inside its constructor
+    (``aten/src/ATen/cuda/CUDASparseDescriptors.cpp``), so a strided view's contiguous copy
+    would not outlive the descriptor that points at it."""
+    if device.type == "cpu":
+        return torch.ones(1, dtype=dtype).expand(num_edges)
+    return torch.ones(num_edges, dtype=dtype, device=device)
+
+
 @dataclass(eq=False)
 class Graph:
-    r"""An adjacency :math:`A` (``[num_dst, num_src]``) in CSR with its transpose.
+    r"""An adjacency :math:`A` (``[num_dst, num_src]``) in CSR, with what its transpose needs.
+
+    Build one with :meth:`from_coo`, :meth:`from_csr`, :func:`build_graph` or
+    :func:`graph_from`. Every tensor it holds is a field (:meth:`nbytes` counts them).
 
     Args:
         num_src (int): :math:`N_{src}`, rows of the input features.
         num_dst (int): :math:`N_{dst}`, rows of the output.
         ptr (torch.Tensor): CSR row pointers of :math:`A`, ``[num_dst + 1]``.
         src (torch.Tensor): source node of each edge in CSR order, ``[E]``.
-        t_ptr (torch.Tensor): CSR row pointers of :math:`A^\top`, ``[num_src + 1]``.
-        t_dst (torch.Tensor): target node of each edge in transposed order, ``[E]``.
-        t_perm (torch.Tensor): transposed edge :math:`k` is CSR edge ``t_perm[k]``, ``[E]``.
-        value (torch.Tensor, optional): edge values carried by the adjacency itself (CSR order).
-        input_perm (torch.Tensor, optional): CSR edge :math:`e` is input edge ``input_perm[e]``.
+        value (torch.Tensor, optional): the adjacency's own constant edge values (CSR order);
+            :obj:`None` for all ones.
+        t_ptr (torch.Tensor, optional): CSR row pointers of :math:`A^\top`, ``[num_src + 1]``;
+            :obj:`None` when :math:`A` is symmetric (:math:`A^\top` has :math:`A`'s CSR).
+        t_dst (torch.Tensor, optional): target node of each edge in transposed order, ``[E]``;
+            :obj:`None` when symmetric, or when ``t_perm`` is kept (then it is ``dst[t_perm]``,
+            made per call).
+        t_perm (torch.Tensor, optional): transposed edge :math:`k` is CSR edge ``t_perm[k]``,
+            ``[E]``; :obj:`None` when values need no reordering (all ones, or symmetric own
+            values, and ``per_edge`` not set).
+        input_perm (torch.Tensor, optional): CSR edge :math:`e` is input edge
+            ``input_perm[e]``; :obj:`None` when the input order is CSR order (or when
+            ``per_edge`` is not set).
+        targets (torch.Tensor, optional): target node of each edge in CSR order, kept for the
+            layers that read it per edge; else :attr:`dst` derives it from ``ptr`` per call.
+        per_edge (bool): whether per-call edge values (in input order) are supported:
+            ``input_perm`` and ``t_perm`` are then complete. (default: :obj:`True`)
+        borrowed (tuple[str, ...]): the fields that refer to the caller's adjacency tensors
+            rather than copies (not counted by :meth:`nbytes`). (default: ``()``)
+
+    ``value`` must be the values the graph was built with: whether :math:`A` is symmetric was
+    decided with them.
     """
 
     num_src: int
     num_dst: int
     ptr: Tensor
     src: Tensor
-    t_ptr: Tensor
-    t_dst: Tensor
-    t_perm: Tensor
     value: Tensor | None = None
+    t_ptr: Tensor | None = None
+    t_dst: Tensor | None = None
+    t_perm: Tensor | None = None
     input_perm: Tensor | None = None
-    _ones: dict = field(default_factory=dict, repr=False)
-    _dst: Tensor | None = field(default=None, repr=False)
+    targets: Tensor | None = None
+    per_edge: bool = True
+    borrowed: tuple[str, ...] = ()
 
     @property
     def num_edges(self) -> int:
@@ -86,13 +141,19 @@ class Graph:
         return self.src.device
 
     @property
+    def symmetric(self) -> bool:
+        """Whether backward uses :math:`A` itself as :math:`A^\\top` (no transposed copy)."""
+        return self.t_ptr is None
+
+    @property
     def dst(self) -> Tensor:
-        """Target node of each edge in CSR order, ``[E]`` (computed once)."""
-        if self._dst is None:
-            counts = self.ptr[1:] - self.ptr[:-1]
-            nodes = torch.arange(self.num_dst, dtype=self.src.dtype, device=self.device)
-            self._dst = nodes.repeat_interleave(counts.long(), output_size=self.num_edges)
-        return self._dst
+        """Target node of each edge in CSR order, ``[E]``: ``targets`` if kept, else derived
+        from ``ptr`` (one sequential pass, in the call that needs it)."""
+        if self.targets is not None:
+            return self.targets
+        counts = (self.ptr[1:] - self.ptr[:-1]).long()
+        nodes = torch.arange(self.num_dst, dtype=self.src.dtype, device=self.device)
+        return nodes.repeat_interleave(counts, output_size=self.num_edges)
 
     def in_degree(self, dtype: torch.dtype) -> Tensor:
         """Edges into each target, ``[num_dst]``."""
@@ -101,10 +162,13 @@ class Graph:
     def _values(self, value: Tensor | None, dtype: torch.dtype) -> Tensor:
         if value is not None:
             return value.to(dtype)
-        ones = self._ones.get(dtype)
-        if ones is None:
-            ones = self._ones[dtype] = torch.ones(self.num_edges, dtype=dtype, device=self.device)
-        return ones
+        return _ones(self.num_edges, dtype, self.device)
+
+    def _check_per_edge(self, value: Tensor | None) -> None:
+        if value is not None and value is not self.value and not self.per_edge:
+            raise ValueError("this graph was built for its own edge values only "
+                             "(per_edge=False); build it with per_edge=True to multiply by "
+                             "per-call edge values")
 
     def matrix(self, value: Tensor | None, dtype: torch.dtype) -> Tensor:
         r""":math:`A` as a ``torch.sparse_csr`` tensor with ``value`` (CSR order; ones if
@@ -112,46 +176,182 @@ class Graph:
         return csr_tensor(self.ptr, self.src, self._values(value, dtype),
                           (self.num_dst, self.num_src))
 
-    def matrix_t(self, value: Tensor | None, dtype: torch.dtype) -> Tensor:
-        r""":math:`A^\top` as a ``torch.sparse_csr`` tensor."""
-        v = self._values(value, dtype)
-        if value is not None:
-            v = v[self.t_perm]
-        return csr_tensor(self.t_ptr, self.t_dst, v, (self.num_src, self.num_dst))
+    def transpose_index(self) -> tuple[Tensor, Tensor, Tensor | None]:
+        r"""``(t_ptr, t_dst, t_perm)`` of :math:`A^\top`, with the parts the graph does not
+        keep made here (``t_dst = dst[t_perm]``): call once per backward, not per head."""
+        if self.t_ptr is None:
+            return self.ptr, self.src, self.t_perm
+        t_dst = self.t_dst
+        if t_dst is None:
+            assert self.t_perm is not None
+            t_dst = self.dst.index_select(0, self.t_perm).to(self.t_ptr.dtype)
+        return self.t_ptr, t_dst, self.t_perm
 
-    def nbytes(self) -> int:
-        """Bytes of the index structure (what a fixed-adjacency SpMM keeps)."""
-        tensors = [self.ptr, self.src, self.t_ptr, self.t_dst, self.t_perm]
-        return sum(t.numel() * t.element_size() for t in tensors)
+    def matrix_t(self, value: Tensor | None, dtype: torch.dtype,
+                 index: tuple[Tensor, Tensor, Tensor | None] | None = None) -> Tensor:
+        r""":math:`A^\top` as a ``torch.sparse_csr`` tensor, ``value`` in CSR order (ones if
+        ``None``); ``index`` from :meth:`transpose_index` when several products share it."""
+        self._check_per_edge(value)
+        t_ptr, t_dst, t_perm = self.transpose_index() if index is None else index
+        v = self._values(value, dtype)
+        if value is not None and t_perm is not None:
+            v = v.index_select(0, t_perm)
+        return csr_tensor(t_ptr, t_dst, v, (self.num_src, self.num_dst))
+
+    def to_csr_order(self, edge_tensor: Tensor) -> Tensor:
+        """Reorder a per-edge tensor (first dimension) from input order to CSR order."""
+        self._check_per_edge(edge_tensor)
+        perm = self.input_perm
+        return edge_tensor if perm is None else edge_tensor.index_select(0, perm)
+
+    def to_input_order(self, edge_tensor: Tensor) -> Tensor:
+        """Reorder a per-edge tensor from CSR order to input order (inverse of
+        :meth:`to_csr_order`)."""
+        self._check_per_edge(edge_tensor)
+        perm = self.input_perm
+        if perm is None:
+            return edge_tensor
+        out = torch.empty_like(edge_tensor)
+        out[perm] = edge_tensor
+        return out
+
+    def tensors(self, *, borrowed: bool = False) -> Iterator[tuple[str, Tensor]]:
+        """``(field name, tensor)`` for every tensor the graph holds (the caller's borrowed
+        ones only with ``borrowed=True``)."""
+        for f in dataclasses.fields(self):
+            t = getattr(self, f.name)
+            if isinstance(t, Tensor) and (borrowed or f.name not in self.borrowed):
+                yield f.name, t
+
+    def nbytes(self, *, borrowed: bool = False) -> int:
+        r"""Bytes of the distinct storages the graph holds: every tensor field, each storage
+        once; the caller's tensors it refers to (``borrowed``) only with ``borrowed=True``.
+
+        Per edge, int32 indices: :math:`4(N_{dst}+1) + 4E` for :math:`A`, :math:`+4E` per
+        kept per-edge tensor (``value`` in float32, ``t_dst``, ``t_perm``, ``input_perm``,
+        ``targets``), :math:`+4(N_{src}+1)` for ``t_ptr``.
+        """
+        return _storage_bytes(t for _, t in self.tensors(borrowed=borrowed))
 
     @classmethod
     def from_coo(cls, src: Tensor, dst: Tensor, num_src: int, num_dst: int,
-                 value: Tensor | None = None) -> Graph:
-        """Build from edge lists ``src -> dst`` in any order (``value`` in that order)."""
+                 value: Tensor | None = None, *, per_edge: bool = True,
+                 keep_dst: bool = True) -> Graph:
+        """Build from edge lists ``src -> dst`` in any order (``value`` in that order).
+
+        Args:
+            per_edge (bool, optional): support per-call edge values in this input order
+                (keeps ``input_perm`` and ``t_perm``). (default: :obj:`True`)
+            keep_dst (bool, optional): keep the per-edge targets. (default: :obj:`True`)
+        """
         num_edges = src.numel()
         idx = _index_dtype(num_src + 1, num_dst + 1, num_edges)
-        src, dst = src.long(), dst.long()
-        perm = torch.argsort(dst * num_src + src, stable=True)
-        src_sorted, dst_sorted = src[perm], dst[perm]
-        ptr = torch.zeros(num_dst + 1, dtype=torch.int64, device=src.device)
-        torch.cumsum(torch.bincount(dst_sorted, minlength=num_dst), 0, out=ptr[1:])
-        t_perm = torch.argsort(src_sorted * num_dst + dst_sorted, stable=True)
-        t_ptr = torch.zeros(num_src + 1, dtype=torch.int64, device=src.device)
-        torch.cumsum(torch.bincount(src_sorted, minlength=num_src), 0, out=t_ptr[1:])
-        return cls(num_src, num_dst, ptr.to(idx), src_sorted.to(idx), t_ptr.to(idx),
-                   dst_sorted[t_perm].to(idx), t_perm,
-                   None if value is None else value[perm], perm)
+        key = dst.long() * num_src + src.long()
+        if num_edges < 2 or bool((key[1:] >= key[:-1]).all()):
+            perm = None  # already in CSR order; copied all the same (the caller's tensors)
+            src_s, dst_s = src.to(idx, copy=True), dst
+            value = None if value is None else value.clone()
+        else:
+            perm = torch.argsort(key, stable=True)
+            src_s, dst_s = src[perm].to(idx), dst[perm]
+            if value is not None:
+                value = value[perm]
+        del key
+        ptr = _compress(dst_s, num_dst)
+        input_perm = perm.to(idx) if per_edge and perm is not None else None
+        return cls._finish(num_src, num_dst, ptr.to(idx), src_s, dst_s, value, input_perm,
+                           per_edge=per_edge, keep_dst=keep_dst)
 
     @classmethod
     def from_csr(cls, ptr: Tensor, col: Tensor, num_src: int, num_dst: int,
-                 value: Tensor | None = None) -> Graph:
-        """Build from a CSR ``adj_t`` (rows are targets), ``value`` in CSR order."""
+                 value: Tensor | None = None, *, per_edge: bool = True, keep_dst: bool = True,
+                 borrow: bool = False) -> Graph:
+        """Build from a CSR ``adj_t`` (rows are targets), ``value`` in CSR order.
+
+        Args:
+            borrow (bool, optional): refer to ``ptr``, ``col`` and ``value`` instead of
+                copying them, when their order serves (columns sorted within each row): for
+                the caller's own adjacency, which lives anyway. (default: :obj:`False`)
+        """
         counts = (ptr[1:] - ptr[:-1]).long()
         dst = torch.arange(num_dst, device=ptr.device).repeat_interleave(
             counts, output_size=col.numel())
-        # A CSR may list a row's columns in any order: re-sorting through from_coo gives one
-        # canonical order, and input_perm maps it back to the caller's.
-        return cls.from_coo(col, dst, num_src, num_dst, value)
+        if not _sorted_within_rows(ptr, col):
+            # A CSR may list a row's columns in any order: re-sorting through from_coo gives
+            # one canonical order (which symmetry detection compares), and input_perm maps it
+            # back to the caller's.
+            return cls.from_coo(col, dst, num_src, num_dst, value, per_edge=per_edge,
+                                keep_dst=keep_dst)
+        idx = _index_dtype(num_src + 1, num_dst + 1, col.numel())
+        borrowed: tuple[str, ...] = ()
+        if borrow and ptr.dtype == col.dtype and ptr.is_contiguous() and col.is_contiguous():
+            borrowed = ("ptr", "src", "value")
+        else:
+            ptr, col = ptr.to(idx, copy=True), col.to(idx, copy=True)
+            value = None if value is None else value.clone()
+        return cls._finish(num_src, num_dst, ptr, col, dst, value, None, per_edge=per_edge,
+                           keep_dst=keep_dst, borrowed=borrowed)
+
+    @classmethod
+    def _finish(cls, num_src: int, num_dst: int, ptr: Tensor, src: Tensor, dst: Tensor,
+                value: Tensor | None, input_perm: Tensor | None, *, per_edge: bool,
+                keep_dst: bool, borrowed: tuple[str, ...] = ()) -> Graph:
+        """The transposed structure, unless :math:`A` is symmetric; ``src``/``dst``/``value``
+        in CSR order (sorted by target, then source)."""
+        idx = _index_dtype(num_src + 1, num_dst + 1, src.numel())
+        if value is not None and value.numel() and bool((value == 1).all()):
+            value = None  # all ones: made per call, exactly the same products
+        # Stable: within a source, edges stay sorted by target, so t_dst is sorted per row and
+        # equals src exactly when the structure is symmetric (both in canonical order).
+        t_perm = torch.argsort(src, stable=True)
+        t_ptr = _compress(src.index_select(0, t_perm), num_src)
+        t_dst = dst.index_select(0, t_perm)
+        symmetric = (num_src == num_dst and torch.equal(t_ptr, ptr.long())
+                     and torch.equal(t_dst.long(), src.long()))
+        del t_dst
+        if symmetric and value is not None:
+            symmetric = torch.equal(value.index_select(0, t_perm), value)
+        keep_perm = per_edge or (value is not None and not symmetric)
+        graph = cls(num_src, num_dst, ptr, src, value=value,
+                    t_perm=t_perm.to(idx) if keep_perm else None, input_perm=input_perm,
+                    targets=dst.to(idx, copy=True) if keep_dst else None, per_edge=per_edge,
+                    borrowed=tuple(b for b in borrowed if not (b == "value" and value is None)))
+        if not symmetric:
+            graph.t_ptr = t_ptr.to(idx)
+            if not keep_perm:  # with t_perm, t_dst = dst[t_perm] is made per call instead
+                graph.t_dst = dst.index_select(0, t_perm).to(idx)
+        return graph
+
+
+def _compress(sorted_index: Tensor, size: int) -> Tensor:
+    """Row pointers (int64) of an index sorted ascending."""
+    ptr = torch.zeros(size + 1, dtype=torch.int64, device=sorted_index.device)
+    torch.cumsum(torch.bincount(sorted_index.long(), minlength=size), 0, out=ptr[1:])
+    return ptr
+
+
+def _sorted_within_rows(ptr: Tensor, col: Tensor) -> bool:
+    """Whether each CSR row lists its columns in ascending order."""
+    num_edges = col.numel()
+    if num_edges < 2:
+        return True
+    descending = col[1:] < col[:-1]
+    row_start = torch.zeros(num_edges + 1, dtype=torch.bool, device=col.device)
+    row_start[ptr.long()] = True
+    return not bool((descending & ~row_start[1:num_edges]).any())
+
+
+def _storage_bytes(tensors: Any) -> int:
+    seen: set[tuple] = set()
+    total = 0
+    for t in tensors:
+        if t.numel() == 0:
+            continue
+        key = _storage_key(t)
+        if key not in seen:
+            seen.add(key)
+            total += t.untyped_storage().nbytes()
+    return total
 
 
 def _check_size(name: str, got: int, expected: int | None) -> None:
@@ -160,41 +360,168 @@ def _check_size(name: str, got: int, expected: int | None) -> None:
                          f"have {expected} rows")
 
 
-# (id(anchor), key) -> (weakref to anchor, its version, [(weakref, version) of `also`], value)
-_CACHE: dict[tuple[int, tuple], tuple] = {}
-
+# ---------------------------------------------------------------------------------- caching
 
 def _version(obj: Any) -> int:
     return getattr(obj, "_version", 0)
 
 
-def cache_on(anchor: Any, key: tuple, build: Callable[[], Any], also: tuple = ()) -> Any:
-    """``build()``, cached for as long as ``anchor`` (and every object in ``also``) lives unchanged.
+def _graph_tensors(value: Any) -> Iterator[Tensor]:
+    """gnnact's own tensors in a cached value (a Graph, a tensor, or a tuple/list of them)."""
+    if isinstance(value, Graph):
+        yield from (t for _, t in value.tensors())
+    elif isinstance(value, Tensor):
+        yield value
+    elif isinstance(value, (tuple, list)):
+        for v in value:
+            yield from _graph_tensors(v)
 
-    The cache holds weak references only; an in-place change of any of them (a new
-    ``_version``) or its garbage collection invalidates the entry. Objects that cannot be
-    weakly referenced are not cached.
+
+class GraphCache:
+    """Graphs built from adjacency objects, kept while those objects live unchanged.
+
+    An entry is keyed by the adjacency object (its *anchor*, weakly referenced) and a key
+    tuple. It is dropped when the anchor is garbage-collected, and rebuilt when the anchor or
+    one of the ``also`` objects it depends on (edge weights) has changed in place (a new
+    ``_version``). Objects that cannot be weakly referenced are not cached. A copy, a deep copy
+    or an unpickled cache is empty: weak references do not travel.
+
+    Example:
+        >>> cache = GraphCache()
+        >>> ei = torch.tensor([[0, 1], [1, 0]])
+        >>> g = cache.get(ei, ("graph",), lambda: build_graph(ei, 2))
+        >>> cache.get(ei, ("graph",), lambda: build_graph(ei, 2)) is g
+        True
+        >>> cache.nbytes() == g.nbytes()
+        True
     """
-    cache_key = (id(anchor), key)
-    entry = _CACHE.get(cache_key)
-    if entry is not None:
-        ref, version, others, value = entry
-        if ref() is anchor and version == _version(anchor) and len(others) == len(also) and all(
-                r() is o and v == _version(o) for (r, v), o in zip(others, also, strict=True)):
-            return value
-    value = build()
-    try:
-        ref = weakref.ref(anchor, lambda r, k=cache_key: _CACHE.pop(k, None))
-        others = [(weakref.ref(o), _version(o)) for o in also]
-    except TypeError:
-        return value
-    _CACHE[cache_key] = (ref, _version(anchor), others, value)
-    return value
 
+    def __init__(self) -> None:
+        # (id(anchor), key) -> (weakref to anchor, its version, [(weakref, version)] of also,
+        # value)
+        self._entries: dict[tuple[int, tuple], tuple] = {}
+
+    def get(self, anchor: Any, key: tuple, build: Callable[[], Any], also: tuple = ()) -> Any:
+        """``build()``, cached for as long as ``anchor`` (and every object in ``also``) lives
+        unchanged."""
+        cache_key = (id(anchor), key)
+        entry = self._entries.get(cache_key)
+        if entry is not None:
+            ref, version, others, value = entry
+            if ref() is anchor and version == _version(anchor) and len(others) == len(also) and (
+                    all(r() is o and v == _version(o)
+                        for (r, v), o in zip(others, also, strict=True))):
+                return value
+        value = build()
+        try:
+            ref = weakref.ref(anchor, self._forget_callback(cache_key))
+            others = [(weakref.ref(o), _version(o)) for o in also]
+        except TypeError:  # not weakly referenceable: not cached
+            return value
+        self._entries[cache_key] = (ref, _version(anchor), others, value)
+        return value
+
+    def _forget_callback(self, cache_key: tuple) -> Callable[[weakref.ref], None]:
+        # Holds the cache weakly: an adjacency that outlives its cache must not keep it alive.
+        cache = weakref.ref(self)
+
+        def forget(ref: weakref.ref) -> None:
+            alive = cache()
+            if alive is not None:
+                entry = alive._entries.get(cache_key)
+                if entry is not None and entry[0] is ref:  # not a newer entry with this key
+                    del alive._entries[cache_key]
+
+        return forget
+
+    def values(self) -> list[Any]:
+        """The cached values whose anchor is alive."""
+        return [entry[3] for entry in list(self._entries.values()) if entry[0]() is not None]
+
+    def nbytes(self) -> int:
+        """Bytes of the live cached graphs, each storage once (graphs built for different
+        layers share their structure); the caller's tensors a graph refers to are not
+        counted."""
+        return _storage_bytes(t for v in self.values() for t in _graph_tensors(v))
+
+    def clear(self) -> None:
+        """Drop every entry."""
+        self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self.values())
+
+    def __repr__(self) -> str:
+        return f"{self.__class__.__name__}({len(self)} entries, {self.nbytes()} bytes)"
+
+    def __getstate__(self) -> dict:
+        return {}
+
+    def __setstate__(self, state: dict) -> None:
+        self._entries = {}
+
+    def __deepcopy__(self, memo: dict) -> GraphCache:
+        return self.__class__()
+
+
+_ACTIVE: ContextVar[GraphCache | None] = ContextVar("gnnact_graph_cache", default=None)
+
+#: The attribute of a conv module holding its own :class:`GraphCache`.
+OWNER_ATTRIBUTE = "_gnnact_graphs"
+
+
+@contextlib.contextmanager
+def use_graph_cache(cache: GraphCache | None) -> Iterator[GraphCache | None]:
+    """Inside, every gnnact layer (and :func:`cache_on` without ``cache``) uses ``cache``
+    instead of its own; ``None`` restores the layers' own caches. Per thread (and asyncio
+    task): a context variable."""
+    if cache is not None and not isinstance(cache, GraphCache):
+        raise TypeError(f"cache must be a GraphCache or None, got {type(cache).__name__}")
+    token = _ACTIVE.set(cache)
+    try:
+        yield cache
+    finally:
+        _ACTIVE.reset(token)
+
+
+def active_graph_cache() -> GraphCache | None:
+    """The cache :func:`use_graph_cache` made active in this context, or ``None``."""
+    return _ACTIVE.get()
+
+
+def graph_cache_for(owner: Any) -> GraphCache:
+    """The cache a layer uses: the active one (see :func:`use_graph_cache`), else the layer's
+    own, created on first use as its ``_gnnact_graphs`` attribute (not a buffer: no
+    ``state_dict`` entry; copies and pickles of the layer get an empty one)."""
+    active = _ACTIVE.get()
+    if active is not None:
+        return active
+    cache = owner.__dict__.get(OWNER_ATTRIBUTE)
+    if cache is None:
+        cache = GraphCache()
+        object.__setattr__(owner, OWNER_ATTRIBUTE, cache)
+    return cache
+
+
+def cache_on(anchor: Any, key: tuple, build: Callable[[], Any], also: tuple = (),
+             cache: GraphCache | None = None) -> Any:
+    """``build()``, cached in ``cache`` (else the active one, see :func:`use_graph_cache`)
+    for as long as ``anchor`` (and every object in ``also``) lives unchanged; with neither,
+    built afresh (see :meth:`GraphCache.get`)."""
+    if cache is None:
+        cache = _ACTIVE.get()
+    if cache is None:
+        return build()
+    return cache.get(anchor, key, build, also)
+
+
+# --------------------------------------------------------------------------------- building
 
 def graph_from(adj: Any, num_src: int | None = None, num_dst: int | None = None,
-               *, flow: str = "source_to_target") -> Graph:
-    r"""The :class:`Graph` of a PyG adjacency, cached on the adjacency object.
+               *, flow: str = "source_to_target", cache: GraphCache | None = None,
+               own_values: bool = True, per_edge: bool = True, keep_dst: bool = True) -> Graph:
+    r"""The :class:`Graph` of a PyG adjacency, cached on the adjacency object in ``cache``
+    (else the active cache; with neither, built afresh).
 
     Args:
         adj: ``edge_index`` (integer tensor ``[2, E]``, row 0 the sources),
@@ -205,6 +532,11 @@ def graph_from(adj: Any, num_src: int | None = None, num_dst: int | None = None,
         num_dst (int, optional): rows of the output; defaults to ``num_src``.
         flow (str, optional): ``"source_to_target"`` (PyG's default) or ``"target_to_source"``
             (row 0 of ``edge_index`` holds the targets). (default: :obj:`"source_to_target"`)
+        cache (GraphCache, optional): where to keep it. (default: the active cache)
+        own_values (bool, optional): keep a sparse adjacency's values as the graph's.
+            (default: :obj:`True`)
+        per_edge (bool, optional): support per-call edge values. (default: :obj:`True`)
+        keep_dst (bool, optional): keep the per-edge targets. (default: :obj:`True`)
 
     Raises:
         ValueError: the adjacency's size does not match the features, or an index is out of
@@ -213,24 +545,42 @@ def graph_from(adj: Any, num_src: int | None = None, num_dst: int | None = None,
     """
     if num_dst is None:
         num_dst = num_src
-    return cache_on(adj, ("graph", num_src, num_dst, flow),
-                    lambda: build_graph(adj, num_src, num_dst, flow=flow))
+    return cache_on(adj, ("graph", num_src, num_dst, flow, own_values, per_edge, keep_dst),
+                    lambda: build_graph(adj, num_src, num_dst, flow=flow, own_values=own_values,
+                                        per_edge=per_edge, keep_dst=keep_dst, borrow=True),
+                    cache=cache)
 
 
 def build_graph(adj: Any, num_src: int | None = None, num_dst: int | None = None,
-                *, flow: str = "source_to_target") -> Graph:
-    """:func:`graph_from` without the cache (for adjacencies made afresh in every call)."""
+                *, flow: str = "source_to_target", edge_weight: Tensor | None = None,
+                own_values: bool = True, per_edge: bool = True, keep_dst: bool = True,
+                borrow: bool = False) -> Graph:
+    """:func:`graph_from` without the cache (for adjacencies made afresh in every call).
+
+    Args:
+        edge_weight (torch.Tensor, optional): constant values of an ``edge_index``'s edges
+            (input order), kept as the graph's own.
+        borrow (bool, optional): refer to the adjacency's tensors instead of copying them where
+            their order serves (see :meth:`Graph.from_csr`): for the caller's own adjacency,
+            not for one made in the call. (default: :obj:`False`)
+    """
     if num_dst is None:
         num_dst = num_src
     if flow not in ("source_to_target", "target_to_source"):
         raise ValueError(f"flow must be 'source_to_target' or 'target_to_source', got {flow!r}")
     check_sparse_flow(adj, flow)
+    options = {"per_edge": per_edge, "keep_dst": keep_dst}
+    sparse = is_sparse_adjacency(adj)
+    if sparse and edge_weight is not None:
+        raise ValueError("edge_weight is for an edge_index; a sparse adjacency carries its own "
+                         "values")
     if is_sparse_tensor(adj):
         n_dst, n_src = adj.sparse_sizes()
         _check_size("num_src", n_src, num_src)
         _check_size("num_dst", n_dst, num_dst)
         rowptr, col, value = adj.csr()
-        return Graph.from_csr(rowptr, col, n_src, n_dst, value)
+        return Graph.from_csr(rowptr, col, n_src, n_dst, value if own_values else None,
+                              borrow=borrow, **options)
     if not isinstance(adj, Tensor):
         raise TypeError(f"adjacency must be an edge_index Tensor, EdgeIndex, torch.sparse "
                         f"tensor or torch_sparse.SparseTensor, got {type(adj).__name__}")
@@ -242,15 +592,39 @@ def build_graph(adj: Any, num_src: int | None = None, num_dst: int | None = None
         _check_size("num_dst", n_dst, num_dst)
         if adj.layout == torch.sparse_csr:
             return Graph.from_csr(adj.crow_indices(), adj.col_indices(), n_src, n_dst,
-                                  adj.values())
+                                  adj.values() if own_values else None, borrow=borrow,
+                                  **options)
         a = adj.coalesce()
         rows, cols = a.indices()
-        return Graph.from_coo(cols, rows, n_src, n_dst, a.values())
+        return Graph.from_coo(cols, rows, n_src, n_dst, a.values() if own_values else None,
+                              **options)
     if adj.layout != torch.strided:
         raise TypeError(f"unsupported adjacency layout {adj.layout}")
     edge_index = check_edge_index(adj, num_src, num_dst, flow=flow)
     src, dst = edge_index if flow == "source_to_target" else edge_index.flip(0)
-    return Graph.from_coo(src, dst, num_src, num_dst)
+    if edge_weight is not None and edge_weight.numel() != src.numel():
+        raise ValueError(f"edge_weight has {edge_weight.numel()} entries but edge_index has "
+                         f"{src.numel()} edges")
+    assert num_src is not None and num_dst is not None  # (check_edge_index)
+    if borrow and edge_weight is None:
+        ptr = _target_indptr(adj, flow, num_dst)
+        if ptr is not None:  # an EdgeIndex sorted by target: already CSR
+            return Graph.from_csr(ptr, src, num_src, num_dst, borrow=True, **options)
+    return Graph.from_coo(src, dst, num_src, num_dst, edge_weight, **options)
+
+
+def _target_indptr(adj: Tensor, flow: str, num_dst: int) -> Tensor | None:
+    """The row pointers over the targets of an ``EdgeIndex`` sorted by target (its own, cached
+    in it), else ``None``."""
+    try:
+        from torch_geometric import EdgeIndex
+    except ImportError:  # pragma: no cover
+        return None
+    target_order = "col" if flow == "source_to_target" else "row"
+    if not isinstance(adj, EdgeIndex) or adj.sort_order != target_order:
+        return None
+    ptr = adj.get_indptr()
+    return ptr if ptr.numel() == num_dst + 1 else None
 
 
 def is_sparse_adjacency(adj: Any) -> bool:

@@ -4,11 +4,11 @@ r"""Sparse-dense matrix product whose backward needs nothing but the graph.
     Y = A X \quad(\text{sum}), \qquad Y = D^{-1} A X \quad(\text{mean}),
 
 with :math:`A` a :class:`~gnnact.ops.graph.Graph` (values: the graph's own, or ``value``).
-Backward: :math:`\nabla X = A^\top \nabla Y` (mean: :math:`A^\top D^{-1} \nabla Y`) through the
-transposed CSR, so a constant adjacency keeps **no node features** for backward, only the
-structure it already holds. Only when ``value`` needs a gradient,
-:math:`\nabla a_{ij} = \langle \nabla Y_i, X_j \rangle` needs :math:`X`, which is then kept
-compressed (``config.bits``).
+Backward: :math:`\nabla X = A^\top \nabla Y` (mean: :math:`A^\top D^{-1} \nabla Y`) through
+:math:`A` itself when it is symmetric, else the transposed CSR, so a constant adjacency keeps
+**no node features** for backward, only the structure it already holds. Only when ``value``
+needs a gradient, :math:`\nabla a_{ij} = \langle \nabla Y_i, X_j \rangle` needs :math:`X`,
+which is then kept compressed (``config.bits``).
 """
 
 from __future__ import annotations
@@ -67,7 +67,8 @@ class _SpMM(torch.autograd.Function):
                                                                      *ctx.feature_shape)
         if ctx.needs_input_grad[1]:
             # E x F transient (not kept): one gather of each side per edge.
-            grad_value = (g[graph.dst] * x_hat[graph.src]).sum(dim=-1)
+            grad_value = (g.index_select(0, graph.dst)
+                          * x_hat.index_select(0, graph.src)).sum(dim=-1)
         return grad_x, grad_value, None, None, None
 
 
@@ -97,6 +98,9 @@ def spmm(x: Tensor, graph: Graph, value: Tensor | None = None, reduce: str = "su
     if value is not None and value.numel() != graph.num_edges:
         raise ValueError(f"value has {value.numel()} entries but the graph has "
                          f"{graph.num_edges} edges")
+    if value is not None and value is not graph.value and not graph.per_edge:
+        raise ValueError("value: this graph was built for its own edge values only "
+                         "(per_edge=False); build it with per_edge=True for per-call values")
     mean = reduce == "mean"
     if not records_graph(x, value):
         return transient(_aggregate(x, graph, value, mean))

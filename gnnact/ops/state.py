@@ -1,0 +1,157 @@
+r"""The state of one forward pass: the registries gnnact's ops share while it runs.
+
+A forward pass of a compressed model needs a little shared bookkeeping: which tensors already
+have a packed copy (so that every consumer keeps the same one), which tensors can be rebuilt
+from context other ops keep (*derived* tensors), which saved tensors are gnnact's own context
+(so that :class:`gnnact.compress_saved_tensors` does not compress them twice), and, while
+context is offloaded, strong references that keep shared pieces alive. All of it belongs to
+**one forward pass**: a :class:`ForwardState`.
+
+Which state an op uses is found through a :class:`~contextvars.ContextVar`, so it is per thread
+(and per asyncio task): two models training in two threads never see each other's entries.
+
+* :func:`forward_pass` opens a fresh state for a block and drops it at the end. The forward
+  pass of a model converted by :func:`gnnact.convert`, and every
+  :class:`gnnact.compress_saved_tensors` block, run in one; nested blocks share the outer one.
+  Everything the pass registered is gone when it ends, whether it finished or failed.
+* Ops called outside such a block (gnnact layers used on their own) use the calling
+  context's own state, created on first use. Its entries hold weak references only and
+  disappear with the tensors they describe.
+
+Nothing here holds a tensor strongly except :attr:`ForwardState.held`, filled only inside
+:meth:`ForwardState.hold` (while offloading) and emptied when that ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections.abc import Iterable, Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import Tensor
+
+__all__ = ["ForwardState", "forward_pass", "forward_state"]
+
+
+@dataclass(eq=False)
+class ForwardState:
+    """The registries of one forward pass (see the module docstring).
+
+    Args:
+        shared (dict): cache key of a tensor -> its packed copy, as weak references:
+            ``(weakref to the tensor or the base it views, its _version, format, weakrefs to
+            the packed tensors, the packed class, its metadata)``.
+        derived (dict): ``id`` of a derived tensor -> ``(weakref to it, its _version, steps)``,
+            each step ``(kind, weakrefs to its tensors (or None), metadata)``.
+        own (dict): ``id`` -> weakref of the tensors gnnact's ops handed to autograd.
+        held (dict): strong references behind ``shared``/``derived`` entries, only inside
+            :meth:`hold`.
+        row_gradients (dict): ``(tag, role, shape)`` -> row norms of the gradient that reached
+            that tensor at the last backward (per-node precision); the owner of a longer
+            lifetime (a converted model) passes its own dict so that they carry over steps.
+        resident (set, optional): storage keys ``(device type, index, data_ptr)`` of the
+            pass's inputs, when the pass knows them (a converted model's): only those, of the
+            tensors that need no gradient, are kept by reference; any other is a temporary
+            of the pass and is packed. ``None``: every such tensor is taken for an input.
+    """
+
+    shared: dict[tuple, tuple] = field(default_factory=dict)
+    derived: dict[int, tuple] = field(default_factory=dict)
+    own: dict[int, weakref.ref] = field(default_factory=dict)
+    held: dict[tuple, tuple[Tensor, ...]] = field(default_factory=dict)
+    row_gradients: dict[tuple, Tensor] = field(default_factory=dict)
+    resident: set[tuple] | None = None
+    holding: int = 0
+    scoped: bool = False  # opened by forward_pass (else the context's own)
+
+    # ------------------------------------------------------------------ holding
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        """Inside, the pieces behind ``shared`` and ``derived`` entries stay alive as long as
+        the tensor they stand for does (:func:`gnnact.ops.context.hold_parts`)."""
+        self.holding += 1
+        try:
+            yield
+        finally:
+            self.holding -= 1
+            if not self.holding:
+                self.held.clear()
+
+    def keep(self, key: tuple, tensors: Iterable[Tensor | None]) -> None:
+        """Hold ``tensors`` under ``key`` while :meth:`hold` is active."""
+        if self.holding:
+            self.held[key] = tuple(t for t in tensors if t is not None)
+
+    # ------------------------------------------------------------------ weak callbacks
+
+    def forget_shared(self, key: tuple, ref: weakref.ref) -> None:
+        entry = self.shared.get(key)
+        if entry is not None and entry[0] is ref:
+            del self.shared[key]
+            self.held.pop(("cache", key), None)
+
+    def forget_derived(self, key: int, ref: weakref.ref) -> None:
+        entry = self.derived.get(key)
+        if entry is not None and entry[0] is ref:
+            del self.derived[key]
+            self.held.pop(("derived", key), None)
+
+    def forget_own(self, key: int, ref: weakref.ref) -> None:
+        if self.own.get(key) is ref:
+            del self.own[key]
+
+    def callback(self, method: str, key: Any) -> Any:
+        """A weakref callback calling ``method(key, ref)`` on this state while it lives: the
+        callback must not keep the state alive (a long-lived tensor would keep a finished
+        pass's registries)."""
+        state = weakref.ref(self)
+
+        def call(ref: weakref.ref) -> None:
+            alive = state()
+            if alive is not None:
+                getattr(alive, method)(key, ref)
+
+        return call
+
+
+_STATE: ContextVar[ForwardState | None] = ContextVar("gnnact_forward_state", default=None)
+
+
+def forward_state() -> ForwardState:
+    """The state of the forward pass running in this context: the innermost
+    :func:`forward_pass`, else this context's own (created on first use)."""
+    state = _STATE.get()
+    if state is None:
+        state = ForwardState()
+        _STATE.set(state)
+    return state
+
+
+@contextlib.contextmanager
+def forward_pass(row_gradients: dict | None = None, *, fresh: bool = False
+                 ) -> Iterator[ForwardState]:
+    """Run the block in a forward pass of its own: a fresh :class:`ForwardState`, dropped at
+    the end (also on an exception). Inside another :func:`forward_pass` the block joins the
+    outer one unless ``fresh`` is set.
+
+    Args:
+        row_gradients (dict, optional): the dict per-node precision reads and writes, owned by
+            the caller so that it outlives the pass. (default: a new dict)
+        fresh (bool, optional): start a new pass even inside another one.
+            (default: :obj:`False`)
+    """
+    outer = _STATE.get()
+    if outer is not None and outer.scoped and not fresh:
+        yield outer
+        return
+    state = ForwardState(row_gradients={} if row_gradients is None else row_gradients,
+                         scoped=True)
+    token = _STATE.set(state)
+    try:
+        yield state
+    finally:
+        _STATE.reset(token)

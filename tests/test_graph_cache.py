@@ -1,0 +1,405 @@
+"""gnnact's graph cache: who owns it (a layer, or an outer owner through ``use_graph_cache``),
+its lifetime (weak keys, in-place invalidation, empty copies), and what a cached graph holds:
+exact byte counts per conv for symmetric and asymmetric graphs, at most the caller's own int64
+``edge_index``, with outputs and gradients still PyG's at 32 bits."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import gc
+import pickle
+import threading
+
+import pytest
+import torch
+import torch_geometric.nn as pyg_nn
+from torch import Tensor
+from torch_geometric import EdgeIndex
+from torch_geometric.typing import WITH_TORCH_SPARSE
+from torch_geometric.utils import coalesce, to_torch_csr_tensor, to_undirected
+
+import gnnact
+from gnnact import Config, ops
+from gnnact.ops.graph import (
+    Graph,
+    GraphCache,
+    active_graph_cache,
+    build_graph,
+    cache_on,
+    csr_tensor,
+    graph_cache_for,
+    graph_from,
+    use_graph_cache,
+)
+
+EXACT = Config(bits=32)
+N, F = 40, 6
+
+
+def _edges(symmetric: bool, n: int = N, per_node: int = 8, seed: int = 0) -> Tensor:
+    """A coalesced edge_index without self-loops, ``per_node * n`` edges (about, when
+    symmetric): average degree high enough that GAT's added self-loops stay within budget."""
+    gen = torch.Generator().manual_seed(seed)
+    ei = torch.randint(0, n, (2, per_node * n), generator=gen)
+    ei = ei[:, ei[0] != ei[1]]
+    if symmetric:
+        return to_undirected(ei[:, : ei.size(1) // 2], num_nodes=n)
+    ei = coalesce(ei, num_nodes=n)
+    assert not torch.equal(to_undirected(ei, num_nodes=n), ei)
+    return ei
+
+
+def _x(n: int = N, f: int = F, seed: int = 1) -> Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(n, f, generator=gen, dtype=torch.float64, requires_grad=True)
+
+
+# The four convs: (PyG layer, gnnact twin, call). GCNII's x_0 is a second input.
+X0 = _x(seed=2)
+KINDS = {
+    "gcn": (lambda: pyg_nn.GCNConv(F, 5), lambda: gnnact.nn.GCNConv(F, 5, config=EXACT),
+            lambda conv, x, adj: conv(x, adj)),
+    "sage": (lambda: pyg_nn.SAGEConv(F, 5), lambda: gnnact.nn.SAGEConv(F, 5, config=EXACT),
+             lambda conv, x, adj: conv(x, adj)),
+    "gat": (lambda: pyg_nn.GATConv(F, 3, heads=2),
+            lambda: gnnact.nn.GATConv(F, 3, heads=2, config=EXACT),
+            lambda conv, x, adj: conv(x, adj)),
+    "gcn2": (lambda: pyg_nn.GCN2Conv(F, alpha=0.2, theta=0.5, layer=2),
+             lambda: gnnact.nn.GCN2Conv(F, alpha=0.2, theta=0.5, layer=2, config=EXACT),
+             lambda conv, x, adj: conv(x, X0.to(x.device), adj)),
+}
+
+
+def _pair(kind: str) -> tuple[torch.nn.Module, torch.nn.Module]:
+    make_ref, make_ours, _ = KINDS[kind]
+    torch.manual_seed(0)
+    ref = make_ref().double()
+    ours = make_ours().double()
+    ours.load_state_dict(ref.state_dict())
+    return ref, ours
+
+
+def _only_graph(conv: torch.nn.Module) -> Graph:
+    (graph,) = graph_cache_for(conv).values()
+    assert isinstance(graph, Graph)
+    return graph
+
+
+# ------------------------------------------------------------------------------------ owners
+
+def test_layers_share_the_active_cache_and_own_one_otherwise():
+    ei, x = _edges(True), _x()
+    layers = [gnnact.nn.GCNConv(F, F, config=Config(bits=2)).double() for _ in range(3)]
+    shared = GraphCache()
+    with use_graph_cache(shared):
+        assert active_graph_cache() is shared
+        h = x
+        for conv in layers:
+            h = conv(h, ei)
+        h.sum().backward()
+    assert active_graph_cache() is None
+    # One graph for the three layers, built once; no layer made a cache of its own.
+    assert len(shared) == 1
+    assert all("_gnnact_graphs" not in conv.__dict__ for conv in layers)
+    (graph,) = shared.values()
+    assert shared.nbytes() == graph.nbytes() > 0
+
+    # Without an outer owner each layer keeps its own, reused across calls.
+    for _ in range(2):
+        h = x
+        for conv in layers:
+            h = conv(h, ei)
+    own = [_only_graph(conv) for conv in layers]
+    assert len({id(g) for g in own}) == 3 and graph not in own
+    layers[0](x, ei)
+    assert _only_graph(layers[0]) is own[0]
+
+
+@pytest.mark.parametrize("kind", ["sage", "gat", "gcn2"])
+def test_every_conv_honours_the_active_cache(kind):
+    _, ours = _pair(kind)
+    call = KINDS[kind][2]
+    ei, x = _edges(False), _x()
+    cache = GraphCache()
+    with use_graph_cache(cache):
+        call(ours, x, ei)
+        call(ours, x, ei)
+    assert len(cache) == 1 and "_gnnact_graphs" not in ours.__dict__
+
+
+def test_two_threads_with_their_own_caches_share_nothing():
+    ei, x = _edges(True), _x()
+    caches = [GraphCache(), GraphCache()]
+    seen: list[GraphCache | None] = [None, None]
+    both_inside = threading.Barrier(2)
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            conv = gnnact.nn.GCNConv(F, F, config=Config(bits=2)).double()
+            with use_graph_cache(caches[i]):
+                both_inside.wait(timeout=30)  # both active at once, each sees its own
+                seen[i] = active_graph_cache()
+                conv(x, ei).sum().backward()
+                both_inside.wait(timeout=30)
+        except BaseException as e:  # (re-raised in the main thread)
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert seen == caches and active_graph_cache() is None
+    (g0,), (g1,) = caches[0].values(), caches[1].values()
+    assert g0 is not g1
+    storages = [{t.untyped_storage().data_ptr() for _, t in g.tensors()} for g in (g0, g1)]
+    assert not storages[0] & storages[1]
+
+
+def test_dead_adjacency_frees_its_entry():
+    cache = GraphCache()
+    ei = _edges(True)
+    graph = cache.get(ei, ("k",), functools.partial(build_graph, ei, N))
+    assert len(cache) == 1 and cache.nbytes() == graph.nbytes()
+    del ei, graph
+    gc.collect()
+    assert len(cache) == 0 and cache._entries == {} and cache.nbytes() == 0
+    # A layer's own cache too: its entry goes with the adjacency.
+    conv = gnnact.nn.SAGEConv(F, F, config=Config(bits=2)).double()
+    ei = _edges(True)
+    conv(_x(), ei)
+    assert len(graph_cache_for(conv)) == 1
+    del ei
+    gc.collect()
+    assert len(graph_cache_for(conv)) == 0
+
+
+def test_in_place_change_invalidates():
+    cache = GraphCache()
+    ei, w = _edges(True), torch.rand(_edges(True).size(1), dtype=torch.float64)
+    builds = []
+
+    def build() -> Graph:
+        builds.append(1)
+        return build_graph(ei, N, edge_weight=w, per_edge=False, keep_dst=False)
+
+    first = cache.get(ei, ("k",), build, also=(w,))
+    assert cache.get(ei, ("k",), build, also=(w,)) is first and len(builds) == 1
+    w.mul_(2)  # the `also` object changes
+    second = cache.get(ei, ("k",), build, also=(w,))
+    assert second is not first and len(builds) == 2
+    torch.testing.assert_close(second.value, 2 * first.value)
+    ei[0, 0] = ei[0, 0]  # the anchor changes (same values, new version)
+    assert cache.get(ei, ("k",), build, also=(w,)) is not second and len(builds) == 3
+    assert len(cache) == 1  # replaced, not added
+
+    # Through a layer: an edited edge_index gives a new graph and PyG's output.
+    ref, ours = _pair("gcn")
+    x = _x()
+    ours(x, ei)
+    old = _only_graph(ours)
+    ei[1, :5] = (ei[1, :5] + 1) % N
+    torch.testing.assert_close(ours(x, ei), ref(x, ei), rtol=1e-10, atol=1e-12)
+    assert _only_graph(ours) is not old
+
+
+def test_uncacheable_anchor_and_no_cache_build_afresh():
+    builds = []
+
+    def build() -> int:
+        builds.append(1)
+        return len(builds)
+
+    cache = GraphCache()
+    assert cache.get(3, ("k",), build) == 1 and cache.get(3, ("k",), build) == 2  # int: no weakref
+    assert len(cache) == 0
+    ei = _edges(True)
+    assert cache_on(ei, ("k",), build) == 3 and cache_on(ei, ("k",), build) == 4  # no cache
+    with use_graph_cache(cache):
+        assert cache_on(ei, ("k",), build) == 5 and cache_on(ei, ("k",), build) == 5
+    assert graph_from(ei, N) is not graph_from(ei, N)  # no cache, none active: afresh
+    with pytest.raises(TypeError, match="GraphCache"), use_graph_cache({}):  # type: ignore
+        pass
+
+
+def test_copies_and_pickles_are_empty():
+    ei = _edges(True)
+    cache = GraphCache()
+    cache.get(ei, ("k",), lambda: build_graph(ei, N))
+    for other in (copy.copy(cache), copy.deepcopy(cache), pickle.loads(pickle.dumps(cache))):
+        assert isinstance(other, GraphCache) and len(other) == 0 and other.nbytes() == 0
+    assert len(cache) == 1
+    cache.clear()
+    assert len(cache) == 0
+
+    conv = gnnact.nn.GCNConv(F, F, config=Config(bits=2)).double()
+    conv(_x(), ei)
+    assert len(graph_cache_for(conv)) == 1
+    assert not any("graphs" in k for k in conv.state_dict())
+    for twin in (copy.deepcopy(conv), pickle.loads(pickle.dumps(conv))):
+        assert len(graph_cache_for(twin)) == 0
+        torch.testing.assert_close(twin(_x(), ei), conv(_x(), ei))
+
+
+# ------------------------------------------------------------------------------------ layout
+
+def _formula(kind: str, symmetric: bool, n: int, e_user: int, value_size: int) -> int:
+    """Bytes of the cached graph, int32 indices. GCN/GCNII: A + I in CSR and one normalised
+    value per edge (+ t_ptr and t_perm when not symmetric); SAGE: A in CSR (+ t_ptr, t_dst);
+    GAT: A + I in CSR, t_perm and input_perm for the attention values (+ t_ptr)."""
+    ptr = 4 * (n + 1)
+    if kind == "sage":
+        return ptr + 4 * e_user if symmetric else 2 * ptr + 8 * e_user
+    e = e_user + n  # the self-loops GCN and GAT add
+    if kind in ("gcn", "gcn2"):
+        return ptr + (4 + value_size) * e if symmetric else 2 * ptr + (8 + value_size) * e
+    return ptr + 12 * e if symmetric else 2 * ptr + 12 * e
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_graph_bytes_exact_and_within_the_users_edge_index(kind, symmetric, dtype):
+    ei = _edges(symmetric)
+    _, ours = _pair(kind)
+    ours.to(dtype)
+    KINDS[kind][2](ours, _x().to(dtype), ei)
+    graph = _only_graph(ours)
+    assert graph.symmetric is symmetric
+    assert all(t.dtype == (dtype if name == "value" else torch.int32)
+               for name, t in graph.tensors())
+    assert graph.targets is None  # per-edge targets are derived when read
+    # (GCN's normalised values are in the features' dtype)
+    assert graph.nbytes() == _formula(kind, symmetric, N, ei.size(1), dtype.itemsize)
+    if dtype == torch.float32:  # at most the caller's own int64 edge_index
+        assert graph.nbytes() <= ei.numel() * ei.element_size()
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_outputs_and_gradients_equal_pyg(kind, symmetric, device):
+    ei = _edges(symmetric).to(device)
+    ref, ours = (conv.to(device) for conv in _pair(kind))
+    call = KINDS[kind][2]
+    ones = torch.ones(ei.size(1), dtype=torch.float64, device=device)
+    for adj in (ei, to_torch_csr_tensor(ei.flip(0), ones, size=(N, N))):
+        x = _x().detach().to(device).requires_grad_()
+        out, expected = call(ours, x, adj), call(ref, x, adj)
+        torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-12)
+        g = torch.randn_like(out)
+        ours_grads = torch.autograd.grad(out, [x, *ours.parameters()], g)
+        ref_grads = torch.autograd.grad(expected, [x, *ref.parameters()], g)
+        for a, b in zip(ours_grads, ref_grads, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_symmetry_needs_symmetric_values_too():
+    ei = _edges(True)
+    w = torch.rand(ei.size(1), dtype=torch.float64)
+    w_sym = w + w[_reverse(ei)]  # w(i, j) = w(j, i)
+    for weights, symmetric in ((w_sym, True), (w, False)):
+        graph = build_graph(ei, N, edge_weight=weights, per_edge=False, keep_dst=False)
+        assert graph.symmetric is symmetric
+        assert (graph.t_perm is None) is symmetric
+        dense = graph.matrix(graph.value, torch.float64).to_dense()
+        torch.testing.assert_close(graph.matrix_t(graph.value, torch.float64).to_dense(),
+                                   dense.t())
+
+
+def _reverse(ei: Tensor) -> Tensor:
+    """Index of the reverse of each edge of a coalesced symmetric edge_index."""
+    key = ei[0] * N + ei[1]
+    order = torch.argsort(key)
+    return order[torch.searchsorted(key[order], ei[1] * N + ei[0])]
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_per_edge_values_transpose_and_reorder(symmetric):
+    ei = _edges(symmetric)
+    graph = graph_from(ei, N)  # the default: per-call values supported, targets kept
+    assert graph.input_perm is not None and graph.t_perm is not None
+    v = torch.rand(graph.num_edges, dtype=torch.float64)
+    dense = graph.matrix(v, torch.float64).to_dense()
+    torch.testing.assert_close(graph.matrix_t(v, torch.float64).to_dense(), dense.t())
+    w = torch.rand(ei.size(1), dtype=torch.float64)
+    assert torch.equal(graph.to_input_order(graph.to_csr_order(w)), w)
+    expected = torch.zeros(N, N, dtype=torch.float64).index_put_((ei[1], ei[0]), w, accumulate=True)
+    torch.testing.assert_close(graph.matrix(graph.to_csr_order(w), torch.float64).to_dense(),
+                               expected)
+    lean = build_graph(ei, N, per_edge=False, keep_dst=False)
+    assert torch.equal(lean.dst, graph.targets)  # derived from ptr
+    assert lean.t_perm is None and lean.input_perm is None
+    with pytest.raises(ValueError, match="per_edge"):
+        ops.spmm(_x(), lean, v)
+    with pytest.raises(ValueError, match="per_edge"):
+        lean.to_csr_order(w)
+
+
+def test_all_ones_values_are_not_kept_and_read_through_a_stride0_view():
+    ei = _edges(False)
+    adj_t = to_torch_csr_tensor(ei.flip(0), size=(N, N))  # values: ones
+    graph = build_graph(adj_t, N, per_edge=False, keep_dst=False)
+    assert graph.value is None
+    ones = graph.matrix(None, torch.float64).values()
+    assert ones.stride() == (0,) and ones.numel() == graph.num_edges
+    x = _x().detach()
+    full = csr_tensor(graph.ptr, graph.src, torch.ones(graph.num_edges, dtype=torch.float64),
+                      (N, N))
+    assert torch.equal(graph.matrix(None, torch.float64) @ x, full @ x)
+
+
+# ------------------------------------------------------------------------------- borrowing
+
+def _borrowed_adjacencies(ei: Tensor) -> dict:
+    ones = torch.ones(ei.size(1), dtype=torch.float64)
+    out = {"csr": to_torch_csr_tensor(ei.flip(0), ones, size=(N, N)),
+           "EdgeIndex": EdgeIndex(ei, sparse_size=(N, N)).sort_by("col", stable=True)[0]}
+    if WITH_TORCH_SPARSE:
+        from torch_sparse import SparseTensor
+
+        out["SparseTensor"] = SparseTensor(row=ei[1], col=ei[0], sparse_sizes=(N, N))
+    return out
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_sage_refers_to_the_callers_csr(symmetric):
+    ei = _edges(symmetric)
+    for name, adj in _borrowed_adjacencies(ei).items():
+        ref, ours = _pair("sage")
+        x = _x()
+        torch.testing.assert_close(ours(x, adj), ref(x, adj), rtol=1e-10, atol=1e-12)
+        graph = _only_graph(ours)
+        assert set(graph.borrowed) == {"ptr", "src"}, name
+        if name == "csr":
+            assert graph.ptr.data_ptr() == adj.crow_indices().data_ptr()
+            assert graph.src.data_ptr() == adj.col_indices().data_ptr()
+        elif name == "SparseTensor":
+            assert graph.src.data_ptr() == adj.storage.col().data_ptr()
+        else:
+            assert (graph.src.untyped_storage().data_ptr()
+                    == adj.as_tensor().untyped_storage().data_ptr())
+        # gnnact's own bytes: nothing when symmetric, the int32 transposed CSR otherwise.
+        assert graph.nbytes() == (0 if symmetric else 4 * (N + 1) + 4 * ei.size(1))
+        assert graph.nbytes(borrowed=True) > graph.nbytes()
+        assert graph_cache_for(ours).nbytes() == graph.nbytes()
+
+
+def test_unsorted_csr_is_copied():
+    ei = _edges(False)
+    adj_t = to_torch_csr_tensor(ei.flip(0), size=(N, N))
+    crow, col = adj_t.crow_indices(), adj_t.col_indices().clone()
+    col[crow[3]:crow[4]] = col[crow[3]:crow[4]].flip(0)  # row 3 listed backwards
+    assert crow[4] - crow[3] > 1
+    shuffled = torch.sparse_csr_tensor(crow, col, adj_t.values(), (N, N))
+    graph = build_graph(shuffled, N, borrow=True)
+    assert graph.borrowed == () and graph.src.dtype == torch.int32
+    torch.testing.assert_close(graph.matrix(None, torch.float64).to_dense(),
+                               shuffled.to_dense().double())
+    v = torch.rand(graph.num_edges, dtype=torch.float64)  # in the caller's order
+    torch.testing.assert_close(
+        graph.matrix(graph.to_csr_order(v), torch.float64).to_dense(),
+        torch.sparse_csr_tensor(crow, col, v, (N, N)).to_dense())
