@@ -19,10 +19,11 @@ from torch_geometric.utils import coalesce, to_torch_csr_tensor
 
 from gnnact import ops
 from gnnact.config import Config
-from gnnact.memory import saved_bytes, saved_tensors
+from gnnact.memory import breakdown, saved_bytes, saved_tensors
 from gnnact.nn.conv.gcn2_conv import GCN2Conv
 from gnnact.ops.context import shared_quantize
 from gnnact.ops.gcn2 import gcn2_residual
+from gnnact.ops.graph import GraphCache, use_graph_cache
 from gnnact.quant.packed import packed_code_bytes
 
 pytestmark = [
@@ -190,9 +191,7 @@ def test_state_dict_keys_and_repr():
         ref, ours = _pair(shared_weights=shared, theta=0.5, layer=2)
         assert list(ours.state_dict()) == list(ref.state_dict())
         assert list(ours.state_dict()) == (["weight1"] if shared else ["weight1", "weight2"])
-        assert repr(ours) == repr(ref)[:-1] + ", bits=32)"
-    with pytest.raises(ValueError, match="aggr"):
-        GCN2Conv(F, 0.1, aggr="max")
+        assert repr(ours) == repr(ref)
 
 
 def test_propagate_type_beside_pyg():
@@ -225,10 +224,9 @@ def test_adopt_keeps_parameters():
     assert adopted is module and type(module) is GCN2Conv and module.config is EXACT
     assert list(module.parameters()) == params
     assert all(a is b for a, b in zip(module.parameters(), params, strict=True))
+    cache = module._cached_edge_index
     _assert_parity(reference, module, x, x_0, second, None, target)
-    assert module._cached_edge_index is None  # PyG's copy was taken over, not kept twice
-    with pytest.raises(ValueError, match="aggr"):
-        GCN2Conv._adopt(torch_geometric.nn.GCN2Conv(F, 0.1, aggr="max"), EXACT)
+    assert module._cached_edge_index is cache  # PyG's cache, used as PyG uses it
 
 
 def test_residual_op_checks():
@@ -299,18 +297,20 @@ def test_stack_saved_bytes(shared):
     # keep only the graph (not a tensor of the autograd graph), the weights are leaves.
     expected = LAYERS * packed + (LAYERS - 1) * mask + (0 if shared else packed)
     assert expected == (18400 if shared else 21800)
-    assert saved_bytes(loss) == expected
+    kept = breakdown(loss)
+    assert kept.context == expected
+    assert kept.graph_cache > 0  # the one normalised graph all layers share
 
     # With the leaves: the weights (kept by reference, as parameters) and nothing else; the
     # full-precision x_0 itself is never kept.
     weights = LAYERS * (1 if shared else 2) * MEM_F * MEM_F * 4
-    assert saved_bytes(loss, include_leaves=True) == expected + weights
+    assert breakdown(loss, include_leaves=True).context == expected + weights
     records = saved_tensors(loss, include_leaves=True)
     x0_key = ("cpu", None, x_0.untyped_storage().data_ptr())
     assert all(r.storage != x0_key for r in records)
     # No uncompressed N×F float tensor anywhere: floats are group scales/zeros or F×F weights.
     for r in records:
-        if r.dtype.is_floating_point:
+        if r.dtype.is_floating_point and r.kind == "context":
             assert r.shape in {(25,), (MEM_F, MEM_F)}, r
     codes = {r.storage for r in records if r.dtype == torch.uint8 and len(r.shape) == 2}
     assert len(codes) == LAYERS + (0 if shared else 1)
@@ -344,9 +344,13 @@ def test_stack_exact_keeps_x0_once():
 
 def test_memory_vs_pyg():
     # The same stack in PyG (float32, torch.relu) for scale: ≥ 10× more is kept.
+    # The layers share one graph cache, as in a converted model (each stand-alone layer
+    # would build its own); it is counted.
     config = Config(bits=BITS)
-    _, _, loss = _stack(False, config)
+    with use_graph_cache(GraphCache()):
+        _, _, loss = _stack(False, config)
     _, _, pyg_loss = _stack(False, None, pyg=True)
+    assert breakdown(loss).graph_cache > 0
     assert saved_bytes(pyg_loss) >= 10 * saved_bytes(loss)
 
 

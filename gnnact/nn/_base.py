@@ -6,15 +6,34 @@ from torch import nn
 
 from gnnact.config import Config
 
-__all__ = ["_Compressed"]
+__all__ = ["_Compressed", "torchscript_unsupported"]
+
+
+def torchscript_unsupported(module: nn.Module) -> TypeError:
+    """The error for compiling a gnnact layer with TorchScript, naming the layer."""
+    cls = type(module)
+    return TypeError(f"TorchScript is not supported by gnnact layers: cannot script {module!r} "
+                     f"({cls.__module__}.{cls.__qualname__}): its forward runs gnnact's autograd "
+                     f"Functions on compressed tensors, in eager mode only. Script the model "
+                     f"as it was before gnnact.convert instead")
+
+
+def _check_config(config: object) -> None:
+    if config is not None and not isinstance(config, Config):
+        raise TypeError(f"config must be a gnnact.Config, got {type(config).__name__}")
 
 
 class _Compressed:
-    """Mixin: a ``config`` attribute, and in-place adoption of the plain PyTorch module."""
+    """Mixin: a ``config`` attribute, and in-place adoption of the plain PyTorch module.
+
+    The ``repr`` is the parent class's, unchanged (the storage is what :func:`gnnact.summary`
+    reports).
+    """
 
     config: Config
 
     def _init_gnnact(self, config: Config | None) -> None:
+        _check_config(config)
         self.config = config or Config()
 
     @classmethod
@@ -26,10 +45,12 @@ class _Compressed:
     def _adopt(cls, module: nn.Module, config: Config | None) -> nn.Module:
         """Turn an instance of the parent class into this class in place: same object, same
         parameters and buffers (so optimizers and checkpoints keep working)."""
+        _check_config(config)  # before the swap: a bad config leaves the module as it was
         module.__class__ = cls
         module._init_gnnact(config)
         return module
 
-    def extra_repr(self) -> str:
-        base = super().extra_repr()  # type: ignore[misc]
-        return f"{base}, bits={self.config.bits}" if base else f"bits={self.config.bits}"
+    def __prepare_scriptable__(self) -> nn.Module:
+        # torch.jit.script calls this on the module and on each of its submodules before
+        # compiling anything: one clear error instead of a failure deep inside an op.
+        raise torchscript_unsupported(self)  # type: ignore[arg-type]

@@ -6,22 +6,19 @@ from typing import Any, ClassVar
 
 import torch_geometric.nn as pyg_nn
 from torch import Tensor
-from torch_geometric.typing import OptTensor
+from torch_geometric.typing import Adj, OptTensor
 
 from gnnact import ops
 from gnnact.config import Config
-from gnnact.nn._base import _Compressed
-from gnnact.nn.conv.norm import normalized_graph
+from gnnact.nn.conv.base import CompressedConv
+from gnnact.nn.conv.gcn_cache import gcn_graph
 from gnnact.ops.gcn2 import gcn2_residual
-from gnnact.ops.graph import Graph, build_graph
+from gnnact.ops.graph import Graph, graph_cache_for
 
 __all__ = ["GCN2Conv"]
 
-#: Aggregations the compressed SpMM implements (``"add"`` is GCN2Conv's default).
-SUPPORTED_AGGR = ("add", "sum", "mean")
 
-
-class GCN2Conv(_Compressed, pyg_nn.GCN2Conv):
+class GCN2Conv(CompressedConv, pyg_nn.GCN2Conv):
     r"""The GCNII operator from `"Simple and Deep Graph Convolutional Networks"
     <https://arxiv.org/abs/2007.02133>`_, as :class:`torch_geometric.nn.GCN2Conv` (same
     arguments, parameters ``weight1``/``weight2`` and ``state_dict`` keys), storing its context
@@ -58,8 +55,14 @@ class GCN2Conv(_Compressed, pyg_nn.GCN2Conv):
     Only an ``edge_weight`` that needs a gradient makes the aggregation keep :math:`\mathbf{X}`
     as well (compressed, for :math:`\nabla w_{ij} = \langle\nabla\mathbf{Y}_i,
     \mathbf{X}_j\rangle`). With ``config=Config(bits=32)`` outputs and gradients equal PyG's.
-    The aggregation does not go through :meth:`propagate`, so propagate/message hooks and
-    explainers do not see it.
+
+    The compressed path covers ``aggr`` of ``"add"`` (the default), ``"sum"`` and ``"mean"``.
+    Any other ``aggr``, a registered message-passing hook, explain mode or
+    ``decomposed_layers > 1`` run PyG's own forward (see ``gnnact.nn.conv.base``), and so
+    does ``x`` of shape :math:`(B, |\mathcal{V}|, F)`, which PyG's layer rejects (its dense
+    products take matrices only). ``cached=True`` fills ``_cached_edge_index`` /
+    ``_cached_adj_t`` as PyG does (see ``gnnact.nn.conv.gcn_cache``); a cache PyG filled
+    before :func:`gnnact.convert` is used as PyG would use it.
 
     Args:
         channels (int): size of each input and output sample.
@@ -75,8 +78,7 @@ class GCN2Conv(_Compressed, pyg_nn.GCN2Conv):
         normalize (bool, optional): add self-loops and normalise symmetrically.
             (default: :obj:`True`)
         config (Config, optional): storage of the context. (default: ``Config()``, 2 bits)
-        **kwargs (optional): of :class:`torch_geometric.nn.conv.MessagePassing`; ``aggr`` must be
-            ``"add"`` (the default), ``"sum"`` or ``"mean"``.
+        **kwargs (optional): of :class:`torch_geometric.nn.conv.MessagePassing`.
 
     Shapes:
         - **input:** node features :math:`(|\mathcal{V}|, F)`, initial node features
@@ -104,9 +106,6 @@ class GCN2Conv(_Compressed, pyg_nn.GCN2Conv):
                  layer: int | None = None, shared_weights: bool = True, cached: bool = False,
                  add_self_loops: bool = True, normalize: bool = True, *,
                  config: Config | None = None, **kwargs: Any) -> None:
-        aggr = kwargs.get("aggr", "add")
-        if aggr not in SUPPORTED_AGGR:
-            raise ValueError(f"gnnact GCN2Conv supports aggr in {SUPPORTED_AGGR}, got {aggr!r}")
         super().__init__(channels, alpha, theta=theta, layer=layer,
                          shared_weights=shared_weights, cached=cached,
                          add_self_loops=add_self_loops, normalize=normalize, **kwargs)
@@ -114,69 +113,21 @@ class GCN2Conv(_Compressed, pyg_nn.GCN2Conv):
 
     def _init_gnnact(self, config: Config | None) -> None:
         super()._init_gnnact(config)
-        self._cached_graph: tuple[Graph, Tensor | None] | None = None
-
-    @classmethod
-    def supports(cls, module: pyg_nn.GCN2Conv) -> bool:
-        """Whether a PyG ``GCN2Conv`` can be converted (its aggregation is supported)."""
-        return isinstance(module.aggr, str) and module.aggr in SUPPORTED_AGGR
-
-    @classmethod
-    def _adopt(cls, module: pyg_nn.GCN2Conv, config: Config | None) -> GCN2Conv:
-        """Turn a PyG ``GCN2Conv`` into this class in place (same parameters and buffers).
-
-        A normalised adjacency PyG already cached (``cached=True``) is taken over on the next
-        call, so the layer keeps using the graph it was first called with, as PyG would.
-        """
-        if not cls.supports(module):
-            raise ValueError(f"gnnact GCN2Conv supports aggr in {SUPPORTED_AGGR}, got "
-                             f"{module.aggr!r}")
-        return super()._adopt(module, config)
+        self._cached_graph: tuple[Any, bool, Graph] | None = None
 
     def reset_parameters(self) -> None:
-        super().reset_parameters()
+        super().reset_parameters()  # empties PyG's cache, and so the graph built from it
         self._cached_graph = None
 
-    def _graph(self, edge_index: Any, edge_weight: OptTensor,
-               x: Tensor) -> tuple[Graph, Tensor | None]:
-        """The (normalised) graph and the edge values that need a gradient (else ``None``)."""
-        num_nodes = x.size(self.node_dim)
-        if self.normalize and self.cached:
-            if self._cached_graph is None:
-                self._cached_graph = self._take_over_pyg_cache(num_nodes)
-            if self._cached_graph is not None:
-                return self._cached_graph
-        graph, value = normalized_graph(edge_index, edge_weight, num_nodes, improved=False,
-                                        add_self_loops=self.add_self_loops, flow=self.flow,
-                                        dtype=x.dtype, normalize=self.normalize)
-        if self.normalize and self.cached:
-            self._cached_graph = (graph, value)
-        return graph, value
-
-    def _take_over_pyg_cache(self, num_nodes: int) -> tuple[Graph, Tensor | None] | None:
-        """The graph of a normalisation PyG cached before :meth:`_adopt` (then dropped)."""
-        if self._cached_edge_index is not None:
-            adj, weight = self._cached_edge_index
-            self._cached_edge_index = None
-        elif self._cached_adj_t is not None:
-            adj, weight = self._cached_adj_t, None
-            self._cached_adj_t = None
-        else:
-            return None
-        graph = build_graph(adj, num_nodes, num_nodes, flow=self.flow)
-        if weight is not None:
-            graph.value = weight.detach()[graph.input_perm]
-        return graph, None
-
-    def forward(self, x: Tensor, x_0: Tensor, edge_index: Any,
+    def forward(self, x: Tensor, x_0: Tensor, edge_index: Adj,
                 edge_weight: OptTensor = None) -> Tensor:
-        if x.dim() != 2:
-            raise ValueError(f"GCN2Conv expects 2-D node features, got shape {tuple(x.shape)}")
-        graph, value = self._graph(edge_index, edge_weight, x)
-        p = ops.spmm(x, graph, value, self.aggr, self.config)
+        reduce = self._compressed_reduce()
+        if x.dim() != 2 or reduce is None or self._takes_pyg_path():
+            # PyG's own forward: its other aggregations, hooks and explainers (see
+            # gnnact.nn.conv.base), and its error for static graphs (x of shape [B, N, F]).
+            return super().forward(x, x_0, edge_index, edge_weight)
+        graph, value = gcn_graph(self, edge_index, edge_weight, x.size(self.node_dim), x.dtype,
+                                 improved=False, cache=graph_cache_for(self))
+        p = ops.spmm(x, graph, value, reduce, self.config)
         return gcn2_residual(p, x_0, self.weight1, self.weight2, self.alpha, self.beta,
                              self.config)
-
-    def __repr__(self) -> str:
-        return f"{super().__repr__()[:-1]}, bits={self.config.bits})"
-

@@ -6,18 +6,19 @@ from typing import Any, ClassVar
 
 import torch_geometric.nn as pyg_nn
 from torch import Tensor
-from torch_geometric.typing import OptTensor
+from torch_geometric.typing import Adj, OptTensor
 
 from gnnact import ops
 from gnnact.config import Config
-from gnnact.nn._base import _Compressed
 from gnnact.nn._lazy import linear_weight
-from gnnact.nn.conv.norm import normalized_graph
+from gnnact.nn.conv.base import CompressedConv
+from gnnact.nn.conv.gcn_cache import gcn_graph
+from gnnact.ops.graph import graph_cache_for
 
 __all__ = ["GCNConv"]
 
 
-class GCNConv(_Compressed, pyg_nn.GCNConv):
+class GCNConv(CompressedConv, pyg_nn.GCNConv):
     r"""The graph convolution of `"Semi-supervised Classification with Graph Convolutional
     Networks" <https://arxiv.org/abs/1609.02907>`_, as :class:`torch_geometric.nn.GCNConv`
     (same arguments, parameters and ``state_dict`` keys), storing its context compressed:
@@ -33,6 +34,13 @@ class GCNConv(_Compressed, pyg_nn.GCNConv):
     keeps :math:`\mathbf{X}` in full precision plus the normalised edge index and weights of
     every layer. With ``config=Config(bits=32)`` the outputs and gradients equal PyG's.
 
+    The compressed path covers ``aggr`` of ``"add"`` (the default), ``"sum"`` and ``"mean"``,
+    and static graphs (``x`` of shape :math:`(B, |\mathcal{V}|, F_{in})`, aggregated as one
+    :math:`|\mathcal{V}| \times B F` matrix). Any other ``aggr``, a registered
+    message-passing hook, explain mode or ``decomposed_layers > 1`` run PyG's own forward (see
+    ``gnnact.nn.conv.base``). ``cached=True`` fills ``_cached_edge_index`` /
+    ``_cached_adj_t`` as PyG does (see ``gnnact.nn.conv.gcn_cache``).
+
     Args:
         in_channels (int): size of each input sample (``-1`` for lazy initialisation).
         out_channels (int): size of each output sample.
@@ -46,10 +54,11 @@ class GCNConv(_Compressed, pyg_nn.GCNConv):
         **kwargs (optional): of :class:`torch_geometric.nn.conv.MessagePassing`.
 
     Shapes:
-        - **input:** node features :math:`(|\mathcal{V}|, F_{in})`, edge indices
-          :math:`(2, |\mathcal{E}|)` or a sparse ``adj_t``, edge weights
-          :math:`(|\mathcal{E}|)` *(optional)*
-        - **output:** node features :math:`(|\mathcal{V}|, F_{out})`
+        - **input:** node features :math:`(|\mathcal{V}|, F_{in})` or
+          :math:`(B, |\mathcal{V}|, F_{in})`, edge indices :math:`(2, |\mathcal{E}|)` or a
+          sparse ``adj_t``, edge weights :math:`(|\mathcal{E}|)` *(optional)*
+        - **output:** node features :math:`(|\mathcal{V}|, F_{out})` or
+          :math:`(B, |\mathcal{V}|, F_{out})`
 
     Example:
         >>> conv = gnnact.nn.GCNConv(16, 32, config=gnnact.Config(bits=2))
@@ -58,7 +67,7 @@ class GCNConv(_Compressed, pyg_nn.GCNConv):
         torch.Size([100, 32])
         >>> import torch_geometric
         >>> gnnact.convert(torch_geometric.nn.GCNConv(16, 32))  # a PyG layer, in place
-        GCNConv(16, 32, bits=2)
+        GCNConv(16, 32)
     """
 
     # Set explicitly: PyG generates propagate() from the class source otherwise (DESIGN §7).
@@ -77,29 +86,19 @@ class GCNConv(_Compressed, pyg_nn.GCNConv):
         self._cached_graph = None
 
     def reset_parameters(self) -> None:
-        super().reset_parameters()
+        super().reset_parameters()  # empties PyG's cache, and so the graph built from it
         self._cached_graph = None
 
-    def forward(self, x: Tensor, edge_index: Any, edge_weight: OptTensor = None) -> Tensor:
-        if isinstance(x, (tuple, list)):
-            raise ValueError(f"'{self.__class__.__name__}' received a tuple of node features "
-                             f"as input while this layer does not support bipartite message "
-                             f"passing. Please try other layers such as 'SAGEConv' instead")
-        num_nodes = x.size(self.node_dim)
-        if self.cached and self._cached_graph is not None:
-            graph, value = self._cached_graph
-        else:
-            graph, value = normalized_graph(
-                edge_index, edge_weight, num_nodes, improved=self.improved,
-                add_self_loops=self.add_self_loops, flow=self.flow, dtype=x.dtype,
-                normalize=self.normalize)
-            if self.cached:
-                self._cached_graph = (graph, value)
+    def forward(self, x: Tensor, edge_index: Adj, edge_weight: OptTensor = None) -> Tensor:
+        reduce = self._compressed_reduce()
+        if isinstance(x, (tuple, list)) or reduce is None or self._takes_pyg_path():
+            # PyG's own forward: its error for bipartite input, its other aggregations, and
+            # its hooks and explainers (see gnnact.nn.conv.base).
+            return super().forward(x, edge_index, edge_weight)
+        graph, value = gcn_graph(self, edge_index, edge_weight, x.size(self.node_dim), x.dtype,
+                                 improved=self.improved, cache=graph_cache_for(self))
         h = ops.linear(x, linear_weight(self.lin, x), None, self.config)
-        out = ops.spmm(h, graph, value, "sum", self.config)
+        out = self._aggregate(h, graph, value, reduce, self.config)
         if self.bias is not None:
             out = out + self.bias
         return out
-
-    def __repr__(self) -> str:
-        return f"{super().__repr__()[:-1]}, bits={self.config.bits})"

@@ -2,27 +2,24 @@ r"""``SAGEConv`` whose context is compressed."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, ClassVar
 
 import torch.nn.functional as F
 import torch_geometric.nn as pyg_nn
 from torch import Tensor
-from torch_geometric.typing import OptPairTensor, Size
+from torch_geometric.nn.aggr import Aggregation
+from torch_geometric.typing import Adj, OptPairTensor, Size
 
 from gnnact import ops
 from gnnact.config import Config
-from gnnact.nn._base import _Compressed
 from gnnact.nn._lazy import linear_weight
-from gnnact.ops.graph import is_sparse_tensor
+from gnnact.nn.conv.base import CompressedConv, propagate_sizes
+from gnnact.ops.graph import graph_cache_for, is_sparse_tensor
 
 __all__ = ["SAGEConv"]
 
-#: Aggregations computed by a sparse product (whose backward keeps nothing but the graph).
-SUPPORTED_AGGR = ("sum", "add", "mean")
 
-
-class SAGEConv(_Compressed, pyg_nn.SAGEConv):
+class SAGEConv(CompressedConv, pyg_nn.SAGEConv):
     r"""The GraphSAGE operator of `"Inductive Representation Learning on Large Graphs"
     <https://arxiv.org/abs/1706.02216>`_, as :class:`torch_geometric.nn.SAGEConv` (same
     arguments, parameters and ``state_dict`` keys), storing its context compressed:
@@ -38,25 +35,40 @@ class SAGEConv(_Compressed, pyg_nn.SAGEConv):
     and the cached graph; the aggregation keeps no node features.
     With ``project=True`` the projection's input and a 1-bit ReLU mask are kept as well.
     ``normalize=True`` applies :func:`torch.nn.functional.normalize`, whose context stays in
-    full precision. Only ``aggr`` of ``"mean"``, ``"sum"`` or ``"add"`` is supported.
+    full precision.
+
+    Every ``aggr`` PyG accepts is accepted. The compressed path above covers ``"mean"`` (the
+    default), ``"sum"`` and ``"add"`` (also as a plain ``MeanAggregation()`` or
+    ``SumAggregation()``), for edge indices, sparse adjacencies, bipartite and static graphs
+    (``x`` of shape :math:`(B, |\mathcal{V}|, F_{in})`, aggregated as one
+    :math:`|\mathcal{V}| \times B F` matrix). Any other aggregation (``"max"``, ``"min"``,
+    ``"std"``, ``"softmax"``, ``"lstm"``, an ``MLPAggregation``, a list for
+    multi-aggregation, ...), a registered message-passing hook, explain mode or
+    ``decomposed_layers > 1`` run PyG's own forward (see ``gnnact.nn.conv.base``); in a
+    converted model its context goes through the model's generic saved-tensor pipeline.
 
     Args:
-        in_channels (int or tuple): size of each input sample, or a pair for bipartite graphs.
+        in_channels (int or tuple): size of each input sample (``-1`` for lazy
+            initialisation), or a pair for bipartite graphs.
         out_channels (int): size of each output sample.
-        aggr (str, optional): ``"mean"``, ``"sum"`` or ``"add"``. (default: :obj:`"mean"`)
+        aggr (str or list or Aggregation, optional): the neighbourhood aggregation, as PyG's.
+            (default: :obj:`"mean"`)
         normalize (bool, optional): :math:`\ell_2`-normalise the output. (default: :obj:`False`)
         root_weight (bool, optional): add the transformed root features. (default: :obj:`True`)
         project (bool, optional): project neighbours first. (default: :obj:`False`)
         bias (bool, optional): (default: :obj:`True`)
         config (Config, optional): storage of the context. (default: ``Config()``, 2 bits)
-        **kwargs (optional): of :class:`torch_geometric.nn.conv.MessagePassing`.
+        **kwargs (optional): of :class:`torch_geometric.nn.conv.MessagePassing`
+            (``aggr_kwargs``, ``flow``, ...).
 
     Shapes:
-        - **inputs:** node features :math:`(|\mathcal{V}|, F_{in})` or
+        - **inputs:** node features :math:`(|\mathcal{V}|, F_{in})` (or
+          :math:`(B, |\mathcal{V}|, F_{in})`) or
           :math:`((|\mathcal{V_s}|, F_{s}), (|\mathcal{V_t}|, F_{t}))` if bipartite, edge
           indices :math:`(2, |\mathcal{E}|)` or a sparse ``adj_t``
-        - **outputs:** node features :math:`(|\mathcal{V}|, F_{out})` or
-          :math:`(|\mathcal{V_t}|, F_{out})` if bipartite
+        - **outputs:** node features :math:`(|\mathcal{V}|, F_{out})` (or
+          :math:`(B, |\mathcal{V}|, F_{out})`) or :math:`(|\mathcal{V_t}|, F_{out})` if
+          bipartite
 
     Example:
         >>> conv = gnnact.nn.SAGEConv(16, 32, config=gnnact.Config(bits=2))
@@ -73,50 +85,39 @@ class SAGEConv(_Compressed, pyg_nn.SAGEConv):
     propagate_type: ClassVar[dict] = {"x": OptPairTensor}
 
     def __init__(self, in_channels: int | tuple[int, int], out_channels: int,
-                 aggr: str = "mean", normalize: bool = False, root_weight: bool = True,
-                 project: bool = False, bias: bool = True, *, config: Config | None = None,
-                 **kwargs: Any) -> None:
-        if aggr not in SUPPORTED_AGGR:
-            raise ValueError(f"gnnact SAGEConv supports aggr in {SUPPORTED_AGGR}, got {aggr!r}")
+                 aggr: str | list[str] | Aggregation | None = "mean", normalize: bool = False,
+                 root_weight: bool = True, project: bool = False, bias: bool = True, *,
+                 config: Config | None = None, **kwargs: Any) -> None:
         super().__init__(in_channels, out_channels, aggr=aggr, normalize=normalize,
                          root_weight=root_weight, project=project, bias=bias, **kwargs)
         self._init_gnnact(config)
 
-    @classmethod
-    def supports(cls, module: pyg_nn.SAGEConv) -> bool:
-        """Whether a PyG ``SAGEConv`` can be converted (its aggregation is supported)."""
-        return isinstance(module.aggr, str) and module.aggr in SUPPORTED_AGGR
-
-    @classmethod
-    def _adopt(cls, module: pyg_nn.SAGEConv, config: Config | None) -> SAGEConv:
-        """Turn a PyG ``SAGEConv`` into this class in place (same parameters and buffers)."""
-        if not cls.supports(module):
-            raise ValueError(f"gnnact SAGEConv supports aggr in {SUPPORTED_AGGR}, got "
-                             f"{module.aggr!r}")
-        return super()._adopt(module, config)
-
-    def forward(self, x: Tensor | OptPairTensor, edge_index: Any, size: Size = None) -> Tensor:
+    def forward(self, x: Tensor | OptPairTensor, edge_index: Adj, size: Size = None) -> Tensor:
+        reduce = self._compressed_reduce()
+        if reduce is None or self._takes_pyg_path():
+            # PyG's own forward: its other aggregations (max, lstm, MLP, multi-aggregation,
+            # ...), hooks and explainers (see gnnact.nn.conv.base).
+            return super().forward(x, edge_index, size)
         if isinstance(x, Tensor):
             x = (x, x)
         cfg = self.config
         x_src, x_dst = x
         if self.project and hasattr(self, "lin"):
             x_src = ops.relu(ops.linear(x_src, self.lin.weight, self.lin.bias, cfg))
-        num_dst = x_dst.size(0) if x_dst is not None else (
-            size[1] if size is not None else x_src.size(0))
-        if size is not None and size[0] is not None and size[0] != x_src.size(0):
-            raise ValueError(f"size[0]={size[0]} does not match the {x_src.size(0)} rows of the "
-                             f"source features")
-        graph = ops.graph_from(edge_index, x_src.size(0), num_dst, flow=self.flow)
-        if is_sparse_tensor(edge_index) and graph.value is not None:
-            # PyG drops a SparseTensor's values here (set_value(None)); torch.sparse keeps them.
-            graph = dataclasses.replace(graph, value=None)
+        dim = self.node_dim
+        n_src, n_dst = propagate_sizes(self, edge_index, size, x_src.size(dim),
+                                       None if x_dst is None else x_dst.size(dim))
+        # PyG drops a SparseTensor's values here (set_value(None)); torch.sparse keeps them.
+        graph = ops.graph_from(edge_index, n_src, n_dst, flow=self.flow,
+                               cache=graph_cache_for(self),
+                               own_values=not is_sparse_tensor(edge_index), per_edge=False,
+                               keep_dst=False)
         # mean_j(x_j) W = mean_j(x_j W): transform first, so that this linear map keeps x_src
         # (shared with lin_r, or rebuilt from the previous layer's context) instead of a
         # compressed copy of the aggregate; the bias is added after aggregating, so isolated
         # nodes still get exactly the bias, as in PyG.
         h = ops.linear(x_src, linear_weight(self.lin_l, x_src), None, cfg)
-        out = ops.spmm(h, graph, None, self.aggr, cfg)
+        out = self._aggregate(h, graph, None, reduce, cfg)
         if self.lin_l.bias is not None:
             out = out + self.lin_l.bias
         if self.root_weight and x_dst is not None:
@@ -124,7 +125,3 @@ class SAGEConv(_Compressed, pyg_nn.SAGEConv):
         if self.normalize:
             out = F.normalize(out, p=2.0, dim=-1)
         return out
-
-    def __repr__(self) -> str:
-        return (f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, "
-                f"aggr={self.aggr}, bits={self.config.bits})")
