@@ -25,6 +25,9 @@ several :math:`E \times H` intermediates in full precision. Here backward keeps
 * :math:`X^s` (:math:`N_s H C` values) at ``config.bits`` bits, through the shared packed copy
   of :func:`~gnnact.ops.context.save_context`, and :math:`X^d` likewise only when it is a
   different tensor and :math:`\mathbf{a}^d` needs a gradient;
+* while :math:`\mathbf{a}^s` (or, when :math:`X^d` is :math:`X^s`, :math:`\mathbf{a}^d`) needs a
+  gradient, a second copy :math:`\tilde X^s` at ``config.bits`` bits, rounded independently of
+  the first (why: below);
 * :math:`\alpha` (before dropout) at ``config.attention`` bits (8 by default: a uniform 4 bits
   collapses GAT, GACT Table 3), quantized as the transposed :math:`H \times E` tensor so that a
   group of :math:`G` = ``config.group_size`` values is :math:`G` consecutive edges of one head:
@@ -50,11 +53,24 @@ No :math:`E \times H \times C` tensor is kept: backward re-gathers from the comp
     \nabla a^d_{i,h} = \sum_{e = (\cdot \to i)} \nabla s_{e,h}, \quad
     \nabla a^E = \nabla s, \\
     \nabla X^d_{i,h} &= \nabla a^d_{i,h} \mathbf{a}^d_h, \quad
-    \nabla \mathbf{a}^s_h = \sum_j \nabla a^s_{j,h} \hat X^s_{j,h}, \quad
-    \nabla \mathbf{a}^d_h = \sum_i \nabla a^d_{i,h} \hat X^d_{i,h}.
+    \nabla \mathbf{a}^s_h = \sum_j \nabla a^s_{j,h} \tilde X^s_{j,h}, \quad
+    \nabla \mathbf{a}^d_h = \sum_i \nabla a^d_{i,h} \tilde X^d_{i,h},
 
-The first term of :math:`\nabla X^s` does not read :math:`\hat X^s` at all, and the others are
-linear in it, so with exact :math:`\alpha` the gradient is unbiased (stochastic rounding);
+with :math:`\tilde X^d = \tilde X^s` when :math:`X^d` is :math:`X^s`, else :math:`\hat X^d`.
+
+The first term of :math:`\nabla X^s` does not read :math:`\hat X^s` at all, and
+:math:`\nabla X^s, \nabla X^d, \nabla a^E` are linear in it, so with exact :math:`\alpha` they
+are unbiased (stochastic rounding). The attention vectors' gradients are products of
+:math:`\nabla a^s` or :math:`\nabla a^d`, linear in :math:`\hat X^s`, and of the features of
+the same nodes. Were those :math:`\hat X^s` again, the product would carry
+:math:`\mathrm{Cov}(\langle G_{i,h}, \hat X^s_{j,h} \rangle, \hat X^s_{j,h,c}) = G_{i,h,c}
+\mathrm{Var}[\hat X^s_{j,h,c}]` for every edge :math:`j \to i` (for :math:`\mathbf{a}^d`,
+through the self-loops): at 2 bits a bias of the order of the gradient itself (30–40 % of
+:math:`\|\nabla \mathbf{a}^s\|` on small random graphs), which cannot be subtracted, since
+:math:`\mathrm{Var}` cannot be estimated from one rounding. With :math:`\tilde X^s` rounded
+independently, :math:`\mathbb{E}[\nabla a^s \tilde X^s] = \mathbb{E}[\nabla a^s] X^s`: unbiased,
+for :math:`N_s H C` values more at ``config.bits`` (:mod:`gnnact.ops.gatv2` does the same). A
+separate :math:`\hat X^d` is rounded independently of :math:`\hat X^s` already.
 :math:`\hat\alpha` enters the softmax backward quadratically, a bias of order
 :math:`\mathrm{Var}[\hat\alpha] \le (R/255)^2/4` at 8 bits.
 
@@ -75,7 +91,7 @@ from torch import Tensor
 from torch_geometric.utils import softmax
 
 from gnnact.config import Config
-from gnnact.ops.context import load_context, records_graph, save_context
+from gnnact.ops.context import independent_quantize, load_context, records_graph, save_context
 from gnnact.ops.graph import Graph, csr_tensor
 from gnnact.quant import pack_mask
 
@@ -95,18 +111,12 @@ _SAME, _SEPARATE, _NONE = 0, 1, 2
 
 def _to_csr(edge_tensor: Tensor, graph: Graph) -> Tensor:
     """Reorder a per-edge tensor from input order to CSR order."""
-    perm = graph.input_perm
-    return edge_tensor if perm is None else edge_tensor.index_select(0, perm)
+    return graph.to_csr_order(edge_tensor)
 
 
 def _to_input(edge_tensor: Tensor, graph: Graph) -> Tensor:
     """Reorder a per-edge tensor from CSR order to input order (inverse of :func:`_to_csr`)."""
-    perm = graph.input_perm
-    if perm is None:
-        return edge_tensor
-    out = torch.empty_like(edge_tensor)
-    out[perm] = edge_tensor
-    return out
+    return graph.to_input_order(edge_tensor)
 
 
 def _segment_sum(edge_values: Tensor, graph: Graph) -> Tensor:
@@ -134,8 +144,10 @@ def _aggregate(weights_t: Tensor, x: Tensor, graph: Graph, transpose: bool) -> T
         # One CSR x dense product per head: no [E, H, C] transient at all.
         x_t = x.transpose(0, 1).contiguous()  # [H, N_in, C]
         out = x.new_empty(heads, num_out, channels)
+        # A^T's index once for all heads (the parts the graph does not keep are made here).
+        index = graph.transpose_index() if transpose else None
         for h in range(heads):
-            a = (graph.matrix_t(weights_t[h], x.dtype) if transpose
+            a = (graph.matrix_t(weights_t[h], x.dtype, index) if transpose
                  else graph.matrix(weights_t[h], x.dtype))
             out[h] = a @ x_t[h]
         return out.transpose(0, 1).contiguous()
@@ -232,6 +244,10 @@ class _GATAttention(torch.autograd.Function):
         # which stays set under torch.no_grad: evaluation keeps (and quantizes) nothing.
         if record:
             keep_xd = dst_mode == _SEPARATE and ctx.needs_input_grad[3]
+            # The attention vectors' gradients multiply grad s, which reads the rounding of
+            # X^s, by features of the same nodes: they read a copy rounded independently.
+            need_tilde = ctx.needs_input_grad[2] or (dst_mode == _SAME
+                                                     and ctx.needs_input_grad[3])
             # alpha.t(): the [H, E] view, so that quantization groups run along the edges of
             # one head (see the module docstring).
             save_context(ctx, config, (xs, config.bits),
@@ -240,7 +256,8 @@ class _GATAttention(torch.autograd.Function):
                          (att_src, 32),
                          (att_dst if x_dst is not None else None, 32),
                          pack_mask(positive),
-                         None if keep is None else pack_mask(keep))
+                         None if keep is None else pack_mask(keep),
+                         independent_quantize(xs, config) if need_tilde else None)
         else:
             save_context(ctx, config)
 
@@ -252,7 +269,7 @@ class _GATAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_out: Tensor | None, grad_alpha: Tensor | None = None) -> tuple:
         graph: Graph = ctx.graph
-        xs_hat, xd_hat, alpha_t, att_src, att_dst, positive, keep = load_context(ctx)
+        xs_hat, xd_hat, alpha_t, att_src, att_dst, positive, keep, xs_tilde = load_context(ctx)
         dtype = xs_hat.dtype
         alpha = alpha_t.t()  # [E, H]
         heads = alpha.size(1)
@@ -283,8 +300,10 @@ class _GATAttention(torch.autograd.Function):
         grad_a_src = grad_s.new_zeros(graph.num_src, heads).index_add_(0, graph.src, grad_s)
         if need_xs:
             grad_xs = grad_xs + grad_a_src.unsqueeze(-1) * att_src
+        # X~^s: rounded independently of the X^s that grad_s read (X^s itself at 16/32 bits).
+        xs_tilde = xs_hat if xs_tilde is None else xs_tilde
         if ctx.needs_input_grad[2]:
-            grad_att_src = (grad_a_src.unsqueeze(-1) * xs_hat).sum(0, keepdim=True)
+            grad_att_src = (grad_a_src.unsqueeze(-1) * xs_tilde).sum(0, keepdim=True)
 
         if ctx.dst_mode != _NONE:
             grad_a_dst = _segment_sum(grad_s, graph)
@@ -292,7 +311,7 @@ class _GATAttention(torch.autograd.Function):
             if need_xd:
                 grad_xd = grad_a_dst.unsqueeze(-1) * att_dst
             if ctx.needs_input_grad[3]:
-                x_dst_hat = xs_hat if ctx.dst_mode == _SAME else xd_hat
+                x_dst_hat = xs_tilde if ctx.dst_mode == _SAME else xd_hat
                 grad_att_dst = (grad_a_dst.unsqueeze(-1) * x_dst_hat).sum(0, keepdim=True)
             if ctx.dst_mode == _SAME and grad_xd is not None:
                 # X^d is X^s: one input, one gradient.

@@ -6,7 +6,6 @@ from typing import Any, ClassVar
 
 import torch_geometric.nn as pyg_nn
 from torch import Tensor
-from torch_geometric import EdgeIndex
 from torch_geometric.typing import (
     Adj,
     OptPairTensor,
@@ -25,25 +24,50 @@ from torch_geometric.utils.sparse import set_sparse_value
 
 from gnnact import ops
 from gnnact.config import Config
-from gnnact.nn._base import _Compressed
 from gnnact.nn._lazy import linear_weight
+from gnnact.nn.conv.base import CompressedConv, propagate_sizes
 from gnnact.ops.gat import gat_attention
-from gnnact.ops.graph import Graph, build_graph, cache_on, check_sparse_flow, is_sparse_tensor
+from gnnact.ops.graph import Graph, build_graph, cache_on, graph_cache_for
 
 __all__ = ["GATConv"]
 
 
-def _build(adj: Any, num_src: int, num_dst: int, flow: str) -> Graph:
+def _build(adj: Any, num_src: int, num_dst: int, flow: str, borrow: bool) -> Graph:
     """The graph of ``adj`` with its edges in the order PyG's message passing sees them."""
+    # Attention weights are per-call edge values in input order (input_perm, t_perm); the
+    # per-edge targets are derived from the row pointers when read.
+    options = {"per_edge": True, "keep_dst": False}
     if is_torch_sparse_tensor(adj):
         # to_edge_index is what PyG's propagate uses: same edge order (for COO too, which
         # it takes as given rather than coalescing), so attention weights line up.
         (row, col), _ = to_edge_index(adj)
-        return Graph.from_coo(col, row, num_src, num_dst)
-    return build_graph(adj, num_src, num_dst, flow=flow)
+        return Graph.from_coo(col, row, num_src, num_dst, **options)
+    return build_graph(adj, num_src, num_dst, flow=flow, own_values=False, borrow=borrow,
+                       **options)
 
 
-class GATConv(_Compressed, pyg_nn.GATConv):
+def attention_output(conv: Any, result: Any, want_alpha: bool, res: Tensor | None,
+                     edge_index: Adj) -> Any:
+    """What an attention conv (``GATConv``, ``GATv2Conv``) returns, as PyG's: the heads
+    concatenated or averaged, plus the residual and the bias, and with
+    ``return_attention_weights`` the coefficients beside the (self-looped) adjacency."""
+    out, alpha = result if want_alpha else (result, None)
+    out = out.view(-1, conv.heads * conv.out_channels) if conv.concat else out.mean(dim=1)
+    if res is not None:
+        out = out + res
+    if conv.bias is not None:
+        out = out + conv.bias
+    if not want_alpha:
+        return out
+    assert alpha is not None
+    if isinstance(edge_index, Tensor):
+        if is_torch_sparse_tensor(edge_index):
+            return out, (set_sparse_value(edge_index, alpha), alpha)
+        return out, (edge_index, alpha)
+    return out, edge_index.set_value(alpha, layout="coo")
+
+
+class GATConv(CompressedConv, pyg_nn.GATConv):
     r"""The graph attentional operator of `"Graph Attention Networks"
     <https://arxiv.org/abs/1710.10903>`_, as :class:`torch_geometric.nn.GATConv` (same
     arguments, parameters, ``state_dict`` keys and return values), storing its context
@@ -82,8 +106,11 @@ class GATConv(_Compressed, pyg_nn.GATConv):
     ``config=Config(bits=32)`` outputs and gradients equal PyG's to float rounding, and in
     training mode on the CPU the dropout mask is drawn as PyG draws it (same seed, same mask).
 
-    The fused op replaces ``edge_updater``/``propagate``, so PyG's propagate/message hooks are
-    not called; in explain mode (``GNNExplainer`` edge masks) the layer runs PyG's own forward.
+    The fused op replaces ``edge_updater``/``propagate``; the layer runs PyG's own forward
+    instead when PyG's would show the difference: a registered message-passing hook, explain
+    mode (``GNNExplainer`` edge masks), ``decomposed_layers > 1``, an ``aggr`` other than
+    ``"add"``/``"sum"`` (see ``gnnact.nn.conv.base``), and ``x`` of shape
+    :math:`(B, |\mathcal{V}|, F)`, which PyG rejects ("Static graphs not supported").
 
     Args:
         in_channels (int or tuple): size of each input sample (``-1`` for lazy
@@ -139,11 +166,6 @@ class GATConv(_Compressed, pyg_nn.GATConv):
                          fill_value=fill_value, bias=bias, residual=residual, **kwargs)
         self._init_gnnact(config)
 
-    def _init_gnnact(self, config: Config | None) -> None:
-        if config is not None and not isinstance(config, Config):
-            raise TypeError(f"config must be a gnnact.Config, got {type(config).__name__}")
-        super()._init_gnnact(config)
-
     @classmethod
     def _adopt(cls, module: pyg_nn.GATConv, config: Config | None) -> GATConv:
         """Turn a PyG ``GATConv`` into this class in place (same parameters and buffers)."""
@@ -155,29 +177,6 @@ class GATConv(_Compressed, pyg_nn.GATConv):
     def _project(self, lin: Any, x: Tensor) -> Tensor:
         """``lin(x)`` keeping ``x`` compressed (shared with every other consumer of ``x``)."""
         return ops.linear(x, linear_weight(lin, x), lin.bias, self.config)
-
-    def _sizes(self, adj: Any, size: Size, x_src: Tensor, x_dst: Tensor | None
-               ) -> tuple[int, int]:
-        """``(N_src, N_dst)`` as PyG's ``propagate`` infers and checks them."""
-        if isinstance(adj, EdgeIndex):
-            dims: list[int | None] = [adj.num_rows, adj.num_cols]
-        elif is_torch_sparse_tensor(adj) or is_sparse_tensor(adj):
-            check_sparse_flow(adj, self.flow)
-            dims = [adj.size(1), adj.size(0)]
-        else:
-            dims = list(size) if size is not None else [None, None]
-        i, j = (1, 0) if self.flow == "source_to_target" else (0, 1)
-        for dim, t in ((j, x_src), (i, x_dst)):
-            if t is None:
-                continue
-            if dims[dim] is None:
-                dims[dim] = t.size(0)
-            elif dims[dim] != t.size(0):
-                raise ValueError(f"Encountered tensor with size {t.size(0)} in dimension 0, "
-                                 f"but expected size {dims[dim]}.")
-        n_src = dims[j]
-        n_dst = dims[i] if dims[i] is not None else n_src
-        return n_src, n_dst
 
     def _edge_logits(self, edge_attr: Tensor) -> Tensor:
         r""":math:`a^E_{e,h} = \langle \mathbf{\Theta}_e \mathbf{e}_e, \mathbf{a}_{e,h}\rangle`
@@ -209,16 +208,15 @@ class GATConv(_Compressed, pyg_nn.GATConv):
                 ``(edge_index, alpha)`` (self-loops included), or the sparse adjacency holding
                 ``alpha``. (default: :obj:`None`)
         """
-        if getattr(self, "_explain", None):
-            # Explainers inject edge masks into PyG's message(): run PyG's own path.
+        static = (x if isinstance(x, Tensor) else x[0]).dim() != 2
+        if static or self._compressed_reduce() != "sum" or self._takes_pyg_path():
+            # PyG's own forward: its error for static graphs, its other aggregations, hooks
+            # and explainers (see gnnact.nn.conv.base).
             return super().forward(x, edge_index, edge_attr, size, return_attention_weights)
 
         H, C = self.heads, self.out_channels
         res: Tensor | None = None
         if isinstance(x, Tensor):
-            if x.dim() != 2:
-                raise ValueError(f"Static graphs not supported in 'GATConv': x must be 2-D, "
-                                 f"got shape {tuple(x.shape)}")
             if self.res is not None:
                 res = self._project(self.res, x)
             if self.lin is not None:
@@ -228,9 +226,6 @@ class GATConv(_Compressed, pyg_nn.GATConv):
                 x_dst = self._project(self.lin_dst, x).view(-1, H, C)
         else:
             x_src, x_dst = x
-            if x_src.dim() != 2:
-                raise ValueError(f"Static graphs not supported in 'GATConv': x must be 2-D, "
-                                 f"got shape {tuple(x_src.shape)}")
             if x_dst is not None and self.res is not None:
                 res = self._project(self.res, x_dst)
             lin_src = self.lin if self.lin is not None else self.lin_src
@@ -264,10 +259,12 @@ class GATConv(_Compressed, pyg_nn.GATConv):
                         "currently not yet supported for 'edge_index' in a 'SparseTensor' "
                         "form")
 
-        n_src, n_dst = self._sizes(edge_index, size, x_src, x_dst)
+        n_src, n_dst = propagate_sizes(self, edge_index, size, x_src.size(0),
+                                       None if x_dst is None else x_dst.size(0))
         looped = edge_index
         graph = cache_on(adj, ("gat", loops_key, n_src, n_dst, self.flow),
-                         lambda: _build(looped, n_src, n_dst, self.flow))
+                         lambda: _build(looped, n_src, n_dst, self.flow, looped is adj),
+                         cache=graph_cache_for(self))
 
         a_edge = None
         if self.lin_edge is not None and graph.num_edges > 0:
@@ -286,23 +283,5 @@ class GATConv(_Compressed, pyg_nn.GATConv):
                                negative_slope=self.negative_slope, dropout=self.dropout,
                                training=self.training, return_attention=want_alpha,
                                config=self.config)
-        out, alpha = result if want_alpha else (result, None)
-
-        out = out.view(-1, H * C) if self.concat else out.mean(dim=1)
-        if res is not None:
-            out = out + res
-        if self.bias is not None:
-            out = out + self.bias
-
-        if want_alpha:
-            assert alpha is not None
-            if isinstance(edge_index, Tensor):
-                if is_torch_sparse_tensor(edge_index):
-                    return out, (set_sparse_value(edge_index, alpha), alpha)
-                return out, (edge_index, alpha)
-            return out, edge_index.set_value(alpha, layout="coo")
-        return out
-
-    def __repr__(self) -> str:
-        return f"{super().__repr__()[:-1]}, bits={self.config.bits})"
+        return attention_output(self, result, want_alpha, res, edge_index)
 

@@ -1,0 +1,286 @@
+r"""``GATv2Conv`` whose context is compressed."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch_geometric.nn as pyg_nn
+from torch import Tensor
+from torch_geometric.typing import (
+    Adj,
+    OptTensor,
+    PairTensor,
+    SparseTensor,
+    torch_sparse,
+)
+from torch_geometric.utils import (
+    add_self_loops,
+    is_torch_sparse_tensor,
+    remove_self_loops,
+    to_edge_index,
+)
+
+from gnnact import ops
+from gnnact.config import Config
+from gnnact.nn._lazy import linear_weight
+from gnnact.nn.conv.base import CompressedConv, propagate_sizes
+from gnnact.nn.conv.gat_conv import attention_output
+from gnnact.ops.context import transient
+from gnnact.ops.gatv2 import gatv2_attention
+from gnnact.ops.graph import Graph, build_graph, cache_on, graph_cache_for
+
+__all__ = ["GATv2Conv"]
+
+#: Aggregations the fused op computes (a weighted sum); PyG's GATv2Conv default is "add".
+SUPPORTED_AGGR = ("add", "sum")
+
+def _build(adj: Any, num_src: int, num_dst: int, flow: str) -> Graph:
+    """The graph of ``adj`` with its edges in the order PyG's message passing sees them."""
+    if is_torch_sparse_tensor(adj):
+        # to_edge_index is what PyG's propagate uses: same edge order (for COO too, which
+        # it takes as given rather than coalescing), so attention weights line up.
+        (row, col), _ = to_edge_index(adj)
+        return Graph.from_coo(col, row, num_src, num_dst)
+    return build_graph(adj, num_src, num_dst, flow=flow)
+
+
+class GATv2Conv(CompressedConv, pyg_nn.GATv2Conv):
+    r"""The GATv2 operator of `"How Attentive are Graph Attention Networks?"
+    <https://arxiv.org/abs/2105.14491>`_, as :class:`torch_geometric.nn.GATv2Conv` (same
+    arguments, parameters, ``state_dict`` keys and return values), storing its context
+    compressed:
+
+    .. math::
+        \mathbf{x}^{\prime}_i = \sum_{j \in \mathcal{N}(i) \cup \{ i \}}
+        \alpha_{i,j}\mathbf{\Theta}_{s}\mathbf{x}_{j}, \qquad
+        \alpha_{i,j} = \frac{\exp\left(\mathbf{a}^{\top}\mathrm{LeakyReLU}\left(
+        \mathbf{\Theta}_{t} \mathbf{x}_i + \mathbf{\Theta}_{s} \mathbf{x}_j
+        + \mathbf{\Theta}_{e} \mathbf{e}_{i,j}\right)\right)}
+        {\sum_{k \in \mathcal{N}(i) \cup \{ i \}} \exp\left(\mathbf{a}^{\top}
+        \mathrm{LeakyReLU}\left(\cdots\right)\right)},
+
+    per head (:math:`\mathbf{\Theta}_{s}` is ``lin_l``, :math:`\mathbf{\Theta}_{t}` is
+    ``lin_r``, the same with ``share_weights``), concatenated (``concat=True``) or averaged,
+    plus the optional residual projection and bias.
+
+    Kept for backward (:math:`b` = ``config.bits``, :math:`a` = ``config.attention``; see
+    ``gnnact.ops.gatv2.gatv2_attention``):
+
+    * the layer input :math:`\mathbf{x}` at :math:`b` bits (or by reference when it is a
+      resident input), one packed copy shared by ``lin_l``, ``lin_r`` and ``res``; with
+      bipartite input the target features too;
+    * :math:`\mathbf{\Theta}_s\mathbf{x}` (:math:`N \times H C`) at :math:`b` bits twice: the
+      shared copy, and one rounded independently that only :math:`\nabla\mathbf{a}` reads
+      (one rounding read by both factors of :math:`\nabla\mathbf{a}` would bias it by its
+      variance); :math:`\mathbf{\Theta}_t\mathbf{x}` at :math:`b` bits only if it is a
+      different tensor (not with ``share_weights`` on one input). Neither extra copy is kept
+      while ``att`` needs no gradient;
+    * :math:`\alpha` (:math:`E \times H`) at :math:`a` bits (8 by default), the dropout keep
+      mask in training (1 bit per edge and head), and the LeakyReLU sign mask, 1 bit per edge,
+      head and channel;
+    * with ``edge_dim``: the edge features (:math:`E \times D`) at :math:`b` bits (by reference
+      when they are the caller's resident tensor, i.e. no self-loops were added), never their
+      :math:`E \times H C` projection.
+
+    That is :math:`C + a (+ 1)` bits per edge and head (plus the :math:`a`-bit groups' 8 bytes
+    per ``group_size`` values), and :math:`3 C (b + 64/G)` bits per node and head (:math:`2 C
+    (\dots)` with shared weights), against PyG's three :math:`E \times H \times C` tensors in
+    full precision (the gathered messages, the LeakyReLU input and output: :math:`96 C` bits
+    per edge and head in float32) plus :math:`\alpha` and the softmax intermediates. No tensor
+    with :math:`E H C` values is kept or materialised whole. With ``config=Config(bits=32)``
+    outputs and gradients equal PyG's to float rounding, and in training mode on the CPU the
+    dropout mask is drawn as PyG draws it (same seed, same mask).
+
+    The fused op replaces ``edge_updater``/``propagate``. Where they must run, the layer runs
+    PyG's own forward instead (compressed by the generic pipeline inside a converted model,
+    uncompressed elsewhere): in explain mode (``GNNExplainer`` edge masks) and while PyG
+    propagate/message/aggregate/edge-update hooks are registered.
+
+    Args:
+        in_channels (int or tuple): size of each input sample (``-1`` for lazy
+            initialisation), or a pair for bipartite graphs.
+        out_channels (int): size of each output sample per head.
+        heads (int, optional): number of attention heads :math:`H`. (default: :obj:`1`)
+        concat (bool, optional): concatenate the heads (else average them).
+            (default: :obj:`True`)
+        negative_slope (float, optional): LeakyReLU slope. (default: :obj:`0.2`)
+        dropout (float, optional): dropout probability of the attention coefficients.
+            (default: :obj:`0.0`)
+        add_self_loops (bool, optional): (default: :obj:`True`)
+        edge_dim (int, optional): edge feature dimensionality. (default: :obj:`None`)
+        fill_value (float or torch.Tensor or str, optional): edge features of the added
+            self-loops, as in PyG. (default: :obj:`"mean"`)
+        bias (bool, optional): (default: :obj:`True`)
+        share_weights (bool, optional): one matrix for source and target,
+            :math:`\mathbf{\Theta}_{s} = \mathbf{\Theta}_{t}`. (default: :obj:`False`)
+        residual (bool, optional): learnable skip connection. (default: :obj:`False`)
+        config (Config, optional): storage of the context. (default: ``Config()``, 2 bits)
+        **kwargs (optional): of :class:`torch_geometric.nn.conv.MessagePassing`; ``aggr``
+            must be ``"add"`` or ``"sum"``.
+
+    Shapes:
+        - **input:** node features :math:`(|\mathcal{V}|, F_{in})` or
+          :math:`((|\mathcal{V_s}|, F_{s}), (|\mathcal{V_t}|, F_{t}))` if bipartite, edge
+          indices :math:`(2, |\mathcal{E}|)`, ``EdgeIndex``, or a sparse ``adj_t``, edge
+          features :math:`(|\mathcal{E}|, D)` *(optional)*
+        - **output:** node features :math:`(|\mathcal{V}_t|, H F_{out})` (or :math:`F_{out}`
+          when ``concat=False``), and with ``return_attention_weights`` PyG's
+          ``(edge_index, alpha)`` pair (or the sparse adjacency holding ``alpha``)
+
+    Raises:
+        ValueError: an ``aggr`` other than ``"add"``/``"sum"``.
+        TypeError: a ``config`` that is not a :class:`gnnact.Config`.
+
+    Example:
+        >>> conv = gnnact.nn.GATv2Conv(16, 8, heads=4, config=gnnact.Config(bits=2))
+        >>> x, edge_index = torch.randn(100, 16), torch.randint(0, 100, (2, 400))
+        >>> out, (looped, alpha) = conv(x, edge_index, return_attention_weights=True)
+        >>> out.shape  # 4 heads of 8 channels, concatenated
+        torch.Size([100, 32])
+        >>> alpha.shape == (looped.size(1), 4)  # one coefficient per edge and head
+        True
+    """
+
+    # Set explicitly: PyG generates propagate() from the class source otherwise (DESIGN §7).
+    propagate_type: ClassVar[dict] = {"x": PairTensor, "alpha": Tensor}
+    edge_updater_type: ClassVar[dict] = {"x": PairTensor, "edge_attr": OptTensor}
+
+    def __init__(self, in_channels: int | tuple[int, int], out_channels: int, heads: int = 1,
+                 concat: bool = True, negative_slope: float = 0.2, dropout: float = 0.0,
+                 add_self_loops: bool = True, edge_dim: int | None = None,
+                 fill_value: float | Tensor | str = "mean", bias: bool = True,
+                 share_weights: bool = False, residual: bool = False, *,
+                 config: Config | None = None, **kwargs: Any) -> None:
+        aggr = kwargs.get("aggr", "add")
+        if not isinstance(aggr, str) or aggr not in SUPPORTED_AGGR:
+            raise ValueError(f"gnnact GATv2Conv supports aggr in {SUPPORTED_AGGR}, got {aggr!r}")
+        super().__init__(in_channels, out_channels, heads=heads, concat=concat,
+                         negative_slope=negative_slope, dropout=dropout,
+                         add_self_loops=add_self_loops, edge_dim=edge_dim,
+                         fill_value=fill_value, bias=bias, share_weights=share_weights,
+                         residual=residual, **kwargs)
+        self._init_gnnact(config)
+
+    def _init_gnnact(self, config: Config | None) -> None:
+        if config is not None and not isinstance(config, Config):
+            raise TypeError(f"config must be a gnnact.Config, got {type(config).__name__}")
+        super()._init_gnnact(config)
+
+    @classmethod
+    def supports(cls, module: Any) -> bool:
+        """Whether a PyG ``GATv2Conv`` can be converted (its aggregation is a sum)."""
+        return isinstance(module.aggr, str) and module.aggr in SUPPORTED_AGGR
+
+    @classmethod
+    def _adopt(cls, module: pyg_nn.GATv2Conv, config: Config | None) -> GATv2Conv:
+        """Turn a PyG ``GATv2Conv`` into this class in place (same parameters and buffers)."""
+        if not isinstance(module, pyg_nn.GATv2Conv):
+            raise TypeError(f"expected a torch_geometric.nn.GATv2Conv, got "
+                            f"{type(module).__name__}")
+        if not cls.supports(module):
+            raise ValueError(f"gnnact GATv2Conv supports aggr in {SUPPORTED_AGGR}, got "
+                             f"{module.aggr!r}")
+        return super()._adopt(module, config)
+
+    def _project(self, lin: Any, x: Tensor) -> Tensor:
+        """``lin(x)`` keeping ``x`` compressed (shared with every other consumer of ``x``)."""
+        return ops.linear(x, linear_weight(lin, x), lin.bias, self.config)
+
+    def forward(  # type: ignore[override]
+        self,
+        x: Tensor | PairTensor,
+        edge_index: Adj,
+        edge_attr: OptTensor = None,
+        return_attention_weights: bool | None = None,
+    ) -> Tensor | tuple[Tensor, tuple[Tensor, Tensor]] | tuple[Tensor, SparseTensor]:
+        r"""Runs the forward pass of the module (arguments and return values as PyG's).
+
+        Args:
+            x (torch.Tensor or (torch.Tensor, torch.Tensor)): the input node features.
+            edge_index (torch.Tensor or SparseTensor): the adjacency.
+            edge_attr (torch.Tensor, optional): the edge features. (default: :obj:`None`)
+            return_attention_weights (bool, optional): if truthy, also return
+                ``(edge_index, alpha)`` (self-loops included), or the sparse adjacency holding
+                ``alpha``. (default: :obj:`None`)
+
+        Raises:
+            ValueError: missing target features in a pair, edge features on a layer without
+                ``edge_dim``, or an adjacency whose size does not match the features (features
+                that are not 2-D get PyG's own error).
+        """
+        static = (x if isinstance(x, Tensor) else x[0]).dim() != 2
+        if static or self._takes_pyg_path():
+            # PyG's own forward: its error for static graphs, hooks and explainers (see
+            # gnnact.nn.conv.base).
+            return super().forward(x, edge_index, edge_attr, return_attention_weights)
+
+        H, C = self.heads, self.out_channels
+        res: Tensor | None = None
+        if isinstance(x, Tensor):
+            if self.res is not None:
+                res = self._project(self.res, x)
+            x_l = self._project(self.lin_l, x).view(-1, H, C)
+            x_r = x_l if self.share_weights else self._project(self.lin_r, x).view(-1, H, C)
+        else:
+            x_l, x_r = x
+            if x_r is None:
+                raise ValueError("GATv2Conv needs target features: got x[1]=None")
+            if self.res is not None:
+                res = self._project(self.res, x_r)
+            x_l = self._project(self.lin_l, x_l).view(-1, H, C)
+            x_r = self._project(self.lin_r, x_r).view(-1, H, C)
+
+        # Self-loops exactly as PyG adds them (the returned edge_index / adjacency and the
+        # self-loop edge features depend on it); only the CSR graph built from the result is
+        # cached, on the caller's adjacency.
+        adj = edge_index
+        loops_key: tuple = ("no_loops",)
+        if self.add_self_loops:
+            if isinstance(edge_index, Tensor):
+                num_nodes = min(x_l.size(0), x_r.size(0))
+                edge_index, edge_attr = remove_self_loops(edge_index, edge_attr)
+                edge_index, edge_attr = add_self_loops(
+                    edge_index, edge_attr, fill_value=self.fill_value, num_nodes=num_nodes)
+                if edge_attr is not None:
+                    # A temporary made here, not the caller's resident tensor: packed at
+                    # `bits` rather than kept by reference (input_bits).
+                    edge_attr = transient(edge_attr)
+                loops_key = ("loops", num_nodes)
+            elif isinstance(edge_index, SparseTensor):
+                if self.edge_dim is None:
+                    edge_index = torch_sparse.set_diag(edge_index)
+                    loops_key = ("set_diag",)
+                else:
+                    raise NotImplementedError(
+                        "The usage of 'edge_attr' and 'add_self_loops' simultaneously is "
+                        "currently not yet supported for 'edge_index' in a 'SparseTensor' "
+                        "form")
+
+        n_src, n_dst = propagate_sizes(self, edge_index, None, x_l.size(0), x_r.size(0))
+        looped = edge_index
+        graph = cache_on(adj, ("gatv2", loops_key, n_src, n_dst, self.flow),
+                         lambda: _build(looped, n_src, n_dst, self.flow),
+                         cache=graph_cache_for(self))
+
+        if edge_attr is None:
+            # PyG's propagate reads edge features from a sparse adjacency's values.
+            if is_torch_sparse_tensor(edge_index):
+                values = to_edge_index(edge_index)[1]
+                edge_attr = values if values.dim() > 1 else None
+            elif isinstance(edge_index, SparseTensor):
+                edge_attr = edge_index.storage.value()
+        w_edge = None
+        if edge_attr is not None:
+            if self.lin_edge is None:
+                raise ValueError("GATv2Conv got edge features (edge_attr, or the values of a "
+                                 "sparse adjacency) but was built without edge_dim")
+            if edge_attr.dim() == 1:
+                edge_attr = edge_attr.view(-1, 1)
+            w_edge = linear_weight(self.lin_edge, edge_attr)
+
+        want_alpha = bool(return_attention_weights)
+        result = gatv2_attention(x_l, x_r, self.att, graph, edge_attr=edge_attr, w_edge=w_edge,
+                                 negative_slope=self.negative_slope, dropout=self.dropout,
+                                 training=self.training, return_attention=want_alpha,
+                                 config=self.config)
+        return attention_output(self, result, want_alpha, res, edge_index)
