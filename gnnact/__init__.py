@@ -8,7 +8,7 @@ from gnnact import adaptive, compress, memory, nn, ops
 from gnnact.adaptive import Controller
 from gnnact.config import Config
 from gnnact.hooks import compress_saved_tensors
-from gnnact.nn import convert
+from gnnact.nn import convert, summary
 from gnnact.planner import plan
 from gnnact.quant import (
     PackedMask,
@@ -38,5 +38,6 @@ __all__ = [
     "pack_mask",
     "plan",
     "quantize",
+    "summary",
     "unpack_mask",
 ]

@@ -1,5 +1,12 @@
 """The model configurations of EXACT's full-batch benchmarks, built from plain PyG and PyTorch
-modules (no functional ReLU or dropout) so that :func:`gnnact.convert` reaches every layer.
+modules, in two styles with the same parameters (and ``state_dict``):
+
+- ``"module"``: ReLU and dropout as :class:`torch.nn.ReLU` / :class:`torch.nn.Dropout` modules;
+- ``"functional"``: as PyG's examples write them, ``F.relu``/``x.relu()`` and
+  ``F.dropout(x, p, training=self.training)`` in ``forward``.
+
+:func:`gnnact.convert` compresses both alike (functional calls inside a converted model's
+forward get what their module twins get).
 
 Defaults (:func:`build`):
 
@@ -14,10 +21,12 @@ import functools
 import itertools
 
 import torch
+import torch.nn.functional as F
 import torch_geometric.nn as pyg_nn
 from torch import Tensor, nn
 
 MODELS = ("gcn", "sage", "gat", "gcnii")
+STYLES = ("module", "functional")
 
 
 class Stack(nn.Module):
@@ -35,6 +44,16 @@ class Stack(nn.Module):
     def forward(self, x: Tensor, adj) -> Tensor:
         for conv, bn in zip(self.convs[:-1], self.bns, strict=True):
             x = self.drop(self.act(bn(conv(x, adj))))
+        return self.convs[-1](x, adj)
+
+
+class FunctionalStack(Stack):
+    """:class:`Stack` written as PyG's examples write it: ``F.relu`` and ``F.dropout`` calls."""
+
+    def forward(self, x: Tensor, adj) -> Tensor:
+        for conv, bn in zip(self.convs[:-1], self.bns, strict=True):
+            x = F.relu(bn(conv(x, adj)))
+            x = F.dropout(x, p=self.drop.p, training=self.training)
         return self.convs[-1](x, adj)
 
 
@@ -73,10 +92,38 @@ class GCNII(nn.Module):
         return self.lins[1](self.drop(x))
 
 
+class FunctionalGCNII(GCNII):
+    """:class:`GCNII` written as PyG's ``gcn2_cora`` example writes it (``F.dropout`` and
+    ``x.relu()`` calls; dense features only)."""
+
+    def forward(self, x: Tensor, adj) -> Tensor:
+        p = self.drop.p
+        x = F.dropout(x, p, training=self.training)
+        x = x_0 = self.lins[0](x).relu()
+        for conv in self.convs:
+            x = F.dropout(x, p, training=self.training)
+            x = conv(x, x_0, adj)
+            x = x.relu()
+        x = F.dropout(x, p, training=self.training)
+        return self.lins[1](x)
+
+
 def build(name: str, f_in: int, classes: int, *, hidden: int | None = None,
-          layers: int | None = None, heads: int = 3, dropout: float = 0.5) -> nn.Module:
-    """One of :data:`MODELS`; ``hidden`` and ``layers`` default to EXACT's sizes (GAT: ``hidden``
-    channels per head)."""
+          layers: int | None = None, heads: int = 3, dropout: float = 0.5,
+          style: str = "module") -> nn.Module:
+    """One of :data:`MODELS`, in one of :data:`STYLES`; ``hidden`` and ``layers`` default to
+    EXACT's sizes (GAT: ``hidden`` channels per head)."""
+    if style not in STYLES:
+        raise ValueError(f"style must be one of {STYLES}, got {style!r}")
+    model = _build(name, f_in, classes, hidden=hidden, layers=layers, heads=heads,
+                   dropout=dropout)
+    if style == "functional":  # the same modules and parameters, another forward
+        model.__class__ = FunctionalStack if isinstance(model, Stack) else FunctionalGCNII
+    return model
+
+
+def _build(name: str, f_in: int, classes: int, *, hidden: int | None, layers: int | None,
+           heads: int, dropout: float) -> nn.Module:
     if name in ("gcn", "sage"):
         hidden, layers = hidden or 256, layers or 3
         conv = pyg_nn.GCNConv if name == "gcn" else pyg_nn.SAGEConv

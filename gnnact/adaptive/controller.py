@@ -64,6 +64,7 @@ from torch import Tensor, nn
 from gnnact.adaptive.allocator import WIDTHS, allocate, variance_factor
 from gnnact.hooks import compress_saved_tensors
 from gnnact.nn._base import _Compressed
+from gnnact.nn.scope import scope_of
 from gnnact.ops.context import controlled_noise
 from gnnact.quant.packed import packed_nbytes
 
@@ -196,7 +197,10 @@ class Controller:
                 tag = name or "<model>"  # as gnnact.convert tags it
                 module.config = dataclasses.replace(module.config, tag=tag)
                 self.modules[tag] = module
-        if not self.modules and hooks is None:
+        # The converted model's scope: the widths of functional ops' tensors and of the
+        # generic pipeline's (convs without a twin) are set there, by name.
+        self.scope = scope_of(model)
+        if not self.modules and hooks is None and self.scope is None:
             raise ValueError("model has no gnnact modules: call gnnact.convert(model) first, or "
                              "pass hooks=gnnact.compress_saved_tensors(...)")
         self.tensors: dict[str, CompressedTensor] = {}
@@ -269,6 +273,19 @@ class Controller:
         self.last_passes = passes
         return {name: t.sensitivity for name, t in self.tensors.items()}
 
+    def _adaptive(self, name: str, role: str) -> bool:
+        """Whether the tensor ``name`` (not a twin's) can be adapted: a tensor of ``hooks`` or
+        of the scope's pipeline whose compressor is adaptive, or a functional op's tensor (its
+        role is a word, the pipeline's an index)."""
+        if self.hooks is not None and name in self.hooks.tensors:
+            return self.hooks.tensors[name].adaptive
+        if self.scope is None:
+            return False
+        if not role.isdigit():
+            return True
+        last = self.scope.last
+        return last is not None and name in last.tensors and last.tensors[name].adaptive
+
     def _discover(self, record: list) -> None:
         found: dict[str, CompressedTensor] = {}
         for tag, role, _numel, shape, bits in record:
@@ -276,8 +293,7 @@ class Controller:
             if tag in self.modules:
                 if role == "attention" and not self.adapt_attention:
                     continue
-            elif (self.hooks is None or name not in self.hooks.tensors
-                  or not self.hooks.tensors[name].adaptive):
+            elif not self._adaptive(name, role):
                 continue  # not compressed by this model, or a Mesa tensor (not adaptive)
             t = found.setdefault(name, CompressedTensor(name, tag, role, bits=bits))
             t.shapes.append(shape)
@@ -297,9 +313,12 @@ class Controller:
                         self.avg_bits, self.widths)
         for t, b in zip(tensors, bits, strict=True):
             t.bits = b
-            if t.module not in self.modules:  # a tensor of the saved-tensor pipeline
-                assert self.hooks is not None
-                self.hooks.bits[t.name] = b
+            if t.module not in self.modules:  # a tensor of a saved-tensor pipeline or the scope
+                if self.hooks is not None and t.name in self.hooks.tensors:
+                    self.hooks.bits[t.name] = b
+                else:
+                    assert self.scope is not None
+                    self.scope.bits[t.name] = b
                 continue
             module = self.modules[t.module]
             key = "attention_bits" if t.role == "attention" else "bits"
@@ -390,7 +409,10 @@ class Controller:
         rows = []
         for t in self.tensors.values():
             module = self.modules.get(t.module)
-            group = (module.config if module is not None else self.hooks.config).group_size
+            owner = module.config if module is not None else (
+                self.hooks.config if self.hooks is not None and t.name in self.hooks.tensors
+                else self.scope.config)
+            group = owner.group_size
             rows.append({"name": t.name, "module": t.module, "role": t.role,
                          "shape": t.shapes[0] if t.shapes else (), "numel": t.numel,
                          "sensitivity": t.sensitivity, "bits": t.bits,

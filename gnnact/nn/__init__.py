@@ -1,18 +1,23 @@
 """Drop-in layers: PyG convs and PyTorch modules that keep their context compressed."""
 
-from gnnact.nn.conv import GATConv, GCN2Conv, GCNConv, SAGEConv
+from gnnact.nn.conv import APPNP, GATConv, GATv2Conv, GCN2Conv, GCNConv, SAGEConv, SGConv
 from gnnact.nn.convert import convert
 from gnnact.nn.modules import BatchNorm1d, Dropout, LeakyReLU, Linear, ReLU
+from gnnact.nn.summary import summary
 
 __all__ = [
+    "APPNP",
     "BatchNorm1d",
     "Dropout",
     "GATConv",
+    "GATv2Conv",
     "GCN2Conv",
     "GCNConv",
     "LeakyReLU",
     "Linear",
     "ReLU",
     "SAGEConv",
+    "SGConv",
     "convert",
+    "summary",
 ]

@@ -11,7 +11,8 @@ from torch import nn
 from gnnact.config import Config
 from gnnact.nn import modules
 from gnnact.nn._base import _Compressed
-from gnnact.nn.conv import GATConv, GCN2Conv, GCNConv, SAGEConv
+from gnnact.nn.conv import APPNP, GATConv, GATv2Conv, GCN2Conv, GCNConv, SAGEConv, SGConv
+from gnnact.nn.scope import Scope
 
 __all__ = ["convert", "register_conversion"]
 
@@ -21,7 +22,10 @@ CONVERSIONS: dict[type[nn.Module], type[_Compressed]] = {
     pyg_nn.GCNConv: GCNConv,
     pyg_nn.SAGEConv: SAGEConv,
     pyg_nn.GATConv: GATConv,
+    pyg_nn.GATv2Conv: GATv2Conv,
     pyg_nn.GCN2Conv: GCN2Conv,
+    pyg_nn.APPNP: APPNP,
+    pyg_nn.SGConv: SGConv,
     nn.Linear: modules.Linear,
     nn.BatchNorm1d: modules.BatchNorm1d,
     nn.ReLU: modules.ReLU,
@@ -40,7 +44,7 @@ def convert(model: nn.Module, config: Config | None = None) -> nn.Module:
     for, inside any :class:`torch.nn.Module`.
 
     Converted: :class:`torch_geometric.nn.GCNConv`, :class:`~torch_geometric.nn.SAGEConv`
-    (``aggr`` of mean/sum/add; others are left alone with a warning),
+    (every ``aggr``; those without a compressed path run PyG's own forward),
     :class:`~torch_geometric.nn.GATConv`, :class:`~torch_geometric.nn.GCN2Conv`,
     :class:`torch.nn.Linear`,
     :class:`~torch.nn.BatchNorm1d`, :class:`~torch.nn.ReLU`, :class:`~torch.nn.LeakyReLU` and
@@ -66,7 +70,7 @@ def convert(model: nn.Module, config: Config | None = None) -> nn.Module:
         >>> gnnact.convert(model, gnnact.Config(bits=2))
         GCN(16, 4, num_layers=2)
         >>> type(model.convs[0]).__module__, model.act
-        ('gnnact.nn.conv.gcn_conv', ReLU(bits=2))
+        ('gnnact.nn.conv.gcn_conv', ReLU())
         >>> x, edge_index = torch.randn(100, 16), torch.randint(0, 100, (2, 400))
         >>> model(x, edge_index).shape
         torch.Size([100, 4])
@@ -93,4 +97,5 @@ def convert(model: nn.Module, config: Config | None = None) -> nn.Module:
                           stacklevel=2)
             continue
         target._adopt(module, own)
+    Scope.install(model, config)
     return model

@@ -1,0 +1,153 @@
+r"""``gnnact.summary``: every module of a converted model, how its context is kept, and how
+many bytes it kept in the last training step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+from gnnact.nn._base import _Compressed
+from gnnact.nn.conv.base import CompressedConv
+from gnnact.nn.scope import scope_of
+
+__all__ = ["Summary", "SummaryRow", "summary"]
+
+
+@dataclass(frozen=True)
+class SummaryRow:
+    """One module of a :class:`Summary`.
+
+    Args:
+        path (str): its path in the model (``""`` for the model itself).
+        type (str): its class name.
+        handling (str): ``"twin"`` (a gnnact layer: its own compressed ops), ``"generic"``
+            (PyTorch's and PyG's ops through the scope's saved-tensor pipeline, functional
+            activations and dropout as 1-bit masks; also a twin that takes PyG's own forward,
+            for a registered PyG hook, say), ``"exempt"`` (everything it saved was kept exact
+            on purpose: the softmax head, or ``bits=32``), or ``"none"`` (saved nothing in the
+            last step).
+        bits (int): the width its activations are kept at.
+        nbytes (int or None): bytes of the context it saved in the last training step (its
+            own, not its submodules'); ``None`` before the first one.
+    """
+
+    path: str
+    type: str
+    handling: str
+    bits: int
+    nbytes: int | None
+
+
+@dataclass(frozen=True)
+class Summary:
+    """The result of :func:`summary`: one :class:`SummaryRow` per module, and the totals of the
+    last training step (``None`` before the first one)."""
+
+    rows: tuple[SummaryRow, ...]
+    context: int | None
+    graph_cache: int | None
+
+    def __str__(self) -> str:
+        width = max([len("module")] + [len(r.path or "(model)") for r in self.rows])
+        kind = max([len("type")] + [len(r.type) for r in self.rows])
+        lines = [f"{'module':{width}s}  {'type':{kind}s}  {'handling':8s}  {'bits':>4s}  "
+                 f"{'kept (last step)':>16s}"]
+        for r in self.rows:
+            kept = "–" if r.nbytes is None else _size(r.nbytes)
+            lines.append(f"{r.path or '(model)':{width}s}  {r.type:{kind}s}  {r.handling:8s}  "
+                         f"{r.bits:4d}  {kept:>16s}")
+        if self.context is None:
+            lines.append("no training step yet: run one forward pass in training to measure")
+        else:
+            lines.append(f"context {_size(self.context)}, graph cache "
+                         f"{_size(self.graph_cache or 0)}, total "
+                         f"{_size(self.context + (self.graph_cache or 0))}")
+        return "\n".join(lines)
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes} B"
+
+
+def summary(model: nn.Module) -> Summary:
+    r"""Every module of a model converted by :func:`gnnact.convert`, how gnnact keeps its
+    context (twin, generic pipeline, exempt) and at how many bits, and the bytes each kept in
+    the last training forward pass, with the graph cache on its own line.
+
+    Args:
+        model (torch.nn.Module): the converted model (the one :func:`gnnact.convert` was
+            given).
+
+    Returns:
+        Summary: printable; ``rows``, ``context`` and ``graph_cache`` hold the figures.
+
+    Raises:
+        ValueError: if ``model`` was not converted.
+
+    Example:
+        >>> import torch.nn.functional as F
+        >>> from torch_geometric.nn import GCNConv, GraphConv
+        >>> class Net(torch.nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.conv1, self.conv2 = GCNConv(16, 32), GraphConv(32, 4)
+        ...     def forward(self, x, edge_index):
+        ...         x = F.dropout(F.relu(self.conv1(x, edge_index)), training=self.training)
+        ...         return self.conv2(x, edge_index)
+        >>> model = gnnact.convert(Net(), gnnact.Config(bits=2))
+        >>> x, edge_index = torch.randn(100, 16), torch.randint(0, 100, (2, 400))
+        >>> model(x, edge_index).sum().backward()
+        >>> print(gnnact.summary(model))  # doctest: +ELLIPSIS
+        module             type            handling  bits  kept (last step)
+        (model)            Net             generic      2             800 B
+        conv1              GCNConv         twin         2               0 B
+        conv1.aggr_module  SumAggregation  none         2               0 B
+        conv1.lin          Linear          none         2               0 B
+        conv2              GraphConv       none         2               0 B
+        conv2.aggr_module  SumAggregation  none         2               0 B
+        conv2.lin_rel      Linear          generic      2             952 B
+        conv2.lin_root     Linear          generic      2             952 B
+        context 2.7 kB, graph cache ... kB, total ... kB
+
+    The model's own 800 bytes are the 1-bit masks of ``F.relu`` and ``F.dropout``; ``conv1``
+    keeps nothing (its input, the caller's ``x``, is kept by reference, and its aggregation
+    needs only the graph); ``GraphConv`` has no twin, and its two linear maps keep their
+    inputs at 2 bits through the generic pipeline.
+    """
+    scope = scope_of(model)
+    if scope is None:
+        raise ValueError(f"model ({type(model).__name__}) was not converted: call "
+                         f"gnnact.convert(model) first")
+    record = scope.last
+    saved: dict[str, list[str]] = {}  # module path -> kinds of its generic tensors
+    if record is not None:
+        for name, entry in record.tensors.items():
+            saved.setdefault(name.rsplit(":", 1)[0], []).append(entry.kind)
+    rows = []
+    for path, module in model.named_modules():
+        nbytes = None if record is None else record.bytes_by_module.get(path, 0)
+        kinds = saved.get(path, [])
+        if isinstance(module, _Compressed):
+            bits = module.config.bits
+            # A twin that takes PyG's own forward (a hook registered, an aggregation without a
+            # compressed path, ...) saves through the generic pipeline instead of its ops.
+            generic = any(kind != "exact" for kind in kinds) or (
+                isinstance(module, CompressedConv)
+                and (module._takes_pyg_path() or module._compressed_reduce() is None))
+            handling = "generic" if generic else "twin"
+        else:
+            bits = scope.config.bits
+            if kinds and all(kind == "exact" for kind in kinds):
+                handling = "exempt"
+            elif record is not None and not nbytes and not kinds:
+                handling = "none"
+            else:
+                handling = "generic"
+        rows.append(SummaryRow(path, type(module).__name__, handling, bits, nbytes))
+    if record is None:
+        return Summary(tuple(rows), None, None)
+    return Summary(tuple(rows), record.context, record.graph_cache)

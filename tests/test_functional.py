@@ -1,0 +1,409 @@
+"""Models as users write them: functional calls (``F.relu``, ``x.relu()``, ``F.dropout``,
+``F.elu``, ``F.linear``) and convs without a twin, inside a converted model's forward. Parity
+with PyG at 32 bits, the context at 2 bits, the scope's lifetime."""
+
+from __future__ import annotations
+
+import copy
+import io
+import math
+import threading
+
+import pytest
+import torch
+import torch.nn.functional as F
+import torch_geometric.nn as pyg_nn
+from torch import nn
+from torch_geometric.nn import models as pyg_models
+
+import gnnact
+from gnnact import Config, ops
+from gnnact.data import synthetic_graph
+from gnnact.memory import breakdown, saved_bytes
+from gnnact.models import MODELS, build
+from gnnact.nn.scope import scope_of
+
+EXACT = Config(bits=32)
+
+
+def _graph(n: int = 60, e: int = 300, f: int = 12, seed: int = 0,
+           dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, f, generator=gen, dtype=dtype)
+    return x, torch.randint(0, n, (2, e), generator=gen)
+
+
+def _small(name: str, style: str, f_in: int = 12, classes: int = 5,
+           dropout: float = 0.5) -> nn.Module:
+    layers = 4 if name == "gcnii" else 3
+    hidden = 4 if name == "gat" else 16
+    return build(name, f_in, classes, hidden=hidden, layers=layers, heads=2, style=style,
+                 dropout=dropout)
+
+
+def _run(model: nn.Module, x: torch.Tensor, ei: torch.Tensor, seed: int) -> tuple:
+    torch.manual_seed(seed)  # the dropout masks
+    out = model(x, ei)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed + 1),
+                    dtype=out.dtype).to(out.device)
+    grads = torch.autograd.grad(out, list(model.parameters()), g)
+    return out.detach(), grads
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("name", MODELS)
+def test_functional_style_equals_pyg_at_32_bits(name, device):
+    x, ei = (t.to(device) for t in _graph())
+    torch.manual_seed(0)
+    ref = _small(name, "functional").double().train().to(device)
+    ours = gnnact.convert(copy.deepcopy(ref), EXACT)
+    for seed in (1, 2):
+        out, grads = _run(ours, x, ei, seed)
+        ref_out, ref_grads = _run(ref, x, ei, seed)
+        torch.testing.assert_close(out, ref_out, rtol=1e-9, atol=1e-11)
+        for g, r in zip(grads, ref_grads, strict=True):
+            torch.testing.assert_close(g, r, rtol=1e-7, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_functional_style_keeps_what_the_module_style_keeps(name):
+    data = synthetic_graph(400, 6, 24, 5, seed=0)
+    kept = {}
+    for style in ("module", "functional"):
+        torch.manual_seed(0)
+        model = gnnact.convert(_small(name, style, f_in=24), Config(bits=2))
+        torch.manual_seed(1)
+        loss = model(data.x, data.edge_index).sum()
+        kept[style] = breakdown(loss, exclude=[data.x, data.edge_index])
+    # The functional forward gets what the module twins get: within 10 %, graph cache included.
+    module, functional = kept["module"], kept["functional"]
+    assert functional.total <= 1.1 * module.total, (module, functional)
+    assert functional.graph_cache == module.graph_cache
+
+
+def test_functional_calls_become_masks_and_rebuilt_inputs():
+    n, f = 300, 32
+    x = torch.randn(n, f)
+    lin1, lin2, bn = nn.Linear(f, f), nn.Linear(f, f), nn.BatchNorm1d(f)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin1, self.bn, self.lin2 = lin1, bn, lin2
+
+        def forward(self, x):
+            h = F.relu(self.bn(self.lin1(x)))
+            h = F.dropout(h, 0.5, training=self.training)
+            return F.linear(h, self.lin2.weight, self.lin2.bias)
+
+    model = gnnact.convert(Net(), Config(bits=2))
+    loss = model(x).sum()
+    kept = breakdown(loss, exclude=[x])
+    # BatchNorm's input at 2 bits with its statistics, a ReLU mask and a dropout mask; the
+    # functional F.linear rebuilds dropout(relu(BN)) from them and keeps nothing.
+    packed = math.ceil(n * f / 512) * (128 + 8)
+    assert kept.context == packed + 2 * f * 4 + 2 * math.ceil(n * f / 8)
+    loss.backward()
+    assert all(p.grad is not None for p in model.parameters())
+
+
+@pytest.mark.parametrize("call", ["F.relu", "torch.relu", "x.relu", "x.relu_", "inplace",
+                                  "leaky", "leaky_", "elu", "elu_", "dropout", "dropout_",
+                                  "torch.dropout", "gelu"])
+def test_each_functional_call_is_exact_at_32_bits_and_compressed_at_2(call):
+    def act(h: torch.Tensor) -> torch.Tensor:
+        return {
+            "F.relu": lambda: F.relu(h), "torch.relu": lambda: torch.relu(h),
+            "x.relu": lambda: h.relu(), "x.relu_": lambda: h.relu_(),
+            "inplace": lambda: F.relu(h, inplace=True),
+            "leaky": lambda: F.leaky_relu(h, 0.2), "leaky_": lambda: F.leaky_relu_(h, 0.2),
+            "elu": lambda: F.elu(h, 0.7), "elu_": lambda: F.elu_(h, 0.7),
+            "dropout": lambda: F.dropout(h, 0.3, training=True),
+            "dropout_": lambda: F.dropout(h, 0.3, training=True, inplace=True),
+            "torch.dropout": lambda: torch.dropout(h, 0.3, True),
+            "gelu": lambda: F.gelu(h),
+        }[call]()
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin1, self.lin2 = nn.Linear(16, 64), nn.Linear(64, 8)
+
+        def forward(self, x):
+            return self.lin2(act(self.lin1(x)))
+
+    x = torch.randn(200, 16, dtype=torch.float64)
+    torch.manual_seed(0)
+    ref = Net().double()
+    ours = gnnact.convert(copy.deepcopy(ref), EXACT)
+    for model in (ours, ref):
+        torch.manual_seed(3)
+        out = model(x)
+        out.pow(2).sum().backward()
+    for p, q in zip(ours.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-9, atol=1e-12)
+    # At 2 bits the activation keeps a 1-bit mask and the second linear map its input at 2 bits
+    # (ELU keeps its output at 2 bits, and the linear map rebuilds its input from that copy).
+    # GELU has no op of its own: the generic pipeline keeps its input at 2 bits instead.
+    gnnact.convert(ours, Config(bits=2))
+    torch.manual_seed(3)
+    context = breakdown(ours(x).sum(), exclude=[x]).context
+    numel = 200 * 64
+    packed = math.ceil(numel / 512) * (128 + 8)
+    assert context == (2 * packed if call == "gelu" else math.ceil(numel / 8) + packed)
+
+
+def test_elu_gradient_is_unbiased():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(100, 24, generator=gen, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(24, 6, generator=gen, dtype=torch.float64)
+    g = torch.randn(100, 6, generator=gen, dtype=torch.float64)
+    exact = torch.autograd.grad(F.elu(x, 0.8) @ w, x, g)[0]
+    config = Config(bits=2, group_size=64)
+    grads = torch.stack([torch.autograd.grad(ops.elu(x, 0.8, config=config) @ w, x, g)[0]
+                         for _ in range(400)])
+    mean, stderr = grads.mean(0), grads.std(0) / math.sqrt(len(grads))
+    # The rounding only reaches the gradient through Y + alpha on X <= 0: unbiased (up to the
+    # float32 scale and zero of the packed groups).
+    assert ((mean - exact).abs() <= 5 * stderr + 1e-6 * exact.abs()).float().mean() > 0.99
+    assert not torch.equal(grads[0], exact)  # (it is compressed)
+
+
+def test_softmax_head_stays_exact_and_generic_tensors_are_compressed():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = pyg_nn.GraphConv(16, 32)  # no twin: the generic pipeline
+            self.lin = nn.Linear(32, 4)
+
+        def forward(self, x, ei):
+            h = torch.tanh(self.conv(x, ei))  # tanh keeps its output: compressed, 2 bits
+            return F.log_softmax(self.lin(h), dim=-1)
+
+    x, ei = _graph(n=500, e=3000, f=16, dtype=torch.float32)
+    model = gnnact.convert(Net(), Config(bits=2))
+    out = model(x, ei)
+    record = scope_of(model).last
+    kinds = {name: entry.kind for name, entry in record.tensors.items()}
+    assert "quantize" in kinds.values()
+    assert all(entry.kind == "exact" for entry in record.tensors.values()
+               if entry.shape == (500, 4))  # log_softmax's output
+    out.sum().backward()
+
+
+def _pyg_model(kind: str, f_in: int, classes: int) -> nn.Module:
+    hidden = 64
+    if kind == "GCN":
+        return pyg_models.GCN(f_in, hidden, 3, classes, dropout=0.5, norm="batch_norm")
+    if kind == "GraphSAGE":
+        return pyg_models.GraphSAGE(f_in, hidden, 3, classes, dropout=0.5, norm="batch_norm")
+    if kind == "GAT":
+        return pyg_models.GAT(f_in, 16, 3, classes, dropout=0.5, heads=4, norm="batch_norm")
+    if kind == "GIN":
+        return pyg_models.GIN(f_in, hidden, 3, classes, dropout=0.5, norm="batch_norm")
+    if kind == "GATv2":
+        return pyg_models.GAT(f_in, 16, 3, classes, dropout=0.5, heads=4, v2=True,
+                              norm="batch_norm")
+    if kind == "APPNP":
+        class APPNPNet(nn.Module):  # as PyG's citation/appnp.py example writes it
+            def __init__(self):
+                super().__init__()
+                self.lin1, self.lin2 = nn.Linear(f_in, hidden), nn.Linear(hidden, classes)
+                self.prop = pyg_nn.APPNP(10, 0.1)
+
+            def forward(self, x, ei):
+                x = F.dropout(x, p=0.5, training=self.training)
+                x = F.relu(self.lin1(x))
+                x = F.dropout(x, p=0.5, training=self.training)
+                return self.prop(self.lin2(x), ei)
+
+        return APPNPNet()
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize("kind", ["GCN", "GraphSAGE", "GAT", "GIN", "GATv2", "APPNP"])
+def test_pyg_models_converted_train_and_keep_6x_less(kind):
+    data = synthetic_graph(800, 8, 32, 5, seed=0)
+    exclude = [data.x, data.edge_index]
+    torch.manual_seed(0)
+    model = _pyg_model(kind, 32, 5)
+    torch.manual_seed(1)
+    fp32 = saved_bytes(F.cross_entropy(model(data.x, data.edge_index), data.y), exclude=exclude)
+    gnnact.convert(model, Config(bits=2))
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    losses = []
+    for step in range(8):
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(data.x, data.edge_index), data.y)
+        if step == 0:
+            ours = saved_bytes(loss, exclude=exclude)  # graph cache counted
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss))
+    assert fp32 >= 6 * ours, (kind, fp32, ours)
+    assert losses[-1] < losses[0]
+
+
+def test_evaluation_and_no_grad_run_plain_and_keep_nothing():
+    x, ei = _graph(dtype=torch.float32)
+    model = gnnact.convert(_small("gcn", "functional"), Config(bits=2))
+    scope = scope_of(model)
+    with torch.no_grad():
+        model(x, ei)
+    assert scope.last is None  # no pass: nothing would be kept
+    model.eval()
+    out = model(x, ei)  # grad mode: a pass, without dropout
+    assert scope.last is not None and out.requires_grad
+
+
+def test_a_failed_pass_leaves_nothing_behind():
+    from gnnact.hooks import active_pipeline
+    from gnnact.ops.state import _STATE
+
+    class Broken(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+
+        def forward(self, x):
+            F.relu(self.lin(x))
+            raise RuntimeError("boom")
+
+    model = gnnact.convert(Broken(), Config(bits=2))
+    before = _STATE.get()
+    with pytest.raises(RuntimeError, match="boom"):
+        model(torch.randn(4, 8))
+    assert _STATE.get() is before and active_pipeline() is None
+    assert torch.overrides._get_current_function_mode() is None  # the mode is gone too
+    # The next pass works and the ops work outside it.
+    model.lin(torch.randn(4, 8, requires_grad=True)).relu().sum().backward()
+
+
+def test_nested_converted_models_run_one_pass():
+    inner = gnnact.convert(nn.Sequential(nn.Linear(8, 8), nn.ReLU()), Config(bits=2))
+
+    class Outer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner, self.lin = inner, nn.Linear(8, 2)
+
+        def forward(self, x):
+            return self.lin(F.relu(self.inner(x)))
+
+    outer = gnnact.convert(Outer(), Config(bits=4))
+    outer(torch.randn(5, 8)).sum().backward()
+    assert scope_of(outer).last is not None and scope_of(inner).last is None
+
+
+def test_converted_model_survives_deepcopy_pickle_and_state_dict():
+    x, ei = _graph(dtype=torch.float32)
+    model = gnnact.convert(_small("gcn", "functional"), Config(bits=2))
+    model(x, ei).sum().backward()
+    clone = copy.deepcopy(model)
+    assert scope_of(clone) is not scope_of(model) and scope_of(clone) is not None
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    loaded = torch.load(io.BytesIO(buffer.getvalue()), weights_only=False)
+    for m in (clone, loaded):
+        m(x, ei).sum().backward()
+        assert scope_of(m).last is not None
+    assert set(model.state_dict()) == set(_small("gcn", "functional").state_dict())
+
+
+def test_two_threads_train_two_models_as_one_thread_does():
+    # Rounding noise from per-tensor seeds (controlled_noise, per thread) and no dropout: each
+    # run is deterministic, so any state one thread's pass leaks into the other's (a shared
+    # copy, a derived entry, the noise control) changes the losses.
+    from gnnact.ops.context import controlled_noise
+
+    data = synthetic_graph(300, 6, 16, 4, seed=0)
+
+    def model(seed: int) -> nn.Module:  # built in the main thread: the global RNG is shared
+        torch.manual_seed(seed)
+        return gnnact.convert(_small("gcn", "functional", f_in=16, classes=4, dropout=0.0),
+                              Config(bits=2))
+
+    def train(model: nn.Module, seed: int, out: dict,
+              barrier: threading.Barrier | None = None) -> None:
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        losses = []
+        for step in range(6):
+            if barrier is not None:
+                barrier.wait()  # the two threads' passes interleave
+            optimizer.zero_grad()
+            with controlled_noise(seed * 100 + step):
+                loss = F.cross_entropy(model(data.x, data.edge_index), data.y)
+            loss.backward()
+            optimizer.step()
+            losses.append(float(loss))
+        out[seed] = losses
+
+    alone: dict = {}
+    for seed in (0, 1):
+        train(model(seed), seed, alone)
+    together: dict = {}
+    barrier = threading.Barrier(2)
+    models = {seed: model(seed) for seed in (0, 1)}
+    threads = [threading.Thread(target=train, args=(models[seed], seed, together, barrier))
+               for seed in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert together == alone
+
+
+def test_controller_adapts_functional_and_generic_tensors_through_the_scope():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1 = pyg_nn.GCNConv(16, 32)  # twin
+            self.conv2 = pyg_nn.GraphConv(32, 32)  # generic
+            self.lin = nn.Linear(32, 4)
+
+        def forward(self, x, ei):
+            h = F.relu(self.conv1(x, ei))
+            h = torch.tanh(self.conv2(h, ei))  # tanh's output: a generic tensor
+            return self.lin(F.dropout(h, 0.2, training=self.training))
+
+    data = synthetic_graph(300, 6, 16, 4, seed=0)
+    torch.manual_seed(0)
+    model = gnnact.convert(Net(), Config(bits=2))
+    controller = gnnact.Controller(model, avg_bits=3)
+
+    def closure():
+        return F.cross_entropy(model(data.x, data.edge_index), data.y)
+
+    controller.adapt(closure)
+    names = set(controller.tensors)
+    assert any(":" in n and n.rsplit(":", 1)[1].isdigit() for n in names)  # generic
+    assert "conv2.lin_rel:activations" in names  # a functional F.linear in a PyG Linear
+    scope = scope_of(model)
+    assert {n for n in names if n.split(":")[0] not in controller.modules} <= set(scope.bits)
+    model(data.x, data.edge_index)  # the next pass takes the widths
+    generic = {n: e.bits for n, e in scope.last.tensors.items() if e.adaptive}
+    assert all(generic[n] == scope.bits[n] for n in generic if n in scope.bits)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_saved_bytes_agrees_with_the_independent_meter(name):
+    # ../shared/tools/meter.py: an independent walk of the autograd graph (every storage a node
+    # holds, through dataclasses: gnnact's graph cache included).
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "shared" / "tools" / "meter.py"
+    if not path.is_file():
+        pytest.skip(f"no independent meter at {path}")
+    spec = importlib.util.spec_from_file_location("meter", path)
+    meter = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(meter)
+    data = synthetic_graph(400, 6, 24, 5, seed=0)
+    torch.manual_seed(0)
+    model = gnnact.convert(_small(name, "functional", f_in=24), Config(bits=2))
+    torch.manual_seed(1)
+    loss = F.cross_entropy(model(data.x, data.edge_index), data.y)
+    ours = saved_bytes(loss, exclude=[data.x, data.edge_index])
+    theirs = meter.saved_storage_bytes(
+        loss, exclude=[data.x, data.edge_index, *model.parameters(), *model.buffers()])
+    assert ours == theirs
