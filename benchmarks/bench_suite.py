@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
                     "seeds": args.seeds, "epochs": args.epochs, "lr": args.lr, "test_acc": accs,
                     "acc_mean": statistics.mean(accs),
                     "acc_std": statistics.stdev(accs) if len(accs) > 1 else 0.0,
-                    "saved_bytes": results[0].saved_bytes,
+                    "saved_bytes": results[0].saved_bytes, "graph_cache_counted": True,
                     "epoch_ms": statistics.mean(r.epoch_ms for r in results),
                     "peak_bytes": None if results[0].peak_bytes is None
                     else max(r.peak_bytes or 0 for r in results),

@@ -4,18 +4,23 @@ benchmarks page, each with the device, versions, commit and date its rows came f
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 # The suite rows' settings, with the defaults of rows from before each was recorded, as the
 # Table-3 script reads them (the repository root is on the path: see conf.py).
+from benchmarks.bench_gat_cora import paired
 from benchmarks.table3 import controller, settings
 
 # file -> (title, columns as (header, row key or callable))
 _TABLES = {
     "saved_bytes.jsonl": ("Saved context, arxiv-shaped graph", [
-        ("model", "model"), ("bits", "bits"),
+        ("model", "model"), ("style", lambda r: r.get("style", "module")), ("bits", "bits"),
         ("PyG fp32 MB", lambda r: _mb(r.get("pyg_fp32_bytes"))),
         ("gnnact MB", lambda r: _mb(r.get("gnnact_bytes"))),
+        # Rows from before the graph cache was counted say so instead of a size.
+        ("of which graph cache MB", lambda r: _mb(r.get("graph_cache_bytes"))
+         if r.get("graph_cache_counted") else "not counted"),
         ("ratio", lambda r: _x(r.get("ratio")))]),
     "accuracy.jsonl": ("Accuracy on real graphs", [
         ("dataset", "dataset"), ("model", "model"), ("bits", "bits"),
@@ -98,12 +103,53 @@ def _cell(row: dict, key) -> str:
 
 def _table(rows: list[dict], columns: list) -> list[str]:
     header = [h for h, _ in columns]
-    body = [[_cell(r, k) for _, k in columns] for r in rows]
+    return _list_table([header, *([_cell(r, k) for _, k in columns] for r in rows)])
+
+
+def _list_table(rows: list[list[str]]) -> list[str]:
+    """A reST list-table, the first row the header."""
     lines = [".. list-table::", "   :header-rows: 1", ""]
-    for cells in [header, *body]:
+    for cells in rows:
         lines.append(f"   * - {cells[0] or ' '}")
         lines += [f"     - {c or ' '}" for c in cells[1:]]
     return lines
+
+
+def _gat_cora(rows: list[dict]) -> list[str]:
+    """``gat_cora.jsonl`` as paired comparisons with PyG: one line per (rng, code, method),
+    for the test accuracy at the best validation epoch (PyG's example) and after the last."""
+    metrics = ("test_acc", "final_test_acc")
+    base = {m: {r["seed"]: r[m] for r in rows if r["method"] == "pyg"} for m in metrics}
+    runs: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r["method"] != "pyg":
+            runs.setdefault((r["rng"], r.get("tag") or "", r["method"]), []).append(r)
+    columns = ["rng", "code", "method", "seeds"]
+    for label in ("test at best val", "final test"):
+        columns += [f"{label} (%)", "paired Δ vs PyG (pt)", "t-test p"]
+    pyg = ["", "", "pyg", str(len(base["test_acc"]))]
+    for m in metrics:
+        pyg += [_mean_std(list(base[m].values())), "", ""]
+    body = [pyg]
+    for (rng, tag, method), group in sorted(runs.items()):
+        line = [rng, tag, method, ""]
+        for m in metrics:
+            s = paired(base[m], {r["seed"]: r[m] for r in group})
+            line[3] = str(s["n"])
+            line += [f"{s['mean']:.2f} ± {s['std']:.2f}", f"{s['diff']:+.2f} ± {s['se']:.2f}",
+                     f"{s['t_p']:.3g}"]
+        body.append(line)
+    return _list_table([columns, *body])
+
+
+def _mean_std(values: list[float]) -> str:
+    std = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.mean(values):.2f} ± {std:.2f}"
+
+
+#: Files rendered by their own function (rows of all runs together) instead of by run.
+_SUMMARIES = {"gat_cora.jsonl": ("GAT on Cora (PyG's example), paired by seed with PyG",
+                                 _gat_cora)}
 
 
 def write_tables(results: Path, out: Path) -> Path:
@@ -124,6 +170,12 @@ def write_tables(results: Path, out: Path) -> Path:
         for (device, commit, date, torch_version), group in runs.items():
             lines += [f"**{device}**, torch {torch_version}, commit ``{commit}``, {date}:", ""]
             lines += [*_table(group, columns), ""]
+    for name, (title, render) in _SUMMARIES.items():
+        path = results / name
+        if path.exists():
+            rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            lines += [title, "-" * len(title), "", f"From ``benchmarks/results/{name}``.", "",
+                      *render(rows), ""]
     target = out / "benchmarks_tables.rst"
     target.write_text("\n".join(lines) + "\n")
     return target

@@ -52,7 +52,8 @@ def test_suite_rows_summary_and_plots(tmp_path):
         assert r["seeds"] == [0, 1] and len(r["test_acc"]) == 2 and r["commit"]
         assert r["num_nodes"] == 300 and r["epoch_ms"] > 0 and r["peak_bytes"] is None
     pyg, packed, amp, ckpt = rows
-    assert pyg["saved_bytes"] > 20 * packed["saved_bytes"] > 0
+    # (gnnact's graph cache counted: on 300 nodes it is a larger share than on real graphs)
+    assert pyg["saved_bytes"] > 15 * packed["saved_bytes"] > 0
     assert pyg["saved_bytes"] > amp["saved_bytes"] > 0 and ckpt["saved_bytes"] is None
     assert "| synthetic-arxiv | gcn | gnnact2 |" in summary.read_text()
     written = plots.plot(rows, tmp_path)
@@ -136,10 +137,10 @@ def test_saved_bytes_writes_each_model_when_done(tmp_path, monkeypatch):
     out = tmp_path / "saved.jsonl"
     build = bench.build
 
-    def build_or_fail(name, *args):
+    def build_or_fail(name, *args, **kwargs):
         if name == "gat":
             raise RuntimeError("stopped")
-        return build(name, *args)
+        return build(name, *args, **kwargs)
 
     monkeypatch.setattr(bench, "build", build_or_fail)
     with pytest.raises(RuntimeError, match="stopped"):
@@ -156,7 +157,7 @@ def test_table3_compares_like_with_like():
     def row(model, method, acc, date, epochs=100, saved=100):
         return {"bench": "suite", "graph": "g", "model": model, "method": method,
                 "acc_mean": acc, "acc_std": 0.5, "epochs": epochs, "seeds": [0, 1, 2],
-                "saved_bytes": saved, "date": date}
+                "saved_bytes": saved, "graph_cache_counted": True, "date": date}
 
     def scheduled(r, first=10, interval=50, min_bits=1):
         return {**r, "adapt_interval": interval, "first_interval": first, "min_bits": min_bits}
@@ -189,6 +190,21 @@ def test_table3_compares_like_with_like():
              {**row("gcnii", "gnnact4", 70.5, "2026-01-01"), "bn_momentum": 0.5}]
     assert table3.table(rows, "g").splitlines()[3] == (
         "| GCNII | 100 | 0.01 | – | 70.00 ± 0.50 | +0.50 | – | – | – | – | – |")
+    # A suite row from before the graph cache was counted is marked ‡ ...
+    rows.append({**scheduled(row("gcn", "adaptive2", 80.1, "2026-01-06", saved=8)),
+                 "graph_cache_counted": False})
+    lines = table3.table(rows, "g").splitlines()
+    assert lines[2].endswith("| 12.5×‡ |") and lines[-1].startswith("‡ context without")
+    # ... and a bench_saved_bytes row of the same graph, model, adjacency and features (at 2
+    # bits, module style) gives the ratio instead; one of another adjacency does not.
+    saved = [{"bench": "saved_bytes", "graph": "g", "model": "gcn", "style": "module",
+              "bits": 2, "adj": "edge_index", "features": "dense", "ratio": 12.34,
+              "date": "2026-01-07"},
+             {"bench": "saved_bytes", "graph": "g", "model": "gcn", "style": "module",
+              "bits": 2, "adj": "csr", "features": "dense", "ratio": 99.0,
+              "date": "2026-01-08"}]
+    lines = table3.table(rows, "g", saved=saved).splitlines()
+    assert lines[2].endswith("| 12.3× |") and not lines[-1].startswith("‡")
 
 
 def test_generic_rows(tmp_path, capsys):
