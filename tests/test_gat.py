@@ -19,6 +19,10 @@ import pytest
 import torch
 import torch_geometric.nn as pyg_nn
 import torch_geometric.transforms as T
+from attention_helpers import F_IN, E, N
+from attention_helpers import edges as _edges
+from attention_helpers import feats as _feats
+from attention_helpers import rel as _rel
 from torch import Tensor
 from torch_geometric import EdgeIndex
 from torch_geometric.data import Data
@@ -42,26 +46,8 @@ pytestmark = [
 ]
 
 EXACT = Config(bits=32)
-N, F, E = 24, 6, 90
+F = F_IN
 TOL = 1e-6
-
-
-
-
-def _edges(seed: int = 0, n_src: int = N, n_dst: int = N, e: int = E) -> Tensor:
-    """Random directed edges in random order (duplicates and self-loops included)."""
-    g = torch.Generator().manual_seed(seed)
-    return torch.stack([torch.randint(0, n_src, (e,), generator=g),
-                        torch.randint(0, n_dst, (e,), generator=g)])
-
-
-def _feats(rows: int, cols: int, seed: int = 1) -> Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(rows, cols, generator=g, dtype=torch.float64)
-
-
-def _rel(a: Tensor, b: Tensor) -> float:
-    return float((a - b).detach().norm() / b.detach().norm().clamp_min(1e-300))
 
 
 def _pair(config: Config = EXACT, **kwargs) -> tuple[pyg_nn.GATConv, GATConv]:
