@@ -51,6 +51,7 @@ from gnnact.ops.context import (
     shared_quantize,
     transient,
 )
+from gnnact.ops.higher_order import first_order_only
 from gnnact.quant import pack_mask
 
 __all__ = ["batch_norm", "dropout", "elu", "leaky_relu", "linear", "relu"]
@@ -71,6 +72,7 @@ class _Linear(torch.autograd.Function):
         return F.linear(x, weight, bias)
 
     @staticmethod
+    @first_order_only("compressed linear map (gnnact.ops.linear)")
     def backward(ctx: Any, grad: Tensor) -> tuple:
         x_hat, weight = load_context(ctx)
         grad_x = grad_w = grad_b = None
@@ -125,6 +127,7 @@ class _BatchNorm(torch.autograd.Function):
         return out
 
     @staticmethod
+    @first_order_only("compressed BatchNorm (gnnact.ops.batch_norm)")
     def backward(ctx: Any, grad: Tensor) -> tuple:
         x_hat, weight, mean, invstd = load_context(ctx)
         shape = [1, -1] + [1] * (grad.dim() - 2)
@@ -219,6 +222,13 @@ class _Masked(torch.autograd.Function):
             out = torch.where(mask, grad, grad.new_zeros(()))
         else:
             out = grad * mask.to(grad.dtype).div_(ctx.divisor)
+        # Double backward (create_graph=True) is exact as written at every width: this is
+        # linear in the gradient, the mask is exact, and d/dX of it is 0 almost everywhere. With
+        # a constant incoming gradient nothing here is recorded, though, where PyTorch's ReLU
+        # (and dropout) still returns a differentiable gradient that differentiates to zeros:
+        # a graph leaf of its own gives that zero (no path to X) rather than an error.
+        if torch.is_grad_enabled() and not out.requires_grad:
+            out = out.detach().requires_grad_()
         return out, None, None, None
 
 
@@ -283,6 +293,7 @@ class _ELU(torch.autograd.Function):
         return out
 
     @staticmethod
+    @first_order_only("compressed ELU (gnnact.ops.elu)")
     def backward(ctx: Any, grad: Tensor) -> tuple:
         mask, out_hat = load_context(ctx)
         # dY/dX = 1 on X > 0, alpha e^X = Y + alpha elsewhere: linear in the kept Y, so the

@@ -93,6 +93,7 @@ from torch_geometric.utils import softmax
 from gnnact.config import Config
 from gnnact.ops.context import independent_quantize, load_context, records_graph, save_context
 from gnnact.ops.graph import Graph, csr_tensor
+from gnnact.ops.higher_order import first_order_only
 from gnnact.quant import pack_mask
 
 __all__ = ["gat_attention"]
@@ -267,6 +268,7 @@ class _GATAttention(torch.autograd.Function):
         return out, alpha_out
 
     @staticmethod
+    @first_order_only("GAT attention (gnnact.ops.gat_attention)")
     def backward(ctx: Any, grad_out: Tensor | None, grad_alpha: Tensor | None = None) -> tuple:
         graph: Graph = ctx.graph
         xs_hat, xd_hat, alpha_t, att_src, att_dst, positive, keep, xs_tilde = load_context(ctx)

@@ -97,6 +97,7 @@ from gnnact.ops.context import (
 )
 from gnnact.ops.gat import _aggregate, _edge_dot, _segment_sum, _to_csr, _to_input
 from gnnact.ops.graph import Graph
+from gnnact.ops.higher_order import first_order_only
 from gnnact.quant import PackedMask, pack_mask, unpack_mask
 
 __all__ = ["CHUNK_ELEMENTS", "gatv2_attention"]
@@ -211,6 +212,7 @@ class _GATv2Attention(torch.autograd.Function):
         return out, _to_input(alpha_d, graph)
 
     @staticmethod
+    @first_order_only("GATv2 attention (gnnact.ops.gatv2_attention)")
     def backward(ctx: Any, grad_out: Tensor | None, grad_alpha: Tensor | None = None) -> tuple:
         graph: Graph = ctx.graph
         (x_l_hat, x_l_tilde, x_r_hat, alpha_t, att, edge_hat, w_edge, mask,

@@ -58,6 +58,7 @@ from torch import Tensor
 
 from gnnact.config import Config
 from gnnact.ops.context import load_context, records_graph, save_context
+from gnnact.ops.higher_order import first_order_only
 
 __all__ = ["gcn2_residual"]
 
@@ -110,6 +111,7 @@ class _GCN2Residual(torch.autograd.Function):
         return out
 
     @staticmethod
+    @first_order_only("GCNII initial-residual map (gnnact.ops.gcn2)")
     def backward(ctx: Any, grad: Tensor) -> tuple:
         alpha, beta = ctx.alpha, ctx.beta
         need_p, need_h0, need_w1, need_w2 = ctx.needs_input_grad[:4]

@@ -27,6 +27,7 @@ from gnnact.ops.context import (
     transient,
 )
 from gnnact.ops.graph import Graph
+from gnnact.ops.higher_order import first_order_only
 
 __all__ = ["spmm"]
 
@@ -54,6 +55,10 @@ class _SpMM(torch.autograd.Function):
         return _aggregate(x, graph, value, mean)
 
     @staticmethod
+    # With edge values that need no gradient, backward is A^T G: linear in G with the exact
+    # graph, so it is differentiable as written. The edge values' gradient reads X rounded.
+    @first_order_only("sparse aggregation (gnnact.ops.spmm) with learnable edge values",
+                      exact=lambda ctx: not ctx.needs_input_grad[1])
     def backward(ctx: Any, grad: Tensor) -> tuple:
         graph: Graph = ctx.graph
         x_hat, value = load_context(ctx)
