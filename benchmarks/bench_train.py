@@ -8,7 +8,8 @@ For each model, one process trains the plain PyG model and the same model after
   with CUDA events on a GPU and ``perf_counter`` on the CPU;
 - ``kept_bytes`` (GPU): ``memory_allocated`` after forward minus before, minus the output;
 - ``peak_bytes`` (GPU): ``max_memory_allocated`` over one step, from a reset;
-- ``saved_bytes``: the device-independent graph walk (:func:`gnnact.memory.saved_bytes`).
+- ``saved_bytes``: the device-independent graph walk (:func:`gnnact.memory.breakdown`), with
+  ``context_bytes`` and ``graph_cache_bytes`` (gnnact's cached graph structure) its parts.
 
 Target on a GPU (DESIGN.md §5): gnnact's epoch time within +10 % of PyG fp32.
 
@@ -24,8 +25,11 @@ products-shaped graph, PyG fp32 is expected to); ratios then refer to the first 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import sys
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import torch
@@ -38,22 +42,26 @@ from _common import RESULTS, environment, finish, median_time, out_of_memory
 
 import gnnact
 from gnnact.data import SHAPES, synthetic_like
-from gnnact.memory import saved_bytes
+from gnnact.memory import breakdown
 from gnnact.models import MODELS, build
-from gnnact.training import loss_of
+from gnnact.training import adjacency, loss_of
 
 
-def run(model: torch.nn.Module, data, device: torch.device, epochs: int, warmup: int) -> dict:
+def run(model: torch.nn.Module, data, device: torch.device, epochs: int, warmup: int,
+        context: Callable[[], AbstractContextManager] = contextlib.nullcontext) -> dict:
+    """One configuration: the bytes its forward pass keeps (graph walk, the graph cache as its
+    own line), on a GPU the memory kept after forward and the step's peak, and the median
+    step; every forward runs under ``context()`` (autocast, say)."""
     model.train()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     cuda = device.type == "cuda"
 
-    def step() -> torch.Tensor:
+    def step() -> None:
         opt.zero_grad(set_to_none=True)
-        loss = loss_of(model, data)
+        with context():
+            loss = loss_of(model, data)
         loss.backward()
         opt.step()
-        return loss
 
     for _ in range(warmup):
         step()
@@ -64,13 +72,16 @@ def run(model: torch.nn.Module, data, device: torch.device, epochs: int, warmup:
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         before = torch.cuda.memory_allocated(device)
-    out = model(data.x, data.edge_index)
-    loss = F.cross_entropy(out[data.train_mask], data.y[data.train_mask])
+    with context():
+        out = model(data.x, adjacency(data))
+        loss = F.cross_entropy(out[data.train_mask], data.y[data.train_mask])
     if cuda:
         torch.cuda.synchronize(device)
         result["kept_bytes"] = (torch.cuda.memory_allocated(device) - before
                                 - out.numel() * out.element_size())
-    result["saved_bytes"] = saved_bytes(loss, exclude=[model, data.x, data.y, data.edge_index])
+    kept = breakdown(loss, exclude=[model, data.x, data.y, adjacency(data)])
+    result |= {"saved_bytes": kept.total, "context_bytes": kept.context,
+               "graph_cache_bytes": kept.graph_cache, "graph_cache_counted": True}
     del out
     loss.backward()
     opt.step()

@@ -35,6 +35,12 @@
 #              under a 16 GB cap: PyG fp32 vs gnnact 2 bits vs 2 bits + swap; products' peak
 #   peak       what is alive at a step's peak memory, by source line (allocator history):
 #              GCN and SAGE at 2 bits, arxiv shape and a 1M-node products shape
+#   amp        mixed precision with compression: PyG fp32, fp32 + 2 bits, PyG under fp16
+#              autocast, autocast + 2 bits; saved context (graph cache counted), step time and
+#              peak memory, arxiv-shaped graph, all four models
+#   compile    torch.compile (inductor): training step time of gnnact 2 bits against PyG fp32,
+#              eager and compiled, with graph-break counts; arxiv-sized synthetic graph, GCN
+#              and SAGE (the CUDA tests of tests/test_compile.py run in the tests part)
 #
 # Extend this script whenever a GPU path or a GPU benchmark is added.
 set -uo pipefail
@@ -54,7 +60,8 @@ mkdir -p "$out"
 status=0
 parts=("$@")
 [ ${#parts[@]} -gt 0 ] || parts=(tests train products suite suite-gat generic swap largest peak
-                                 accuracy adaptive-dblp adaptive-computers adaptive-physics)
+                                 amp compile accuracy adaptive-dblp adaptive-computers
+                                 adaptive-physics)
 
 {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
@@ -114,6 +121,14 @@ for part in "${parts[@]}"; do
         --out "$out/peak.jsonl" || status=1
       "$py" benchmarks/profile_peak.py --device cuda --shape products --nodes 1000000 \
         --models sage --bits 2 --out "$out/peak.jsonl" || status=1
+      ;;
+    amp)
+      "$py" benchmarks/bench_amp.py --device cuda --amp-dtype float16 --nodes 169343 \
+        --models gcn sage gat gcnii --epochs 10 --warmup 3 --out "$out/amp.jsonl" || status=1
+      ;;
+    compile)
+      "$py" benchmarks/bench_compile.py --device cuda --nodes 169343 --models gcn sage \
+        --out "$out/compile.jsonl" || status=1
       ;;
     accuracy)
       if [ -d data_local/datasets ]; then

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gnnact.quant.core import _BACKENDS, DEFAULT_GROUP_SIZE
+from gnnact.quant.core import _BACKENDS, DEFAULT_GROUP_SIZE, _check_int
 from gnnact.quant.packed import SUPPORTED_BITS
 
 __all__ = ["Config"]
@@ -51,7 +51,10 @@ class Config:
             copies in ahead of the one it reads. (default: :obj:`1`)
 
     Raises:
-        ValueError: if a field has the wrong type or an unsupported value.
+        TypeError: if a field has the wrong type (``per_row="yes"``, ``bits=2.0``, a
+            :obj:`bool` for an int).
+        ValueError: if a field has an unsupported value (``bits=9``, ``group_size=0``,
+            ``backend="numba"``).
 
     Example:
         >>> config = gnnact.Config(bits=4, group_size=256)
@@ -76,25 +79,30 @@ class Config:
     prefetch_depth: int = 1
 
     def __post_init__(self) -> None:
+        # Every field, at construction: a wrong value fails here, naming the field, not deep
+        # inside a forward pass (or, for a flag, is silently taken as true: per_row="no").
         for name in ("bits", "attention_bits"):
             value = getattr(self, name)
             if name == "attention_bits" and value is None:
                 continue
-            if isinstance(value, bool) or not isinstance(value, int) or (
-                    value not in SUPPORTED_BITS):
+            if _check_int(f"Config.{name}", value) not in SUPPORTED_BITS:
                 raise ValueError(f"Config.{name} must be one of {SUPPORTED_BITS}, got {value!r}")
-        if isinstance(self.group_size, bool) or not isinstance(self.group_size, int) or (
-                self.group_size <= 0):
+        if _check_int("Config.group_size", self.group_size) <= 0:
             raise ValueError(f"Config.group_size must be a positive int, got {self.group_size!r}")
-        if isinstance(self.prefetch_depth, bool) or not isinstance(self.prefetch_depth, int) or (
-                self.prefetch_depth < 0):
+        if _check_int("Config.prefetch_depth", self.prefetch_depth) < 0:
             raise ValueError(f"Config.prefetch_depth must be a non-negative int, got "
                              f"{self.prefetch_depth!r}")
-        for name in ("resident_inputs", "per_node", "offload"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"Config.{name} must be a bool, got {getattr(self, name)!r}")
-        if self.tag is not None and not isinstance(self.tag, str):
-            raise ValueError(f"Config.tag must be a str or None, got {self.tag!r}")
+        for name in ("per_row", "resident_inputs", "per_node", "offload"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise TypeError(f"Config.{name} must be a bool, got {value!r} "
+                                f"({type(value).__name__})")
+        for name in ("tag", "backend"):
+            value = getattr(self, name)
+            if not (isinstance(value, str) or (name == "tag" and value is None)):
+                kind = "a str or None" if name == "tag" else "a str"
+                raise TypeError(f"Config.{name} must be {kind}, got {value!r} "
+                                f"({type(value).__name__})")
         if self.backend not in _BACKENDS:
             raise ValueError(f"Config.backend must be one of {_BACKENDS}, got {self.backend!r}")
 

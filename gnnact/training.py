@@ -23,11 +23,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch_geometric.data import Data
+from torch_geometric.transforms import ToSparseTensor
 from tqdm import tqdm
 
 from gnnact.memory import saved_bytes
 
-__all__ = ["RunResult", "adjacency", "evaluate", "loss_of", "roc_auc", "train_full_batch"]
+__all__ = ["RunResult", "adjacency", "evaluate", "loss_of", "metric_of", "roc_auc",
+           "train_full_batch", "with_layout"]
 
 
 @dataclass
@@ -35,9 +37,10 @@ class RunResult:
     """What one training run measured.
 
     Args:
-        test_acc (float): test metric at the best validation epoch (accuracy, or mean ROC-AUC
-            for multi-label targets), in [0, 1]; ``nan`` if the validation metric never was a
-            number (a ROC-AUC with no split column holding both classes).
+        test_acc (float): test metric at the best validation epoch (:func:`metric_of`:
+            accuracy, or mean ROC-AUC for multi-label and binary ``rocauc`` targets, or OGB's
+            Evaluator's), in [0, 1]; ``nan`` if the validation metric never was a number (a
+            ROC-AUC with no split column holding both classes).
         best_val_acc (float): the best validation metric (``nan`` likewise).
         saved_bytes (int, optional): context one training forward pass keeps for backward,
             resident tensors (model, features, labels, graph) excluded; :obj:`None` when not
@@ -93,6 +96,38 @@ def adjacency(data: Data) -> Any:
     return adj_t if adj_t is not None else data.edge_index
 
 
+def with_layout(data: Data, *, adj: str = "edge_index", features: str = "dense") -> Data:
+    r"""``data`` with the graph and features laid out for training.
+
+    Args:
+        data (torch_geometric.data.Data): the graph, with ``edge_index``.
+        adj (str, optional): ``"edge_index"`` keeps it; ``"csr"`` replaces it by ``adj_t``, a
+            ``torch.sparse_csr`` :math:`\mathbf{A}^\top` (PyG's
+            :class:`~torch_geometric.transforms.ToSparseTensor`), which PyG's convolutions
+            aggregate by sparse-dense products, several times faster on the CPU.
+            (default: :obj:`"edge_index"`)
+        features (str, optional): ``"dense"``, or ``"sparse"`` for ``x`` as a
+            ``torch.sparse_csr`` matrix (bag-of-words features: the first layer's product
+            then skips the zeros). (default: :obj:`"dense"`)
+
+    Example:
+        >>> from gnnact.data import synthetic_graph
+        >>> data = with_layout(synthetic_graph(500, 8, 16, 4, seed=0), adj="csr")
+        >>> adjacency(data).layout, "edge_index" in data
+        (torch.sparse_csr, False)
+    """
+    if adj not in ("edge_index", "csr"):
+        raise ValueError(f"adj must be 'edge_index' or 'csr', got {adj!r}")
+    if features not in ("dense", "sparse"):
+        raise ValueError(f"features must be 'dense' or 'sparse', got {features!r}")
+    if features == "sparse":
+        data = data.clone()
+        data.x = data.x.to_sparse_csr()
+    if adj == "csr":
+        data = ToSparseTensor(layout=torch.sparse_csr)(data.clone())
+    return data
+
+
 def loss_of(model: nn.Module, data: Data) -> Tensor:
     r"""Cross-entropy on the training nodes; binary cross-entropy per task if ``y`` is
     ``[N, T]`` (multi-label: ogbn-proteins, Yelp).
@@ -133,16 +168,99 @@ def loss_of(model: nn.Module, data: Data) -> Tensor:
     return F.cross_entropy(out, data.y[data.train_mask])
 
 
+def _accuracy(out: Tensor, y: Tensor) -> float:
+    return (out.argmax(dim=-1) == y).float().mean().item()
+
+
+def _roc_auc_of_logits(out: Tensor, y: Tensor) -> float:
+    # A binary target [n] against two logits per node: the positive class's log-odds rank the
+    # nodes exactly as its softmax probability does, without saturating to ties.
+    if y.dim() == 1 and out.dim() == 2:
+        if out.size(1) == 2:
+            out = out[:, 1] - out[:, 0]
+        elif out.size(1) == 1:
+            out = out[:, 0]
+    return roc_auc(out, y)
+
+
+def _ogb_metric(name: str) -> Callable[[Tensor, Tensor], float]:
+    from gnnact.data.datasets import _import_ogb
+
+    evaluator = _import_ogb("nodeproppred", f"data.metric={name!r}").Evaluator(name)
+    key = evaluator.eval_metric
+
+    def score(out: Tensor, y: Tensor) -> float:
+        if key == "acc":  # OGB wants [n, 1] labels and [n, 1] predicted classes
+            inputs = {"y_true": y.view(-1, 1), "y_pred": out.argmax(dim=-1, keepdim=True)}
+        else:
+            both = (y == 1).any(0) & (y == 0).any(0)
+            if not bool(both.any()):  # OGB raises here; gnnact's contract is NaN
+                return math.nan
+            inputs = {"y_true": y, "y_pred": out}
+        return float(evaluator.eval({k: v.detach().cpu() for k, v in inputs.items()})[key])
+
+    return score
+
+
+def metric_of(data: Data) -> Callable[[Tensor, Tensor], float]:
+    r"""The metric :func:`evaluate` scores ``data`` by, as ``(out, y) -> float`` on the rows of
+    one split, chosen by ``data.metric`` (set by :func:`gnnact.data.load_dataset`):
+
+    * ``"acc"``: accuracy of ``out.argmax(-1)``;
+    * ``"rocauc"``: :func:`roc_auc`, the mean over tasks of ``[n, T]`` targets, or of a binary
+      ``[n]`` target against two logits (scored by their difference);
+    * an OGB dataset name such as ``"ogbn-arxiv"``: that dataset's
+      ``ogb.nodeproppred.Evaluator``, so that OGB results are OGB's own numbers. Without the
+      ``ogb`` package this raises :class:`ImportError` rather than fall back on gnnact's
+      metric (loading an OGB dataset needs ogb too).
+
+    Without ``data.metric``: ``"rocauc"`` if ``data.y`` is ``[N, T]``, else ``"acc"``.
+
+    Args:
+        data (torch_geometric.data.Data): the graph, with ``y``.
+
+    Returns:
+        callable: ``(out, y) -> float``.
+
+    Raises:
+        ValueError: ``data.metric`` is none of the above.
+        ImportError: scikit-learn (``"rocauc"``) or ogb (OGB names) is not installed; raised
+            here, before any training.
+
+    Example:
+        >>> from gnnact.data import synthetic_graph
+        >>> from gnnact.training import metric_of
+        >>> data = synthetic_graph(100, 4, 8, 3, seed=0)
+        >>> metric_of(data)(torch.eye(3)[data.y], data.y)  # one-hot of the labels
+        1.0
+    """
+    name = getattr(data, "metric", None)
+    if name is None:
+        name = "rocauc" if data.y.dim() == 2 else "acc"
+    if name == "acc":
+        return _accuracy
+    if name == "rocauc":
+        _roc_auc_score()  # fail now, not after the first epoch, if scikit-learn is absent
+        return _roc_auc_of_logits
+    if isinstance(name, str) and name.startswith("ogbn-"):
+        return _ogb_metric(name)
+    raise ValueError(f"data.metric must be 'acc', 'rocauc' or an OGB dataset name such as "
+                     f"'ogbn-arxiv', got {name!r}")
+
+
 @torch.no_grad()
-def evaluate(model: nn.Module, data: Data) -> tuple[float, float]:
-    """Validation and test accuracy; mean ROC-AUC over tasks (:func:`roc_auc`) if
-    multi-label. Runs one forward pass under :func:`torch.no_grad` and leaves ``model`` in
-    evaluation mode.
+def evaluate(model: nn.Module, data: Data,
+             metric: Callable[[Tensor, Tensor], float] | None = None) -> tuple[float, float]:
+    """Validation and test metric (:func:`metric_of`: accuracy, mean ROC-AUC over tasks, or
+    OGB's Evaluator for OGB datasets). Runs one forward pass under :func:`torch.no_grad` and
+    leaves ``model`` in evaluation mode.
 
     Args:
         model (torch.nn.Module): called as ``model(data.x, adjacency(data))``.
         data (torch_geometric.data.Data): with ``x``, ``edge_index`` or ``adj_t``, ``y``,
             ``val_mask`` and ``test_mask``.
+        metric (callable, optional): ``(out, y) -> float``; :obj:`None`:
+            ``metric_of(data)``. (default: :obj:`None`)
 
     Returns:
         tuple[float, float]: ``(validation metric, test metric)``, each in [0, 1].
@@ -156,30 +274,40 @@ def evaluate(model: nn.Module, data: Data) -> tuple[float, float]:
         >>> 0.0 <= val_acc <= 1.0 and 0.0 <= test_acc <= 1.0
         True
     """
+    metric = metric or metric_of(data)
     model.eval()
     out = model(data.x, adjacency(data))
-    if data.y.dim() == 2:
-        return (roc_auc(out[data.val_mask], data.y[data.val_mask]),
-                roc_auc(out[data.test_mask], data.y[data.test_mask]))
-    correct = out.argmax(dim=-1) == data.y
-    return (correct[data.val_mask].float().mean().item(),
-            correct[data.test_mask].float().mean().item())
+    return (metric(out[data.val_mask], data.y[data.val_mask]),
+            metric(out[data.test_mask], data.y[data.test_mask]))
+
+
+def _roc_auc_score() -> Callable:
+    # scikit-learn is not a dependency of gnnact: it comes with the [ogb] extra (ogb needs it),
+    # which the multi-label ogbn-proteins needs anyway.
+    try:
+        from sklearn.metrics import roc_auc_score
+    except ImportError as error:
+        raise ImportError("ROC-AUC needs scikit-learn: pip install scikit-learn (or "
+                          "'gnnact[ogb]', which brings it)") from error
+    return roc_auc_score
 
 
 def roc_auc(score: Tensor, target: Tensor) -> float:
-    r"""Mean over tasks (columns having both classes, as OGB's evaluator) of the ROC-AUC, by the
-    rank-sum formula :math:`(\sum_{i \in P} r_i - |P|(|P|+1)/2) / (|P||N|)` (exact score ties
-    are ranked by position rather than averaged), where :math:`r_i` is the rank of sample
-    :math:`i`'s score in its column (from 1) and :math:`P`, :math:`N` the positive and negative
-    samples.
+    r"""Mean over tasks (columns having both classes, as OGB's evaluator) of the ROC-AUC, by
+    scikit-learn's :func:`~sklearn.metrics.roc_auc_score`: tied scores count one half, so
+    all-tied scores give 0.5.
 
     Args:
         score (torch.Tensor): scores (logits or probabilities), ``[n, T]`` (or ``[n]`` for one
-            task).
+            task, such as a binary dataset's positive-class log-odds).
         target (torch.Tensor): binary targets of the same shape (0/1 or boolean).
 
     Returns:
         float: the mean ROC-AUC, or ``nan`` if no column has both classes.
+
+    Raises:
+        ValueError: ``score`` and ``target`` differ in shape, or ``target`` is not 0/1.
+        ImportError: scikit-learn is not installed.
 
     Example:
         >>> from gnnact.training import roc_auc
@@ -188,13 +316,21 @@ def roc_auc(score: Tensor, target: Tensor) -> float:
         >>> score = torch.tensor([[0.1, 0.9], [0.4, 0.2], [0.8, 0.7]])
         >>> roc_auc(score, torch.tensor([[0, 1], [0, 1], [1, 1]]))  # column 1: no negative
         1.0
+        >>> roc_auc(torch.zeros(4), torch.tensor([0, 1, 0, 1]))  # all tied
+        0.5
     """
-    ranks = score.double().argsort(0).argsort(0).double() + 1
-    pos = target.bool()
-    n_pos, n_neg = pos.sum(0).double(), (~pos).sum(0).double()
-    valid = (n_pos > 0) & (n_neg > 0)
-    auc = ((ranks * pos).sum(0) - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
-    return auc[valid].mean().item() if bool(valid.any()) else float("nan")
+    if score.shape != target.shape:
+        raise ValueError(f"score and target must have the same shape, got "
+                         f"{tuple(score.shape)} and {tuple(target.shape)}")
+    if not bool(((target == 0) | (target == 1)).all()):
+        raise ValueError(f"target must be binary (0/1), got values "
+                         f"{target.unique().tolist()[:5]}")
+    roc_auc_score = _roc_auc_score()
+    scores = score.detach().double().cpu().reshape(score.size(0), -1).numpy()
+    targets = target.detach().cpu().reshape(target.size(0), -1).bool().numpy()
+    aucs = [roc_auc_score(targets[:, j], scores[:, j]) for j in range(targets.shape[1])
+            if targets[:, j].any() and not targets[:, j].all()]
+    return float(sum(aucs) / len(aucs)) if aucs else math.nan
 
 
 def train_full_batch(model: nn.Module, data: Data, *, epochs: int, lr: float = 0.01,
@@ -245,6 +381,7 @@ def train_full_batch(model: nn.Module, data: Data, *, epochs: int, lr: float = 0
     optimizer = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
     resident = [model, data.x, data.y, adjacency(data)]
     context = step_context or contextlib.nullcontext
+    metric = metric_of(data)  # once: OGB's Evaluator reads its table of datasets
     # A NaN validation metric never wins; if every one is NaN, both results are NaN rather than
     # a made-up 0.
     best_val, test_at_best = -math.inf, math.nan
@@ -277,7 +414,7 @@ def train_full_batch(model: nn.Module, data: Data, *, epochs: int, lr: float = 0
             peak = step_peak if peak is None else max(peak, step_peak)
         times.append(time.perf_counter() - start)
 
-        val, test = evaluate(model, data)
+        val, test = evaluate(model, data, metric)
         if val > best_val:
             best_val, test_at_best = val, test
         bar.set_postfix(loss=f"{loss.item():.3f}", val=f"{val:.3f}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import random
+import threading
 import warnings
 
 import pytest
@@ -315,6 +316,180 @@ def test_controller_bad_input(graph):
     exact = gnnact.convert(build("gcn", graph.num_features, 4, hidden=8), gnnact.Config(bits=32))
     with pytest.raises(RuntimeError, match="no compressed tensor was recorded"):
         Controller(exact).estimate(_closure(exact, graph))
+
+
+def _training_state(model):
+    """Everything an estimate must leave as it was: parameters, their .grad, buffers (BatchNorm
+    running statistics), the train/eval mode, the widths, the global RNG."""
+    return ({k: v.clone() for k, v in model.state_dict().items()},
+            [None if p.grad is None else p.grad.clone() for p in model.parameters()],
+            model.training,
+            {name: m.config for name, m in model.named_modules()
+             if isinstance(m, gnnact.nn._base._Compressed)},
+            torch.get_rng_state())
+
+
+def _assert_same_state(before, after):
+    (state0, grads0, mode0, configs0, rng0), (state1, grads1, mode1, configs1, rng1) = \
+        before, after
+    assert state0.keys() == state1.keys()
+    for k, v in state0.items():
+        assert torch.equal(v, state1[k]), k
+    assert len(grads0) == len(grads1)
+    for g0, g1 in zip(grads0, grads1, strict=True):
+        assert (g0 is None and g1 is None) or torch.equal(g0, g1)
+    assert mode0 == mode1 and configs0 == configs1 and torch.equal(rng0, rng1)
+
+
+def test_failed_estimate_warns_and_retries_at_next_scheduled_step(graph):
+    """An estimate that raises (out of memory in its third pass) warns, leaves widths and
+    training state as they were, and the next step of the schedule estimates again."""
+    model = _model("gcnii", graph)  # BatchNorm-free but non-uniform widths; dropout
+    closure = _closure(model, graph)
+    calls = [0]
+    fail_at = [None]
+
+    def flaky():
+        calls[0] += 1
+        if calls[0] == fail_at[0]:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return closure()
+
+    controller = Controller(model, avg_bits=2, adapt_interval=40)  # schedule: 0, 10, 30, 70
+    assert controller.adapt(flaky)
+    assert len({r["bits"] for r in controller.report()}) > 1  # widths of its own to keep
+    fail_at[0] = calls[0] + 3  # the second perturbed pass of the estimate at step 10
+    for _ in range(1, 10):
+        assert not controller.adapt(flaky)
+    model.zero_grad()
+    closure().backward()  # a .grad the failed estimate must leave alone
+    model.eval()
+    torch.manual_seed(5)
+    before = _training_state(model)
+    sensitivities = {name: t.sensitivity for name, t in controller.tensors.items()}
+    with pytest.warns(RuntimeWarning, match=r"^gnnact.Controller: the estimate at step 10 failed "
+                      r"\(OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\); "
+                      r"the widths stay as they were and the next estimate is at step 30$"):
+        assert not controller.adapt(flaky)
+    assert calls[0] == fail_at[0]
+    _assert_same_state(before, _training_state(model))
+    assert {name: t.sensitivity for name, t in controller.tensors.items()} == sensitivities
+    assert controller.adaptations == 1 and controller.failures == 1
+    # Adaptation goes on at the schedule's next step, and on schedule from there.
+    model.train()
+    adapted = [step for step in range(11, 80) if controller.adapt(flaky)]
+    assert adapted == [30, 70] == controller.schedule(80)[2:]
+    assert controller.adaptations == 3 and controller.failures == 1
+
+
+def test_interrupt_during_estimate_is_not_swallowed(graph):
+    model = _model("gcn", graph)  # BatchNorm and dropout
+    closure = _closure(model, graph)
+    calls = [0]
+
+    def interrupted():
+        calls[0] += 1
+        if calls[0] == 2:
+            raise KeyboardInterrupt
+        return closure()
+
+    before = _training_state(model)
+    controller = Controller(model, avg_bits=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "estimate failed" warning either
+        with pytest.raises(KeyboardInterrupt):
+            controller.adapt(interrupted)
+    state = _training_state(model)
+    _assert_same_state(before[:3] + state[3:4] + before[4:], state)  # tags were set
+    assert controller.failures == 0 and controller.adaptations == 0
+
+
+def test_estimates_deterministic_per_thread(graph):
+    """Two threads, each adapting its own converted model (dropout, BatchNorm), get exactly
+    the sensitivities and widths each gets alone, while a third thread reseeds and draws
+    from the global generator all along."""
+    names = ("gcn", "gcnii")
+
+    def adapt_twice(model, out):
+        controller = Controller(model, avg_bits=2, adapt_interval=1, first_interval=None)
+        closure = _closure(model, graph)
+        for _ in range(2):
+            assert controller.adapt(closure)
+            out.append(({n: t.sensitivity for n, t in controller.tensors.items()},
+                        {n: t.bits for n, t in controller.tensors.items()}))
+
+    alone = {}
+    for name in names:
+        alone[name] = []
+        adapt_twice(_model(name, graph), alone[name])
+    models = {name: _model(name, graph) for name in names}
+    together = {name: [] for name in names}
+    stop = threading.Event()
+    errors = []
+
+    def hammer():
+        seed = 0
+        while not stop.is_set():
+            seed += 1
+            torch.manual_seed(seed)
+            torch.rand(1000)
+
+    def worker(name):
+        try:
+            adapt_twice(models[name], together[name])
+        except BaseException as error:  # reported by the main thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=worker, args=(name,)) for name in names]
+    noise = threading.Thread(target=hammer)
+    noise.start()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stop.set()
+    noise.join()
+    assert not errors, errors
+    for name in names:
+        assert together[name] == alone[name], name
+
+
+def test_seeded_randomness_own_generators():
+    """Inside seeded_randomness every random op draws what torch.manual_seed(seed) would make
+    it draw on the CPU, without reading or advancing the global generator; ops that take no
+    generator (fused attention dropout) repeat too."""
+    from gnnact.adaptive.randomness import seeded_randomness
+
+    x = torch.randn(6, 6, generator=torch.Generator().manual_seed(1))
+
+    def draws():
+        return [F.dropout(x, 0.5, True), torch.rand(3), torch.randint(0, 5, (4,)),
+                torch.randint(5, (4,)), torch.randn(2), torch.randperm(5),
+                torch.empty(3).bernoulli_(0.3), torch.rand_like(x), torch.randint_like(x, 3),
+                torch.multinomial(torch.ones(3), 2), torch.normal(torch.zeros(2), 1.0),
+                F.dropout2d(x[None, :, :, None], 0.5, True), F.alpha_dropout(x, 0.5, True),
+                F.rrelu(x, training=True), torch.ops.aten.native_dropout(x, 0.5, True)[0]]
+
+    torch.manual_seed(7)
+    reference = draws()
+    torch.manual_seed(3)
+    state = torch.get_rng_state()
+    with seeded_randomness(7) as mode:
+        got = draws()
+    assert torch.equal(torch.get_rng_state(), state)
+    assert list(mode.generators) == [torch.device("cpu")]
+    for r, g in zip(reference, got, strict=True):
+        assert torch.equal(r, g)
+    q = torch.randn(1, 2, 16, 8, generator=torch.Generator().manual_seed(2))
+    attention = []
+    for _ in range(2):
+        with seeded_randomness(7):
+            attention.append(F.scaled_dot_product_attention(q, q, q, dropout_p=0.5))
+    assert torch.equal(attention[0], attention[1])
+    assert torch.equal(torch.get_rng_state(), state)
+    with seeded_randomness(8):
+        other = F.scaled_dot_product_attention(q, q, q, dropout_p=0.5)
+    assert not torch.equal(other, attention[0])
 
 
 # ------------------------------------------------------------------ per-node precision

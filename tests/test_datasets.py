@@ -1,10 +1,12 @@
 """gnnact.data.load_dataset: fixtures in the real OGB and GraphSAINT raw layouts loaded through
-the real loaders, the offline error, and the datasets of ../shared/datasets."""
+the real loaders, the offline error, corrupt files, OGB's Evaluator, and the datasets of
+../shared/datasets."""
 
 from __future__ import annotations
 
 import gzip
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -13,7 +15,15 @@ import pytest
 import scipy.sparse as sp
 import torch
 
-from gnnact.data import DATASETS, DatasetNotFoundError, datasets, load_dataset, random_split
+from gnnact.data import (
+    DATASETS,
+    DatasetCorruptError,
+    DatasetNotFoundError,
+    datasets,
+    load_dataset,
+    random_split,
+)
+from gnnact.training import evaluate, metric_of
 
 
 def _csv_gz(path: Path, rows) -> None:
@@ -23,11 +33,13 @@ def _csv_gz(path: Path, rows) -> None:
             f.write(",".join(str(v) for v in np.atleast_1d(row)) + "\n")
 
 
-def _ogb_arxiv_fixture(root: Path, n: int = 12, f: int = 5) -> dict:
+def _ogb_arxiv_fixture(root: Path, n: int = 12, f: int = 5, folder: str = "ogb/ogbn_arxiv",
+                       seed: int = 0) -> dict:
     """A tiny graph in ogbn-arxiv's exact layout: ``ogb/ogbn_arxiv/{RELEASE_v1.txt, raw/*.csv.gz,
-    split/time/*.csv.gz}`` (directed citation edges, float features, int labels, years)."""
-    gen = np.random.default_rng(0)
-    folder = root / "ogb" / "ogbn_arxiv"
+    split/time/*.csv.gz}`` (directed citation edges, float features, int labels, years), or
+    below ``folder`` (``ogbn_arxiv``: OGB's own layout below its ``root``)."""
+    gen = np.random.default_rng(seed)
+    folder = root / folder
     edges = np.array([(i, (i + 1) % n) for i in range(n)] + [(0, 5), (3, 9)])
     feats = gen.standard_normal((n, f)).round(6)
     labels = gen.integers(0, 3, n)
@@ -141,6 +153,207 @@ def test_random_split_deterministic_and_disjoint():
     assert not torch.equal(a[0], random_split(101, seed=4)[0])
 
 
+def test_ogb_plain_layout_loads(tmp_path):
+    """OGB's own layout, ``<root>/ogbn_arxiv`` as ``PygNodePropPredDataset(root=<root>)``
+    writes it, loads as ``<root>/ogb/ogbn_arxiv`` does, with ``workdir`` too."""
+    pytest.importorskip("ogb")
+    fx = _ogb_arxiv_fixture(tmp_path / "root", folder="ogbn_arxiv")
+    data = load_dataset("ogbn-arxiv", tmp_path / "root", download=False,
+                        workdir=tmp_path / "work")
+    assert data.y.tolist() == fx["labels"].tolist()
+    torch.testing.assert_close(data.x, torch.tensor(fx["feats"], dtype=torch.float32))
+    assert (tmp_path / "work" / "ogbn_arxiv" / "processed").is_dir()
+    assert not (tmp_path / "root" / "ogb").exists()
+    assert not (tmp_path / "root" / "ogbn_arxiv" / "processed").exists()
+
+
+def test_ogb_both_layouts_complete_one_first_gnnact_before_ogb(tmp_path):
+    pytest.importorskip("ogb")
+    ours = _ogb_arxiv_fixture(tmp_path, seed=0)
+    plain = _ogb_arxiv_fixture(tmp_path, folder="ogbn_arxiv", seed=1)
+    assert ours["labels"].tolist() != plain["labels"].tolist()
+    assert load_dataset("arxiv", tmp_path, download=False).y.tolist() == ours["labels"].tolist()
+    # gnnact's folder incomplete: OGB's complete one is loaded rather than reported missing.
+    (tmp_path / "ogb" / "ogbn_arxiv" / "raw" / "edge.csv.gz").unlink()
+    assert load_dataset("arxiv", tmp_path, download=False).y.tolist() == plain["labels"].tolist()
+
+
+def test_ogb_plain_layout_missing_file_reported_in_that_folder(tmp_path):
+    _ogb_arxiv_fixture(tmp_path, folder="ogbn_arxiv")
+    (tmp_path / "ogbn_arxiv" / "split" / "time" / "test.csv.gz").unlink()
+    with pytest.raises(DatasetNotFoundError) as info:
+        load_dataset("ogbn-arxiv", tmp_path, download=False)
+    assert str(tmp_path / "ogbn_arxiv" / "split" / "time" / "test.csv.gz") in str(info.value)
+
+
+class _Linear(torch.nn.Module):
+    """A linear model on the features, called as the training loop calls models."""
+
+    def __init__(self, in_channels: int, out_channels: int):
+        super().__init__()
+        self.lin = torch.nn.Linear(in_channels, out_channels)
+
+    def forward(self, x, adj):
+        return self.lin(x)
+
+
+def test_ogb_dataset_scored_by_ogb_evaluator(tmp_path):
+    ogb_nodeproppred = pytest.importorskip("ogb.nodeproppred")
+    _ogb_arxiv_fixture(tmp_path, n=40)
+    data = load_dataset("ogbn-arxiv", tmp_path, download=False)
+    assert data.metric == "ogbn-arxiv"
+    torch.manual_seed(0)
+    model = _Linear(data.num_features, 3)
+    out = model(data.x, None)
+    evaluator = ogb_nodeproppred.Evaluator("ogbn-arxiv")
+    expected = [evaluator.eval({"y_true": data.y[mask].view(-1, 1),
+                                "y_pred": out[mask].argmax(-1, keepdim=True)})["acc"]
+                for mask in (data.val_mask, data.test_mask)]
+    assert 0.0 < expected[1] < 1.0
+    assert list(evaluate(model, data)) == expected
+
+
+def test_ogb_rocauc_evaluator_and_nan_without_both_classes():
+    ogb_nodeproppred = pytest.importorskip("ogb.nodeproppred")
+    from torch_geometric.data import Data
+
+    gen = torch.Generator().manual_seed(0)
+    y = torch.randint(0, 2, (60, 112), generator=gen)
+    out = torch.randn(60, 112, generator=gen).round(decimals=1)  # with ties
+    score = metric_of(Data(y=y, metric="ogbn-proteins"))
+    expected = ogb_nodeproppred.Evaluator("ogbn-proteins").eval({"y_true": y, "y_pred": out})
+    assert score(out, y) == pytest.approx(expected["rocauc"], abs=1e-12)
+    assert np.isnan(score(out, torch.zeros_like(y)))  # OGB raises; gnnact reports NaN
+
+
+def test_ogb_metric_without_ogb_is_a_clear_error(monkeypatch):
+    from torch_geometric.data import Data
+
+    monkeypatch.setitem(__import__("sys").modules, "ogb.nodeproppred", None)
+    with pytest.raises(ImportError, match=r"pip install 'gnnact\[ogb\]'"):
+        metric_of(Data(y=torch.zeros(3, dtype=torch.long), metric="ogbn-arxiv"))
+
+
+# ------------------------------------------------------------------ corrupt files
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _garbage(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(np.random.default_rng(0).bytes(300))
+
+
+def _npz_truncated(root: Path, request=None) -> Path:
+    path = root / "heterophilous" / "tolokers" / "raw" / "tolokers.npz"
+    path.parent.mkdir(parents=True)
+    np.savez(path, node_features=np.ones((50, 4)), node_labels=np.zeros(50),
+             edges=np.zeros((10, 2), dtype=np.int64))
+    _truncate(path)
+    return path
+
+
+def _npz_garbage(root: Path, request=None) -> Path:
+    path = root / "amazon" / "Computers" / "raw" / "amazon_electronics_computers.npz"
+    _garbage(path)
+    return path
+
+
+def _npz_pickled(root: Path, request=None) -> Path:
+    # The upstream key layout, with an object array the loaders refuse to unpickle.
+    path = root / "coauthor" / "CS" / "raw" / "ms_academic_cs.npz"
+    path.parent.mkdir(parents=True)
+    np.savez(path, attr_data=np.array([{"not": "an array"}], dtype=object),
+             attr_indices=np.zeros(1, dtype=np.int64), attr_indptr=np.array([0, 1]),
+             attr_shape=np.array([1, 1]))
+    return path
+
+
+def _planetoid_truncated(root: Path, request) -> Path:
+    shared = request.getfixturevalue("shared_datasets")
+    shutil.copytree(shared / "planetoid" / "Cora", root / "planetoid" / "Cora")
+    path = root / "planetoid" / "Cora" / "raw" / "ind.cora.graph"
+    _truncate(path)
+    return path
+
+
+def _ogb_csv_truncated(root: Path, request=None) -> Path:
+    pytest.importorskip("ogb")
+    _ogb_arxiv_fixture(root)
+    path = root / "ogb" / "ogbn_arxiv" / "raw" / "node-feat.csv.gz"
+    _truncate(path)
+    return path
+
+
+def _ogb_csv_garbage(root: Path, request=None) -> Path:
+    pytest.importorskip("ogb")
+    _ogb_arxiv_fixture(root, folder="ogbn_arxiv")
+    path = root / "ogbn_arxiv" / "split" / "time" / "train.csv.gz"
+    _garbage(path)
+    return path
+
+
+def _saint_json_garbage(root: Path, request=None) -> Path:
+    _graphsaint_fixture(root / "graphsaint" / "flickr")
+    path = root / "graphsaint" / "flickr" / "raw" / "class_map.json"
+    path.write_text('{"0": 1, "1": ')
+    return path
+
+
+def _saint_npy_truncated(root: Path, request=None) -> Path:
+    _graphsaint_fixture(root / "graphsaint" / "flickr")
+    path = root / "graphsaint" / "flickr" / "raw" / "feats.npy"
+    _truncate(path)
+    return path
+
+
+CORRUPT = {"tolokers": _npz_truncated, "computers": _npz_garbage, "cs": _npz_pickled,
+           "cora": _planetoid_truncated, "ogbn-arxiv": _ogb_csv_truncated,
+           "arxiv": _ogb_csv_garbage, "flickr": _saint_json_garbage,
+           "Flickr": _saint_npy_truncated}
+
+
+@pytest.mark.parametrize("name", sorted(CORRUPT))
+def test_corrupt_file_named_with_how_to_fetch_it(name, tmp_path, request):
+    path = CORRUPT[name](tmp_path, request)
+    with pytest.raises(DatasetCorruptError) as info:
+        load_dataset(name, tmp_path, download=False)
+    message = str(info.value)
+    spec = DATASETS[datasets.canonical_name(name)]
+    assert isinstance(info.value, ValueError)
+    assert f"{path} is corrupt or truncated" in message
+    assert "Delete it" in message and "download=True" in message and spec.source in message
+
+
+def test_corrupt_file_in_workdir_copy_names_both(tmp_path):
+    path = _npz_truncated(tmp_path / "root")
+    with pytest.raises(DatasetCorruptError) as info:
+        load_dataset("tolokers", tmp_path / "root", download=False, workdir=tmp_path / "work")
+    copy = tmp_path / "work" / "heterophilous" / "tolokers" / "raw" / "tolokers.npz"
+    assert f"{path} is corrupt" in str(info.value) and f"its copy {copy}" in str(info.value)
+
+
+def test_truncated_processed_file_is_named_and_rebuilt(tmp_path):
+    _graphsaint_fixture(tmp_path / "graphsaint" / "flickr")
+    first = load_dataset("flickr", tmp_path, download=False)
+    processed = tmp_path / "graphsaint" / "flickr" / "processed" / "data.pt"
+    _truncate(processed)
+    with pytest.raises(DatasetCorruptError, match="rebuilt from raw/") as info:
+        load_dataset("flickr", tmp_path, download=False)
+    assert f"{processed} is corrupt" in str(info.value)
+    processed.unlink()  # as the message says
+    assert torch.equal(load_dataset("flickr", tmp_path, download=False).x, first.x)
+
+
+def test_unknown_metric_is_refused():
+    from torch_geometric.data import Data
+
+    with pytest.raises(ValueError, match="data.metric .* got 'f1'"):
+        metric_of(Data(y=torch.zeros(3, dtype=torch.long), metric="f1"))
+
+
 # Counts as documented in ../shared/datasets/README.md (PyG-style directed edge counts).
 SHARED_COUNTS = {
     "cora": (2708, 10556, 1433, 7), "citeseer": (3327, 9104, 3703, 6),
@@ -166,3 +379,4 @@ def test_shared_datasets(name, shared_datasets, tmp_path):
         sums = data.x.sum(-1)
         assert torch.allclose(sums[sums > 0], torch.ones(()), atol=1e-5)
     assert not (shared_datasets / DATASETS[name].folder / "processed").exists()  # root untouched
+    assert data.metric == ("rocauc" if name in ("tolokers", "minesweeper") else "acc")

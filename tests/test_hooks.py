@@ -248,15 +248,15 @@ def test_non_contiguous_and_half(dtype):
         assert ((got - expected).norm() / expected.norm()).item() < 0.05
 
 
-@pytest.mark.parametrize(("kwargs", "match"), [
-    ({"bits": 9}, "bits"),
-    ({"bits": True}, "bits"),
-    ({"bits": 2, "group_size": 0}, "group_size"),
-    ({"bits": 2, "min_numel": -1}, "min_numel"),
-    ({"bits": 2, "backend": "numpy"}, "backend"),
+@pytest.mark.parametrize(("kwargs", "error", "match"), [
+    ({"bits": 9}, ValueError, "bits"),
+    ({"bits": True}, TypeError, "bits"),
+    ({"bits": 2, "group_size": 0}, ValueError, "group_size"),
+    ({"bits": 2, "min_numel": -1}, ValueError, "min_numel"),
+    ({"bits": 2, "backend": "numpy"}, ValueError, "backend"),
 ])
-def test_bad_arguments(kwargs, match):
-    with pytest.raises(ValueError, match=match):
+def test_bad_arguments(kwargs, error, match):
+    with pytest.raises(error, match=match):
         quantized_saved_tensors(**kwargs)
 
 

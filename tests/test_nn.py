@@ -248,7 +248,7 @@ def test_resident_inputs_kept_by_reference_temporaries_packed():
     # Without resident inputs, x itself is packed too.
     lin.config = Config(bits=2, resident_inputs=False)
     assert saved_bytes(lin(x).sum(), exclude=[x]) == packed(600 * 16)
-    with pytest.raises(ValueError, match="resident_inputs"):
+    with pytest.raises(TypeError, match="resident_inputs"):
         Config(resident_inputs=1)
 
 

@@ -104,11 +104,12 @@ def test_offloaded_layer_context_keeps_shared_and_derived_copies(name):
     assert 0 < hooks.offloaded_bytes <= plain.passthrough_bytes
 
 
-@pytest.mark.parametrize(("kwargs", "match"), [
-    ({"prefetch_depth": -1}, "prefetch_depth"), ({"prefetch_depth": 1.5}, "prefetch_depth"),
-    ({"offload": 1}, "offload")])
-def test_bad_config(kwargs, match):
-    with pytest.raises(ValueError, match=match):
+@pytest.mark.parametrize(("kwargs", "error", "match"), [
+    ({"prefetch_depth": -1}, ValueError, "prefetch_depth"),
+    ({"prefetch_depth": 1.5}, TypeError, "prefetch_depth"),
+    ({"offload": 1}, TypeError, "offload")])
+def test_bad_config(kwargs, error, match):
+    with pytest.raises(error, match=match):
         Config(**kwargs)
 
 

@@ -1,14 +1,17 @@
-"""The full-batch training loop's reporting: the test metric at the best validation epoch."""
+"""The full-batch training loop's reporting: the test metric at the best validation epoch, and
+the metrics (accuracy, ROC-AUC as scikit-learn's)."""
 
 from __future__ import annotations
 
 import math
+import sys
 
+import pytest
 import torch
 from torch_geometric.nn.models import GCN
 
 from gnnact.data import synthetic_graph
-from gnnact.training import train_full_batch
+from gnnact.training import evaluate, metric_of, roc_auc, train_full_batch
 
 
 def test_nan_validation_metric_is_reported_not_hidden():
@@ -29,3 +32,64 @@ def test_best_epoch_is_taken_even_at_zero_accuracy():
     torch.manual_seed(0)
     result = train_full_batch(GCN(8, 16, num_layers=2, out_channels=3), data, epochs=3)
     assert result.best_val_acc == 0.0 and result.test_acc > 0.0
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_roc_auc_matches_sklearn_with_ties(seed):
+    metrics = pytest.importorskip("sklearn.metrics")
+    gen = torch.Generator().manual_seed(seed)
+    # Scores on a coarse grid: many ties, within and across classes.
+    score = torch.randint(0, 5, (200, 4), generator=gen).double() / 4
+    target = torch.randint(0, 2, (200, 4), generator=gen)
+    expected = sum(metrics.roc_auc_score(target[:, j].numpy(), score[:, j].numpy())
+                   for j in range(4)) / 4
+    assert roc_auc(score, target) == pytest.approx(expected, abs=1e-12)
+    assert roc_auc(score[:, 0], target[:, 0].bool()) == pytest.approx(
+        metrics.roc_auc_score(target[:, 0].numpy(), score[:, 0].numpy()), abs=1e-12)
+
+
+def test_roc_auc_all_tied_is_one_half_and_one_class_columns_skipped():
+    target = torch.tensor([[0, 1], [1, 1], [0, 1], [1, 1]])
+    assert roc_auc(torch.zeros(4, 2), target) == 0.5  # column 1 has no negative: left out
+    assert math.isnan(roc_auc(torch.rand(4), torch.ones(4)))
+
+
+def test_roc_auc_bad_input_named():
+    with pytest.raises(ValueError, match=r"same shape, got \(4,\) and \(4, 1\)"):
+        roc_auc(torch.rand(4), torch.ones(4, 1))
+    with pytest.raises(ValueError, match="target must be binary"):
+        roc_auc(torch.rand(3), torch.tensor([0, 1, 2]))
+
+
+def test_roc_auc_without_sklearn_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "sklearn.metrics", None)
+    with pytest.raises(ImportError, match="pip install scikit-learn"):
+        roc_auc(torch.rand(4), torch.tensor([0, 1, 0, 1]))
+    data = synthetic_graph(50, 4, 8, 2, seed=0)
+    data.metric = "rocauc"
+    with pytest.raises(ImportError, match="scikit-learn"):  # before any training
+        metric_of(data)
+
+
+def test_binary_rocauc_metric_scores_the_positive_log_odds():
+    """A binary dataset with ``metric="rocauc"`` (tolokers) is scored by the ROC-AUC of the
+    difference of its two logits, which ranks nodes as the softmax probability does."""
+    metrics = pytest.importorskip("sklearn.metrics")
+    data = synthetic_graph(300, 6, 8, 2, seed=0)
+    data.metric = "rocauc"
+    torch.manual_seed(0)
+    model = GCN(8, 16, num_layers=2, out_channels=2)
+    val, test = evaluate(model, data)
+    with torch.no_grad():
+        prob = model(data.x, data.edge_index).softmax(-1)[:, 1]
+    for value, mask in ((val, data.val_mask), (test, data.test_mask)):
+        expected = metrics.roc_auc_score(data.y[mask].numpy(), prob[mask].numpy())
+        assert value == pytest.approx(expected, abs=1e-6)
+
+
+def test_metric_without_data_metric_follows_the_target_shape():
+    data = synthetic_graph(50, 4, 8, 2, seed=0)
+    logits = torch.tensor([[2.0, 1.0], [0.0, 1.0], [3.0, 0.0]])
+    assert metric_of(data)(logits, torch.tensor([0, 0, 0])) == pytest.approx(2 / 3)  # accuracy
+    data.y = torch.zeros(50, 2)
+    assert metric_of(data)(logits, torch.tensor([[1, 0], [0, 1], [0, 0]])) == 0.625  # ROC-AUC

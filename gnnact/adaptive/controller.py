@@ -15,12 +15,17 @@ widths then minimise :math:`\sum_l c_l S(b_l)` within :math:`\sum_l b_l D_l \le 
 D_l` (:func:`~gnnact.adaptive.allocate`, exact).
 
 An estimate costs one forward and backward pass per tensor plus one (the passes run on the
-model's parameters without touching ``.grad``; BatchNorm running statistics and the RNG
-states are restored afterwards), so it runs only now and then. Sensitivities move most while
+model's parameters without touching ``.grad``, and BatchNorm running statistics are restored
+afterwards, also when a pass fails), so it runs only now and then. Its passes draw their
+dropout masks and every other random number from generators of their own
+(:class:`~gnnact.adaptive.randomness.seeded_randomness`), never from the process's: an
+estimate gives the same widths whatever the global seed, whatever other threads draw
+meanwhile, and leaves the training's random stream where it was. Sensitivities move most while
 the weights leave their initialisation and settle after the first epochs (GACT, Fig. 3c), so
 the estimates are spaced by exponential backoff, as Adacc spaces its re-tuning: at step 0, then
 after gaps of ``first_interval`` steps doubling up to ``adapt_interval``, then every
-``adapt_interval`` steps (:meth:`Controller.schedule`).
+``adapt_interval`` steps (:meth:`Controller.schedule`). An estimate that fails (out of memory,
+say) warns and leaves the widths as they were; the next step of the schedule tries again.
 
 Use, two lines in a training loop (the closure is how the controller re-runs forward passes
 with controlled noise; it must return the loss and not call ``backward``)::
@@ -62,6 +67,7 @@ import torch
 from torch import Tensor, nn
 
 from gnnact.adaptive.allocator import WIDTHS, allocate, variance_factor
+from gnnact.adaptive.randomness import seeded_randomness
 from gnnact.hooks import compress_saved_tensors
 from gnnact.nn._base import _Compressed
 from gnnact.nn.scope import scope_of
@@ -136,7 +142,9 @@ class Controller:
         samples (int, optional): perturbed-pass pairs averaged per estimate. (default: :obj:`1`)
         alarm_ratio (float, optional): :meth:`observe` warns when the estimated compression
             variance exceeds this multiple of the gradient's own variance. (default: :obj:`1.0`)
-        seed (int, optional): seed of the estimation passes. (default: :obj:`0`)
+        seed (int, optional): seed of the estimation passes' rounding noise and of their own
+            random generators (dropout masks); the global seed plays no part.
+            (default: :obj:`0`)
 
     Raises:
         ValueError: if ``avg_bits`` is below the smallest width, ``adapt_interval``,
@@ -206,6 +214,8 @@ class Controller:
         self.tensors: dict[str, CompressedTensor] = {}
         self.calls = 0
         self.adaptations = 0
+        self.failures = 0  # estimates of adapt() that raised
+        self._scheduled = 0  # estimates adapt() has started, failed ones included
         self._next_estimate = 0  # the adapt() call that estimates next
         self.last_cost_s = 0.0  # seconds of the last estimate
         self.last_passes = 0  # forward/backward passes of the last estimate
@@ -221,8 +231,9 @@ class Controller:
 
     def _gradient(self, closure: Callable[[], Tensor], params: list[Tensor], seed: int,
                   perturb: tuple[str, str] | None, record: list | None = None) -> Tensor:
-        torch.manual_seed(seed)  # the same dropout masks in every pass
-        with controlled_noise(seed, perturb, record):
+        # The same dropout masks in every pass with this seed, from generators of this pass
+        # (and this thread) alone.
+        with seeded_randomness(seed), controlled_noise(seed, perturb, record):
             if self.hooks is None:
                 loss = closure()
             else:
@@ -234,35 +245,37 @@ class Controller:
 
     def estimate(self, closure: Callable[[], Tensor]) -> dict[str, float]:
         """Measure :math:`c_l` for every compressed tensor (see the module docstring) at the
-        current widths; returns ``{name: c_l}``."""
+        current widths; returns ``{name: c_l}``.
+
+        The model comes out as it went in, also when a pass raises: parameters and their
+        ``.grad`` untouched, buffers (BatchNorm running statistics) restored, the train/eval
+        mode restored, the process's random generators neither read nor advanced."""
         start = time.perf_counter()
         params = self._params()
         buffers = {name: b.detach().clone() for name, b in self.model.named_buffers()}
-        devices = sorted({p.device.index for p in params if p.device.type == "cuda"})
         was_training = self.model.training
         self.model.train()
         sums: dict[str, float] = {}
         passes = 0
         try:
-            with torch.random.fork_rng(devices=devices):
-                for sample in range(self.samples):
-                    seed = self.seed * 1_000_003 + self.adaptations * 101 + sample
-                    record: list = []
-                    g0 = self._gradient(closure, params, seed, None, record)
+            for sample in range(self.samples):
+                seed = self.seed * 1_000_003 + self.adaptations * 101 + sample
+                record: list = []
+                g0 = self._gradient(closure, params, seed, None, record)
+                passes += 1
+                if sample == 0:
+                    self._discover(record)
+                    if not self.tensors:
+                        raise RuntimeError(
+                            "no compressed tensor was recorded in the closure's forward "
+                            "pass: convert the model with bits of 1-8 and let the closure "
+                            "run it in grad mode")
+                for name, t in self.tensors.items():
+                    g1 = self._gradient(closure, params, seed, (t.module, t.role))
                     passes += 1
-                    if sample == 0:
-                        self._discover(record)
-                        if not self.tensors:
-                            raise RuntimeError(
-                                "no compressed tensor was recorded in the closure's forward "
-                                "pass: convert the model with bits of 1-8 and let the "
-                                "closure run it in grad mode")
-                    for name, t in self.tensors.items():
-                        g1 = self._gradient(closure, params, seed, (t.module, t.role))
-                        passes += 1
-                        sq = float((g0 - g1).pow(2).sum())
-                        sums[name] = sums.get(name, 0.0) + sq / (2 * variance_factor(t.bits))
-        finally:
+                    sq = float((g0 - g1).pow(2).sum())
+                    sums[name] = sums.get(name, 0.0) + sq / (2 * variance_factor(t.bits))
+        finally:  # also after a failed pass: the training goes on from the same state
             with torch.no_grad():
                 for name, b in self.model.named_buffers():
                     b.copy_(buffers[name])
@@ -325,11 +338,11 @@ class Controller:
             module.config = dataclasses.replace(module.config, **{key: b})
         return {t.name: t.bits for t in tensors}
 
-    def _gap(self, adaptations: int) -> int:
-        """Steps from estimate number ``adaptations`` (0 first) to the next."""
+    def _gap(self, estimate: int) -> int:
+        """Steps from scheduled estimate number ``estimate`` (0 first) to the next."""
         if self.first_interval is None:
             return self.adapt_interval
-        return min(self.first_interval << min(adaptations, 62), self.adapt_interval)
+        return min(self.first_interval << min(estimate, 62), self.adapt_interval)
 
     def schedule(self, steps: int) -> list[int]:
         """The :meth:`adapt` calls, of the first ``steps``, that estimate and assign.
@@ -350,15 +363,32 @@ class Controller:
 
     def adapt(self, closure: Callable[[], Tensor]) -> bool:
         """Once per training step, before it: at the steps of :meth:`schedule` (the first call
-        included) :meth:`estimate` and :meth:`assign`. Returns whether it adapted."""
-        due = self.calls == self._next_estimate
+        included) :meth:`estimate` and :meth:`assign`. Returns whether it adapted.
+
+        An estimate that raises an :class:`Exception` (an out-of-memory error, say) does not
+        stop the training: it warns (a :class:`RuntimeWarning` naming the error and the step),
+        the widths stay as they were, the model's state is as before (see :meth:`estimate`),
+        and the next step of the schedule tries again (:attr:`failures` counts them).
+        """
+        step = self.calls
         self.calls += 1
-        if due:
+        if step != self._next_estimate:
+            return False
+        # The schedule goes on whatever happens to this estimate.
+        self._next_estimate += self._gap(self._scheduled)
+        self._scheduled += 1
+        try:
             self.estimate(closure)
             self.assign()
-            self._next_estimate += self._gap(self.adaptations)
-            self.adaptations += 1
-        return due
+        except Exception as error:  # not KeyboardInterrupt/SystemExit: those must stop
+            self.failures += 1
+            warnings.warn(f"gnnact.Controller: the estimate at step {step} failed "
+                          f"({type(error).__name__}: {error}); the widths stay as they were "
+                          f"and the next estimate is at step {self._next_estimate}",
+                          RuntimeWarning, stacklevel=2)
+            return False
+        self.adaptations += 1
+        return True
 
     # ------------------------------------------------------------------ monitoring
 

@@ -8,9 +8,10 @@ below ``root/<family>/``:
 ========================  ======================================  ==========================
 names                     folder under ``root``                   preparation
 ========================  ======================================  ==========================
-ogbn-arxiv                ``ogb/ogbn_arxiv/``                     undirected, OGB time split
-ogbn-products             ``ogb/ogbn_products/``                  OGB sales-ranking split
-ogbn-proteins             ``ogb/ogbn_proteins/``                  x = mean incoming edge
+ogbn-arxiv                ``ogb/ogbn_arxiv/`` or ``ogbn_arxiv/``  undirected, OGB time split
+ogbn-products             ``ogb/ogbn_products/`` (or without      OGB sales-ranking split
+                          ``ogb/``, as OGB's own ``root``)
+ogbn-proteins             ``ogb/ogbn_proteins/`` (likewise)       x = mean incoming edge
                                                                   features, 112 binary tasks
 reddit                    ``reddit/raw/``                         PyG's split
 reddit2, flickr, yelp     ``graphsaint/<name>/raw/``              GraphSAINT roles; features
@@ -24,6 +25,17 @@ roman-empire, tolokers, … ``heterophilous/<name>/raw/``           raw features
                                                                   ``split`` of 10
 ========================  ======================================  ==========================
 
+An OGB dataset is also found in OGB's own layout, ``root/ogbn_arxiv/`` (``root`` being the
+``root`` given to OGB's ``PygNodePropPredDataset``). If both folders are there, the first of
+``ogb/<name>/`` and ``<name>/`` that holds every raw file is loaded (``ogb/<name>/`` when both
+do); if neither does, the first that exists is the one completed or reported.
+
+Each dataset's ``Data`` carries ``metric``, how :func:`gnnact.training.evaluate` scores it:
+``"acc"``; ``"rocauc"`` (mean ROC-AUC over tasks: ogbn-proteins's and Yelp's multi-label
+targets, and the binary tolokers, minesweeper and questions, as Platonov et al. (2023) score
+them); or, for OGB datasets, the OGB name (``"ogbn-arxiv"``), scored by OGB's own
+``ogb.nodeproppred.Evaluator``.
+
 The family folders match ``../shared/datasets`` and PyG's own ``root`` conventions, so one root
 serves every loader. With every raw file present nothing touches the network. With a file
 missing, :func:`load_dataset` downloads as the loader would when the source host answers
@@ -33,23 +45,32 @@ dataset?" never asked); offline, or with ``download=False``, it raises
 
 PyG writes ``processed/`` next to ``raw/``: pass ``workdir=`` to load a copy of the dataset's
 folder from there instead when ``root`` is read-only or shared.
+
+A file that is there but cannot be read (truncated, garbage, an ``.npz`` holding pickled
+objects) raises :class:`DatasetCorruptError`, naming the file and how to fetch it again.
 """
 
 from __future__ import annotations
 
+import gzip
+import json
 import os
+import pickle
 import shutil
 import socket
 import urllib.parse
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
-__all__ = ["DATASETS", "DatasetNotFoundError", "data_root", "load_dataset", "random_split"]
+__all__ = ["DATASETS", "DatasetCorruptError", "DatasetNotFoundError", "canonical_name",
+           "data_root", "load_dataset", "random_split"]
 
 
 class DatasetNotFoundError(FileNotFoundError):
@@ -71,6 +92,32 @@ class DatasetNotFoundError(FileNotFoundError):
     """
 
 
+class DatasetCorruptError(ValueError):
+    """A dataset file is there but cannot be read: truncated, garbage, or not in its format
+    (an ``.npz`` holding pickled objects, which the loaders refuse).
+
+    Raised by :func:`load_dataset` when the dataset's loader fails and a raw file (or a file
+    PyG wrote in ``processed/``) does not read as its format. The message names the file, why
+    it is unreadable and how to fetch it again: delete it and load again with
+    ``download=True``, which downloads it from the source named. A subclass of
+    :class:`ValueError`.
+
+    Example:
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> from gnnact.data import DatasetCorruptError, load_dataset
+        >>> root = Path(tempfile.mkdtemp())
+        >>> raw = root / "heterophilous" / "tolokers" / "raw"
+        >>> raw.mkdir(parents=True)
+        >>> _ = (raw / "tolokers.npz").write_bytes(b"not a zip file")
+        >>> try:
+        ...     load_dataset("tolokers", root, download=False)
+        ... except DatasetCorruptError as error:
+        ...     print(str(error).split(" (")[0].replace(str(root), "<root>"))
+        tolokers: <root>/heterophilous/tolokers/raw/tolokers.npz is corrupt or truncated
+    """
+
+
 @dataclass(frozen=True)
 class _Spec:
     folder: str  # the dataset's folder under the root, the one ``workdir`` copies
@@ -79,6 +126,8 @@ class _Spec:
     probe: str  # the download host, asked whether we are online
     load: Callable[[Path, str], Data]  # (dataset folder, name) -> Data, by the real loader
     prepare: Callable[[Data, int, int], Data]  # (data, split, seed) -> Data with masks
+    metric: str | None = None  # data.metric, when not "acc" ("rocauc" if y is [N, T])
+    alternates: tuple[str, ...] = ()  # other folders it is found in, after ``folder``
 
 
 # ------------------------------------------------------------------ preparation
@@ -188,14 +237,20 @@ def _pyg(cls_name: str, arg: str | None) -> Callable[[Path, str], Data]:
     return load
 
 
-def _ogb(folder: Path, name: str) -> Data:
+def _import_ogb(module: str, name: str):
+    """``import ogb.<module>``, for dataset ``name``, with a clear error if ogb is absent."""
+    import importlib
+
     # ogb starts a thread that asks PyPI whether ogb is outdated; keep it quiet offline.
     os.environ.setdefault("OUTDATED_IGNORE", "1")
     try:
-        import ogb.nodeproppred.dataset_pyg as ogb_pyg
+        return importlib.import_module(f"ogb.{module}")
     except ImportError as error:
         raise ImportError(f"{name} needs the 'ogb' package: pip install 'gnnact[ogb]'") from error
 
+
+def _ogb(folder: Path, name: str) -> Data:
+    ogb_pyg = _import_ogb("nodeproppred.dataset_pyg", name)
     from torch_geometric.data.data import DataEdgeAttr, DataTensorAttr
     from torch_geometric.data.storage import GlobalStorage
 
@@ -266,11 +321,13 @@ _SAINT_SOURCE = ("the GraphSAINT data (https://github.com/GraphSAINT/GraphSAINT,
 
 def _ogb_spec(name: str, raw: tuple[str, ...], split: str,
               prepare: Callable[[Data, int, int], Data]) -> _Spec:
-    folder = "ogb/" + name.replace("-", "_")
+    plain = name.replace("-", "_")  # OGB's own folder below its root
+    folder = "ogb/" + plain
     files = ("RELEASE_v1.txt", *(f"raw/{f}.csv.gz" for f in raw),
              *(f"split/{split}/{part}.csv.gz" for part in ("train", "valid", "test")))
     short = name.split("-")[1]
-    return _Spec(folder, files, _OGB_SOURCE.format(short, folder), _OGB_HOST, _ogb, prepare)
+    return _Spec(folder, files, _OGB_SOURCE.format(short, folder), _OGB_HOST, _ogb, prepare,
+                 metric=name, alternates=(plain,))
 
 
 def _planetoid(name: str) -> _Spec:
@@ -280,10 +337,14 @@ def _planetoid(name: str) -> _Spec:
                  _pyg("Planetoid", name), _normalized)
 
 
-def _npz(family: str, cls: str, name: str, file: str, prepare) -> _Spec:
+def _npz(family: str, cls: str, name: str, file: str, prepare,
+         metric: str | None = None) -> _Spec:
     return _Spec(f"{family}/{name}", (f"raw/{file}",),
-                 f"PyG's {cls}('{name}') download", _GITHUB_RAW, _pyg(cls, name), prepare)
+                 f"PyG's {cls}('{name}') download", _GITHUB_RAW, _pyg(cls, name), prepare,
+                 metric=metric)
 
+
+_BINARY = ("minesweeper", "tolokers", "questions")
 
 DATASETS: dict[str, _Spec] = {
     "ogbn-arxiv": _ogb_spec("ogbn-arxiv", ("edge", "node-feat", "node-label", "node_year",
@@ -316,8 +377,9 @@ DATASETS: dict[str, _Spec] = {
        for key, name in (("cora_full", "cora"), ("cora_ml", "cora_ml"),
                          ("citeseer_full", "citeseer"), ("dblp", "dblp"),
                          ("pubmed_full", "pubmed"))},
+    # The binary ones are scored by ROC-AUC, as in Platonov et al. (2023).
     **{name: _npz("heterophilous", "HeterophilousGraphDataset", name, f"{name}.npz",
-                  _given_split)
+                  _given_split, metric="rocauc" if name in _BINARY else None)
        for name in ("roman_empire", "amazon_ratings", "minesweeper", "tolokers", "questions")},
 }
 
@@ -326,7 +388,24 @@ _ALIASES = {"arxiv": "ogbn-arxiv", "products": "ogbn-products", "proteins": "ogb
             "coauthor-physics": "physics"}
 
 
-def _canonical(name: str) -> str:
+def canonical_name(name: str) -> str:
+    """The key of :data:`DATASETS` that ``name`` means (case-insensitive; aliases such as
+    ``arxiv`` and ``amazon-computers`` accepted).
+
+    Args:
+        name (str): a dataset name or alias.
+
+    Returns:
+        str: the key of :data:`DATASETS`.
+
+    Raises:
+        ValueError: ``name`` is no dataset gnnact knows; the message lists those it does.
+
+    Example:
+        >>> from gnnact.data import canonical_name
+        >>> canonical_name("Amazon-Computers"), canonical_name("arxiv")
+        ('computers', 'ogbn-arxiv')
+    """
     key = name.strip().lower()
     key = _ALIASES.get(key, key)
     if key not in DATASETS:
@@ -372,6 +451,86 @@ def _reachable(url: str, timeout: float) -> bool:
         return False
 
 
+def _folder(spec: _Spec, base: Path) -> str:
+    # gnnact's layout first, then the alternates (OGB's own): the first holding every raw
+    # file, else the first that exists (to complete or report), else gnnact's.
+    folders = (spec.folder, *spec.alternates)
+    for folder in folders:
+        if all((base / folder / f).is_file() for f in spec.files):
+            return folder
+    return next((folder for folder in folders if (base / folder).is_dir()), spec.folder)
+
+
+def _read_fully(path: Path) -> None:
+    """Read ``path`` as its format says (by name), to the end; raise if it does not parse."""
+    name = path.name
+    if name.endswith(".npz"):
+        if not zipfile.is_zipfile(path):  # else numpy's error is about pickles
+            raise zipfile.BadZipFile("not a zip archive, as an .npz file is")
+        # As the PyG loaders read them: no pickled objects.
+        with np.load(path, allow_pickle=False) as archive:
+            for key in archive.files:
+                archive[key]
+    elif name.endswith(".npy"):
+        np.load(path, allow_pickle=False)
+    elif name.endswith(".json"):
+        json.loads(path.read_text())
+    elif name.endswith(".gz"):
+        with gzip.open(path) as stream:
+            while stream.read(1 << 24):
+                pass
+    elif name.endswith(".pt"):  # torch.save's zip container, as PyG writes processed/
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+        if bad is not None:
+            raise zipfile.BadZipFile(f"bad CRC in member {bad}")
+    elif name.endswith(".index"):  # Planetoid's test.index: one integer a line
+        [int(v) for v in path.read_text().split()]
+    elif name.startswith("ind."):  # Planetoid's Python 2 pickles, read as PyG reads them
+        with open(path, "rb") as f:
+            pickle.load(f, encoding="latin1")
+
+
+def _unreadable(folder: Path, spec: _Spec) -> tuple[Path, str] | None:
+    """The first of the dataset's files under ``folder`` (raw ones, then ``processed/*.pt``)
+    that does not read as its format, with why; :obj:`None` if all read."""
+    paths = [folder / f for f in spec.files]
+    paths += sorted((folder / "processed").glob("*.pt"))
+    for path in paths:
+        try:
+            _read_fully(path)
+        except Exception as error:  # any failure to parse is the file's fault here
+            return path, f"{type(error).__name__}: {error}"
+    return None
+
+
+def _load_checked(spec: _Spec, key: str, folder: Path, original: Path) -> Data:
+    """``spec.load``, turning a failure caused by an unreadable file into a
+    :class:`DatasetCorruptError` that names it (under ``original``, the folder below
+    ``root``, when ``folder`` is the ``workdir`` copy)."""
+    try:
+        return spec.load(folder, key)
+    except ImportError:
+        raise
+    except Exception as error:
+        # Only on failure: reading every file again is as slow as loading them.
+        found = _unreadable(folder, spec)
+        if found is None:
+            raise
+        path, why = found
+        relative = path.relative_to(folder)
+        where = original / relative
+        copy = f" and its copy {path}" if folder != original else ""
+        if relative.parts[0] == "processed":
+            fix = "it is rebuilt from raw/ on the next load"
+        else:
+            fix = (f"load again with download=True to fetch it again from {spec.source}, "
+                   f"or put a good copy there")
+        raise DatasetCorruptError(
+            f"{key}: {where} is corrupt or truncated ({why}). Delete it{copy}; {fix}."
+        ) from error
+
+
 def load_dataset(name: str, root: str | os.PathLike | None = None, *, split: int = 0,
                  seed: int = 0, download: bool | None = None,
                  workdir: str | os.PathLike | None = None, timeout: float = 3.0) -> Data:
@@ -397,10 +556,12 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, *, split: int
     Returns:
         torch_geometric.data.Data: ``x`` (:math:`[N, F]`), ``y`` (:math:`[N]`, or
         :math:`[N, T]` for the multi-label ogbn-proteins and Yelp), ``edge_index``
-        (:math:`[2, |E|]`) and the three boolean masks (:math:`[N]`).
+        (:math:`[2, |E|]`), the three boolean masks (:math:`[N]`) and ``metric`` (a string:
+        how :func:`gnnact.training.evaluate` scores it, see above).
 
     Raises:
         DatasetNotFoundError: files are missing and cannot be downloaded.
+        DatasetCorruptError: a file is there but truncated or not in its format.
         ValueError: unknown ``name`` or ``split``.
 
     Example:
@@ -411,10 +572,11 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, *, split: int
         >>> data.num_nodes, data.num_features, int(data.train_mask.sum())
         (2708, 1433, 140)
     """
-    key = _canonical(name)
+    key = canonical_name(name)
     spec = DATASETS[key]
     base = data_root(root)
-    missing = [path for path in (base / spec.folder / f for f in spec.files)
+    folder = _folder(spec, base)
+    missing = [path for path in (base / folder / f for f in spec.files)
                if not path.is_file()]
     offline = download is False or (
         download is None and missing and not _reachable(spec.probe, timeout))
@@ -425,9 +587,12 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, *, split: int
             f"{key}: {len(missing)} file(s) missing and {why}:\n  {listing}\n"
             f"Put them there from {spec.source} (datasets/README.md says how), or set "
             f"root= / GNNACT_DATA to a folder that has them.")
+    original = base / folder
     if workdir is not None:
-        copy = Path(workdir) / spec.folder
-        if not copy.exists() and (base / spec.folder).is_dir():
-            shutil.copytree(base / spec.folder, copy)
+        copy = Path(workdir) / folder
+        if not copy.exists() and original.is_dir():
+            shutil.copytree(original, copy)
         base = Path(workdir)
-    return spec.prepare(spec.load(base / spec.folder, key), split, seed)
+    data = spec.prepare(_load_checked(spec, key, base / folder, original), split, seed)
+    data.metric = spec.metric or ("rocauc" if data.y.dim() == 2 else "acc")
+    return data

@@ -40,7 +40,7 @@ from gnnact.hooks import SavedEntry, active_pipeline, compress_saved_tensors
 from gnnact.memory import storage_keys
 from gnnact.nn.functional import FunctionalOps
 from gnnact.ops.graph import GraphCache, use_graph_cache
-from gnnact.ops.state import forward_pass
+from gnnact.ops.state import eager_op, forward_pass
 
 __all__ = ["PassRecord", "Scope", "scope_of"]
 
@@ -191,7 +191,10 @@ class Scope:
         return scope
 
     # Module hooks, not a wrapped forward: they see the module they run for (a replica made by
-    # DataParallel included) and survive deepcopy and pickling with the model.
+    # DataParallel included) and survive deepcopy and pickling with the model. Under
+    # torch.compile they run eagerly (eager_op): a pass's state is context variables, hooks and
+    # a torch function mode, entered here and left in _post, not a tensor program.
+    @eager_op
     def _pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         active = _PASS.get()
         if active is not None:  # a converted model inside a converted model: one pass
@@ -201,6 +204,7 @@ class Scope:
             return  # nothing will be kept
         _Pass(self, module, args, kwargs).enter()
 
+    @eager_op
     def _post(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         active = _PASS.get()
         if active is None:

@@ -52,6 +52,7 @@ from gnnact.ops.context import (
     transient,
 )
 from gnnact.ops.higher_order import first_order_only
+from gnnact.ops.state import eager_op
 from gnnact.quant import pack_mask
 
 __all__ = ["batch_norm", "dropout", "elu", "leaky_relu", "linear", "relu"]
@@ -69,12 +70,18 @@ class _Linear(torch.autograd.Function):
         # A sparse x (bag-of-words features) is already its own compact form: kept as is.
         item = kept if x.layout != torch.strided else (kept, input_bits(x, config))
         save_context(ctx, config, item, (weight if ctx.needs_input_grad[0] else None, 32))
-        return F.linear(x, weight, bias)
+        out = F.linear(x, weight, bias)
+        # Under autocast F.linear computes in the autocast dtype: backward's products then run
+        # in it too, as autocast's own linear backward does (autograd casts each gradient to
+        # its input's dtype).
+        ctx.dtype = out.dtype
+        return out
 
     @staticmethod
     @first_order_only("compressed linear map (gnnact.ops.linear)")
     def backward(ctx: Any, grad: Tensor) -> tuple:
-        x_hat, weight = load_context(ctx)
+        x_hat, weight = (None if t is None else t.to(ctx.dtype) for t in load_context(ctx))
+        grad = grad.to(ctx.dtype)
         grad_x = grad_w = grad_b = None
         g2 = grad.reshape(-1, grad.size(-1))
         if ctx.needs_input_grad[0]:
@@ -89,6 +96,7 @@ class _Linear(torch.autograd.Function):
         return grad_x, grad_w, grad_b, None
 
 
+@eager_op
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
            config: Config | None = None) -> Tensor:
     r""":math:`Y = X W^\top + b`, keeping :math:`X` compressed for :math:`\nabla W`.
@@ -161,6 +169,7 @@ class _BatchNorm(torch.autograd.Function):
         return grad_x, grad_w, grad_b, None, None, None, None, None
 
 
+@eager_op
 def batch_norm(x: Tensor, running_mean: Tensor | None, running_var: Tensor | None,
                weight: Tensor | None = None, bias: Tensor | None = None,
                training: bool = False, momentum: float = 0.1, eps: float = 1e-5,
@@ -181,7 +190,8 @@ def batch_norm(x: Tensor, running_mean: Tensor | None, running_var: Tensor | Non
     With running statistics (evaluation) it is an affine map that keeps nothing but
     :math:`\gamma`, so PyTorch's own op is used.
     """
-    if not training or not records_graph(x, weight, bias):
+    # (An empty batch has no statistics to keep: torch's BatchNorm returns it empty.)
+    if not training or x.numel() == 0 or not records_graph(x, weight, bias):
         return transient(F.batch_norm(x, running_mean, running_var, weight, bias, training,
                                       momentum, eps))
     out = _BatchNorm.apply(x, weight, bias, running_mean, running_var, momentum, eps,
@@ -260,6 +270,7 @@ def _into(x: Tensor, out: Tensor) -> Tensor:
     return x
 
 
+@eager_op
 def relu(x: Tensor, inplace: bool = False) -> Tensor:
     """ReLU keeping a 1-bit mask :math:`[X > 0]`."""
     if not records_graph(x):
@@ -268,6 +279,7 @@ def relu(x: Tensor, inplace: bool = False) -> Tensor:
     return _into(x, out) if inplace else out
 
 
+@eager_op
 def leaky_relu(x: Tensor, negative_slope: float = 0.01, inplace: bool = False) -> Tensor:
     """LeakyReLU keeping a 1-bit mask :math:`[X > 0]`."""
     if not records_graph(x):
@@ -303,6 +315,7 @@ class _ELU(torch.autograd.Function):
         return torch.where(mask, grad, grad * slope), None, None, None
 
 
+@eager_op
 def elu(x: Tensor, alpha: float = 1.0, inplace: bool = False, config: Config | None = None,
         role: str = "elu") -> Tensor:
     r"""ELU keeping a 1-bit mask :math:`[X > 0]` and its output :math:`Y` at ``config.bits``
@@ -323,6 +336,7 @@ def elu(x: Tensor, alpha: float = 1.0, inplace: bool = False, config: Config | N
     return _into(x, out) if inplace else out
 
 
+@eager_op
 def dropout(x: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
     r"""Dropout keeping its keep-mask :math:`M \sim \mathrm{Bernoulli}(1-p)` in 1 bit.
 

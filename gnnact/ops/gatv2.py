@@ -98,6 +98,7 @@ from gnnact.ops.context import (
 from gnnact.ops.gat import _aggregate, _edge_dot, _segment_sum, _to_csr, _to_input
 from gnnact.ops.graph import Graph
 from gnnact.ops.higher_order import first_order_only
+from gnnact.ops.state import eager_op
 from gnnact.quant import PackedMask, pack_mask, unpack_mask
 
 __all__ = ["CHUNK_ELEMENTS", "gatv2_attention"]
@@ -217,7 +218,11 @@ class _GATv2Attention(torch.autograd.Function):
         graph: Graph = ctx.graph
         (x_l_hat, x_l_tilde, x_r_hat, alpha_t, att, edge_hat, w_edge, mask,
          keep) = load_context(ctx)
-        dtype = x_l_hat.dtype
+        # float16/bfloat16 (model or autocast) in float32, transients only, as GAT's backward
+        # (gnnact.ops.gat): autograd rounds each gradient to its input's dtype once.
+        dtype = torch.promote_types(x_l_hat.dtype, torch.float32)
+        x_l_hat, x_l_tilde, x_r_hat, alpha_t = (None if t is None else t.to(dtype)
+                                                for t in (x_l_hat, x_l_tilde, x_r_hat, alpha_t))
         alpha = alpha_t.t()  # [E, H]
         heads, channels = ctx.shape_l[1], ctx.shape_l[2]
         per_edge = heads * channels
@@ -290,6 +295,7 @@ class _GATv2Attention(torch.autograd.Function):
                 None, None, None, None, None, None, None, None)
 
 
+@eager_op
 def gatv2_attention(x_l: Tensor, x_r: Tensor, att: Tensor, graph: Graph,
                     edge_attr: Tensor | None = None, w_edge: Tensor | None = None,
                     negative_slope: float = 0.2, dropout: float = 0.0, training: bool = False,

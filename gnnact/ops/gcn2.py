@@ -59,6 +59,7 @@ from torch import Tensor
 from gnnact.config import Config
 from gnnact.ops.context import load_context, records_graph, save_context
 from gnnact.ops.higher_order import first_order_only
+from gnnact.ops.state import eager_op
 
 __all__ = ["gcn2_residual"]
 
@@ -67,6 +68,11 @@ def _identity_map_grad(grad: Tensor, weight: Tensor, beta: float) -> Tensor:
     r""":math:`(1-\beta)\mathbf{G} + \beta\,\mathbf{G}\mathbf{W}^\top` (``beta=0`` in addmm
     ignores the input, exactly as the forward's addmm did)."""
     return torch.addmm(grad, grad, weight.t(), beta=1.0 - beta, alpha=beta)
+
+
+def _cast(tensors: tuple, dtype: torch.dtype) -> list:
+    """Each tensor of ``tensors`` (``None`` kept) in ``dtype``."""
+    return [None if t is None else t.to(dtype) for t in tensors]
 
 
 def _pad_rows(grad: Tensor, rows: int) -> Tensor:
@@ -108,6 +114,9 @@ class _GCN2Residual(torch.autograd.Function):
                          (weight2 if need_h0 else None, 32))
         ctx.shared = weight2 is None
         ctx.alpha, ctx.beta, ctx.x0_rows = alpha, beta, x_0.size(0)
+        # The dtype addmm computed in (bfloat16/float16 under autocast, whatever the inputs'):
+        # backward's products run in it too, as autocast's own addmm backward does.
+        ctx.dtype = out.dtype
         return out
 
     @staticmethod
@@ -116,8 +125,10 @@ class _GCN2Residual(torch.autograd.Function):
         alpha, beta = ctx.alpha, ctx.beta
         need_p, need_h0, need_w1, need_w2 = ctx.needs_input_grad[:4]
         grad_p = grad_h0 = grad_w1 = grad_w2 = None
+        # (Autograd casts each gradient back to its input's dtype.)
+        grad = grad.to(ctx.dtype)
         if ctx.shared:
-            s_hat, weight1 = load_context(ctx)
+            s_hat, weight1 = _cast(load_context(ctx), ctx.dtype)
             if need_p or need_h0:
                 g1 = _identity_map_grad(grad, weight1, beta)
                 grad_p = g1 * (1.0 - alpha) if need_p else None
@@ -125,7 +136,7 @@ class _GCN2Residual(torch.autograd.Function):
             if need_w1:
                 grad_w1 = (s_hat.t() @ grad).mul_(beta)
         else:
-            x_hat, h0_hat, weight1, weight2 = load_context(ctx)
+            x_hat, h0_hat, weight1, weight2 = _cast(load_context(ctx), ctx.dtype)
             if need_p:
                 grad_p = _identity_map_grad(grad, weight1, beta).mul_(1.0 - alpha)
             if need_h0:
@@ -139,6 +150,7 @@ class _GCN2Residual(torch.autograd.Function):
         return grad_p, grad_h0, grad_w1, grad_w2, None, None, None, None
 
 
+@eager_op
 def gcn2_residual(p: Tensor, x_0: Tensor, weight1: Tensor, weight2: Tensor | None = None,
                   alpha: float = 0.1, beta: float = 1.0, config: Config | None = None) -> Tensor:
     r"""GCNII's initial residual plus identity mapping (see the module docstring):

@@ -48,9 +48,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from gnnact.ops.state import eager_op
+
 __all__ = ["Graph", "GraphCache", "active_graph_cache", "build_graph", "cache_on",
            "check_edge_index", "check_sparse_flow", "csr_tensor", "graph_cache_for", "graph_from",
-           "is_sparse_adjacency", "is_sparse_tensor", "use_graph_cache"]
+           "is_sparse_adjacency", "is_sparse_tensor", "sparse_compute_dtype", "use_graph_cache"]
 
 _INT32_MAX = 2**31 - 1
 
@@ -65,6 +67,17 @@ def csr_tensor(ptr: Tensor, col: Tensor, value: Tensor, size: tuple[int, int]) -
         # "Sparse CSR tensor support is in beta": we rely only on CSR @ dense.
         warnings.simplefilter("ignore", UserWarning)
         return torch.sparse_csr_tensor(ptr, col, value, size, check_invariants=False)
+
+
+#: Dtypes torch's CSR @ dense lacks on the CPU (``addmm_out_sparse_csr_impl_mkl``).
+_CPU_UPCAST = (torch.float16, torch.bfloat16)
+
+
+def sparse_compute_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The dtype a sparse product of ``dtype`` operands is computed in on ``device``: float32
+    for float16/bfloat16 on the CPU, which torch's CSR kernels do not support, else
+    ``dtype``."""
+    return torch.float32 if device.type == "cpu" and dtype in _CPU_UPCAST else dtype
 
 
 def _storage_key(t: Tensor) -> tuple:
@@ -197,6 +210,32 @@ class Graph:
         if value is not None and t_perm is not None:
             v = v.index_select(0, t_perm)
         return csr_tensor(t_ptr, t_dst, v, (self.num_src, self.num_dst))
+
+    def mm(self, x: Tensor, value: Tensor | None = None, *, transpose: bool = False,
+           index: tuple[Tensor, Tensor, Tensor | None] | None = None,
+           scale: Tensor | None = None) -> Tensor:
+        r""":math:`A X` (or :math:`A^\top X` with ``transpose``) for a 2-D ``x``, ``value`` in
+        CSR order (ones if ``None``); with ``scale`` (``[rows]``), row :math:`i` of the product
+        times ``scale[i]`` (the mean's :math:`D^{-1}`), applied before rounding.
+
+        The result has the dtype PyG's messages :math:`a_{ij} x_j` get: ``x``'s promoted with
+        ``value``'s, whatever :func:`torch.autocast` is active (PyG's scatter is not autocast
+        either: float32 values on bfloat16 features give float32). torch's CSR @ dense has no
+        float16/bfloat16 kernel on the CPU: there the product is computed in float32 and
+        rounded once to the result dtype (through a transient float32 copy of ``x``, never
+        kept), at least as accurate as PyG's scatter, which rounds after every addition.
+        """
+        dtype = x.dtype if value is None else torch.promote_types(x.dtype, value.dtype)
+        compute = sparse_compute_dtype(dtype, x.device)
+        # Autocast would cast the CSR operand to a dtype without a CPU kernel (matmul is on
+        # its lower-precision list); the dtypes are chosen above instead.
+        with torch.autocast(x.device.type, enabled=False):
+            a = (self.matrix_t(value, compute, index) if transpose
+                 else self.matrix(value, compute))
+            y = a @ x.to(compute)
+            if scale is not None:
+                y.mul_(scale.to(compute)[:, None])
+        return y.to(dtype)
 
     def to_csr_order(self, edge_tensor: Tensor) -> Tensor:
         """Reorder a per-edge tensor (first dimension) from input order to CSR order."""
@@ -489,6 +528,7 @@ def active_graph_cache() -> GraphCache | None:
     return _ACTIVE.get()
 
 
+@eager_op
 def graph_cache_for(owner: Any) -> GraphCache:
     """The cache a layer uses: the active one (see :func:`use_graph_cache`), else the layer's
     own, created on first use as its ``_gnnact_graphs`` attribute (not a buffer: no
@@ -503,6 +543,7 @@ def graph_cache_for(owner: Any) -> GraphCache:
     return cache
 
 
+@eager_op
 def cache_on(anchor: Any, key: tuple, build: Callable[[], Any], also: tuple = (),
              cache: GraphCache | None = None) -> Any:
     """``build()``, cached in ``cache`` (else the active one, see :func:`use_graph_cache`)
@@ -517,6 +558,7 @@ def cache_on(anchor: Any, key: tuple, build: Callable[[], Any], also: tuple = ()
 
 # --------------------------------------------------------------------------------- building
 
+@eager_op
 def graph_from(adj: Any, num_src: int | None = None, num_dst: int | None = None,
                *, flow: str = "source_to_target", cache: GraphCache | None = None,
                own_values: bool = True, per_edge: bool = True, keep_dst: bool = True) -> Graph:
@@ -551,6 +593,7 @@ def graph_from(adj: Any, num_src: int | None = None, num_dst: int | None = None,
                     cache=cache)
 
 
+@eager_op
 def build_graph(adj: Any, num_src: int | None = None, num_dst: int | None = None,
                 *, flow: str = "source_to_target", edge_weight: Tensor | None = None,
                 own_values: bool = True, per_edge: bool = True, keep_dst: bool = True,
@@ -645,7 +688,11 @@ def check_edge_index(adj: Tensor, num_src: int | None, num_dst: int | None,
     """Validate an ``edge_index`` against the feature sizes; returns it as a plain tensor.
 
     Costs one device-to-host sync (callers cache what they build from it): an index past the
-    feature rows would otherwise read out of bounds inside the sparse kernels.
+    feature rows would otherwise read out of bounds inside the sparse kernels. It runs only
+    where a graph is built (:func:`build_graph`, under :func:`graph_from`, :func:`cache_on` and
+    :func:`~gnnact.nn.conv.gcn_cache.gcn_graph`): once per adjacency while the graph cache
+    keeps its graph, and under :func:`torch.compile` inside those eager calls
+    (:func:`~gnnact.ops.state.eager_op`), never as a graph break of its own.
     """
     if adj.dim() != 2 or adj.size(0) != 2 or adj.is_floating_point() or adj.is_complex():
         raise ValueError(f"edge_index must be an integer tensor of shape [2, E], got "

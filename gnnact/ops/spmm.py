@@ -9,10 +9,17 @@ Backward: :math:`\nabla X = A^\top \nabla Y` (mean: :math:`A^\top D^{-1} \nabla 
 **no node features** for backward, only the structure it already holds. Only when ``value``
 needs a gradient, :math:`\nabla a_{ij} = \langle \nabla Y_i, X_j \rangle` needs :math:`X`,
 which is then kept compressed (``config.bits``).
+
+Dtypes as PyG's messages :math:`a_{ij} x_j`: the result has :math:`X`'s dtype promoted with
+the values' (float32 under :func:`torch.autocast` on half-precision features), whatever
+autocast is active. float16/bfloat16 on the CPU, where torch's CSR product has no kernel, are
+computed in float32 and rounded once (:meth:`~gnnact.ops.graph.Graph.mm`), forward and
+backward; nothing but transients is in float32.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -26,8 +33,9 @@ from gnnact.ops.context import (
     save_context,
     transient,
 )
-from gnnact.ops.graph import Graph
+from gnnact.ops.graph import Graph, sparse_compute_dtype
 from gnnact.ops.higher_order import first_order_only
+from gnnact.ops.state import eager_op
 
 __all__ = ["spmm"]
 
@@ -36,11 +44,17 @@ def _inv_degree(graph: Graph, dtype: torch.dtype) -> Tensor:
     return graph.in_degree(dtype).clamp_(min=1).reciprocal_()
 
 
+def _rows(x: Tensor) -> Tensor:
+    """``x`` as a 2-D ``[rows, features]`` matrix; spelled out rather than ``-1``, which an
+    empty graph's 0 rows leave ambiguous."""
+    return x.reshape(x.size(0), math.prod(x.shape[1:]))
+
+
 def _aggregate(x: Tensor, graph: Graph, value: Tensor | None, mean: bool) -> Tensor:
     edge_value = graph.value if value is None else value
-    y = graph.matrix(edge_value, x.dtype) @ x.reshape(x.size(0), -1)
-    if mean:
-        y.mul_(_inv_degree(graph, x.dtype)[:, None])
+    # D^{-1} in float32 at least: applied before the single rounding of a half-precision result.
+    scale = _inv_degree(graph, torch.promote_types(x.dtype, torch.float32)) if mean else None
+    y = graph.mm(_rows(x), edge_value, scale=scale)
     return y.view(graph.num_dst, *x.shape[1:])
 
 
@@ -50,7 +64,7 @@ class _SpMM(torch.autograd.Function):
                 config: Config) -> Tensor:
         ctx.graph, ctx.mean, ctx.feature_shape = graph, mean, x.shape[1:]
         need_x = value is not None and ctx.needs_input_grad[1]
-        x2 = x.reshape(x.size(0), -1) if need_x else None
+        x2 = _rows(x) if need_x else None
         save_context(ctx, config, (x2, input_bits(x, config)), (value, 32))
         return _aggregate(x, graph, value, mean)
 
@@ -62,14 +76,17 @@ class _SpMM(torch.autograd.Function):
     def backward(ctx: Any, grad: Tensor) -> tuple:
         graph: Graph = ctx.graph
         x_hat, value = load_context(ctx)
-        g = grad.reshape(graph.num_dst, -1)
+        # fp16/bf16 on the CPU: the products in float32 (see Graph.mm); autograd rounds the
+        # gradients to the inputs' dtypes once.
+        g = _rows(grad)
+        g = g.to(sparse_compute_dtype(g.dtype, g.device))
         if ctx.mean:
             g = g * _inv_degree(graph, g.dtype)[:, None]
         grad_x = grad_value = None
         if ctx.needs_input_grad[0]:
             edge_value = graph.value if value is None else value
-            grad_x = (graph.matrix_t(edge_value, g.dtype) @ g).view(graph.num_src,
-                                                                     *ctx.feature_shape)
+            grad_x = graph.mm(g, edge_value, transpose=True).view(graph.num_src,
+                                                                   *ctx.feature_shape)
         if ctx.needs_input_grad[1]:
             # E x F transient (not kept): one gather of each side per edge.
             grad_value = (g.index_select(0, graph.dst)
@@ -77,6 +94,7 @@ class _SpMM(torch.autograd.Function):
         return grad_x, grad_value, None, None, None
 
 
+@eager_op
 def spmm(x: Tensor, graph: Graph, value: Tensor | None = None, reduce: str = "sum",
          config: Config | None = None) -> Tensor:
     r"""Aggregate neighbour features: :math:`Y = A X` (``"sum"``) or :math:`D^{-1} A X`

@@ -20,20 +20,40 @@ Which state an op uses is found through a :class:`~contextvars.ContextVar`, so i
 
 Nothing here holds a tensor strongly except :attr:`ForwardState.held`, filled only inside
 :meth:`ForwardState.hold` (while offloading) and emptied when that ends.
+
+Under :func:`torch.compile` every op that reads or writes these registries runs eagerly, as one
+opaque call (:func:`eager_op`): Dynamo compiles the code between gnnact's ops.
 """
 
 from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
+import torch
 from torch import Tensor
 
-__all__ = ["ForwardState", "forward_pass", "forward_state"]
+__all__ = ["ForwardState", "eager_op", "forward_pass", "forward_state"]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def eager_op(fn: _F) -> _F:
+    """``fn``, run eagerly as one opaque call inside a :func:`torch.compile`-d model.
+
+    gnnact's ops keep their context outside any graph: bit-packed codes found again through the
+    weak registries of the running :class:`ForwardState`, graphs kept in a
+    :class:`~gnnact.ops.graph.GraphCache`, rounding noise drawn from a seed read on the host.
+    None of that is a tensor program Dynamo can trace (it would break the graph inside the op
+    and compile the op's internals frame by frame, once per dtype and shape). As an opaque call
+    the op computes and keeps exactly what it does eagerly (same bits, same noise stream), and
+    the model's code between the ops is compiled.
+    """
+    return torch.compiler.disable(fn)  # type: ignore[return-value]
 
 
 @dataclass(eq=False)

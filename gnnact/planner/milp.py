@@ -50,8 +50,9 @@ class InfeasibleBudget(ValueError):
     r"""No choice of options fits the budget; :attr:`smallest` is the least budget that does.
 
     Raised by :func:`solve` and :func:`gnnact.plan` when the budget is below
-    :math:`\sum_i \min_o m_{io}` (every layer at its leanest option; for :func:`gnnact.plan`
-    plus what tensors outside the blocks keep). A subclass of :class:`ValueError`.
+    :math:`\sum_i \min_o m_{io}` (every layer at its leanest option); by :func:`gnnact.plan`
+    when the budget is below the saved context of its leanest plan, measured on the example
+    inputs. A subclass of :class:`ValueError`.
 
     Args:
         budget (float): the budget asked for, in bytes (:attr:`budget`).

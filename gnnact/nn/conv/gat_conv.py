@@ -6,6 +6,7 @@ from typing import Any, ClassVar
 
 import torch_geometric.nn as pyg_nn
 from torch import Tensor
+from torch_geometric import EdgeIndex
 from torch_geometric.typing import (
     Adj,
     OptPairTensor,
@@ -44,6 +45,13 @@ def _build(adj: Any, num_src: int, num_dst: int, flow: str, borrow: bool) -> Gra
         return Graph.from_coo(col, row, num_src, num_dst, **options)
     return build_graph(adj, num_src, num_dst, flow=flow, own_values=False, borrow=borrow,
                        **options)
+
+
+def _with_self_loops(edge_index: Tensor, edge_attr: Tensor | None, fill_value: Any,
+                     num_nodes: int) -> tuple[Tensor, Tensor | None]:
+    """``edge_index`` (and ``edge_attr``) with its self-loops replaced, as PyG's GAT does."""
+    edge_index, edge_attr = remove_self_loops(edge_index, edge_attr)
+    return add_self_loops(edge_index, edge_attr, fill_value=fill_value, num_nodes=num_nodes)
 
 
 def attention_output(conv: Any, result: Any, want_alpha: bool, res: Tensor | None,
@@ -239,16 +247,27 @@ class GATConv(CompressedConv, pyg_nn.GATConv):
         # cached, on the caller's adjacency.
         adj = edge_index
         loops_key: tuple = ("no_loops",)
+        want_alpha = bool(return_attention_weights)
+        looped_later = False
         if self.add_self_loops:
             if isinstance(edge_index, Tensor):
                 num_nodes = x_src.size(0)
                 if x_dst is not None:
                     num_nodes = min(num_nodes, x_dst.size(0))
                 num_nodes = min(size) if size is not None else num_nodes
-                edge_index, edge_attr = remove_self_loops(edge_index, edge_attr)
-                edge_index, edge_attr = add_self_loops(
-                    edge_index, edge_attr, fill_value=self.fill_value, num_nodes=num_nodes)
                 loops_key = ("loops", num_nodes)
+                # Without edge features or returned weights nothing but the cached graph reads
+                # the looped edge_index: it is made only when that graph is built, not in
+                # every forward (removing loops syncs with the host, and breaks a compiled
+                # graph).
+                # (A sparse adjacency's values and an EdgeIndex's sizes change with the
+                # loops: those are looped here.)
+                looped_later = (edge_attr is None and not want_alpha
+                                and not is_torch_sparse_tensor(edge_index)
+                                and not isinstance(edge_index, EdgeIndex))
+                if not looped_later:
+                    edge_index, edge_attr = _with_self_loops(edge_index, edge_attr,
+                                                             self.fill_value, num_nodes)
             elif isinstance(edge_index, SparseTensor):
                 if self.edge_dim is None:
                     edge_index = torch_sparse.set_diag(edge_index)
@@ -261,9 +280,13 @@ class GATConv(CompressedConv, pyg_nn.GATConv):
 
         n_src, n_dst = propagate_sizes(self, edge_index, size, x_src.size(0),
                                        None if x_dst is None else x_dst.size(0))
-        looped = edge_index
-        graph = cache_on(adj, ("gat", loops_key, n_src, n_dst, self.flow),
-                         lambda: _build(looped, n_src, n_dst, self.flow, looped is adj),
+        def build() -> Graph:
+            looped = edge_index
+            if looped_later:
+                looped, _ = _with_self_loops(edge_index, None, self.fill_value, loops_key[1])
+            return _build(looped, n_src, n_dst, self.flow, looped is adj)
+
+        graph = cache_on(adj, ("gat", loops_key, n_src, n_dst, self.flow), build,
                          cache=graph_cache_for(self))
 
         a_edge = None
@@ -278,7 +301,6 @@ class GATConv(CompressedConv, pyg_nn.GATConv):
             if edge_attr is not None:
                 a_edge = self._edge_logits(edge_attr)
 
-        want_alpha = bool(return_attention_weights)
         result = gat_attention(x_src, x_dst, self.att_src, self.att_dst, graph, a_edge=a_edge,
                                negative_slope=self.negative_slope, dropout=self.dropout,
                                training=self.training, return_attention=want_alpha,

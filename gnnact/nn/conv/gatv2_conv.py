@@ -6,6 +6,7 @@ from typing import Any, ClassVar
 
 import torch_geometric.nn as pyg_nn
 from torch import Tensor
+from torch_geometric import EdgeIndex
 from torch_geometric.typing import (
     Adj,
     OptTensor,
@@ -14,9 +15,7 @@ from torch_geometric.typing import (
     torch_sparse,
 )
 from torch_geometric.utils import (
-    add_self_loops,
     is_torch_sparse_tensor,
-    remove_self_loops,
     to_edge_index,
 )
 
@@ -24,7 +23,7 @@ from gnnact import ops
 from gnnact.config import Config
 from gnnact.nn._lazy import linear_weight
 from gnnact.nn.conv.base import CompressedConv, propagate_sizes
-from gnnact.nn.conv.gat_conv import attention_output
+from gnnact.nn.conv.gat_conv import _with_self_loops, attention_output
 from gnnact.ops.context import transient
 from gnnact.ops.gatv2 import gatv2_attention
 from gnnact.ops.graph import Graph, build_graph, cache_on, graph_cache_for
@@ -235,17 +234,26 @@ class GATv2Conv(CompressedConv, pyg_nn.GATv2Conv):
         # cached, on the caller's adjacency.
         adj = edge_index
         loops_key: tuple = ("no_loops",)
+        want_alpha = bool(return_attention_weights)
+        looped_later = False
         if self.add_self_loops:
             if isinstance(edge_index, Tensor):
                 num_nodes = min(x_l.size(0), x_r.size(0))
-                edge_index, edge_attr = remove_self_loops(edge_index, edge_attr)
-                edge_index, edge_attr = add_self_loops(
-                    edge_index, edge_attr, fill_value=self.fill_value, num_nodes=num_nodes)
+                loops_key = ("loops", num_nodes)
+                # As in GATConv: made only when the cached graph is built, if nothing else
+                # reads the looped edge_index.
+                # (A sparse adjacency's values and an EdgeIndex's sizes change with the
+                # loops: those are looped here.)
+                looped_later = (edge_attr is None and not want_alpha
+                                and not is_torch_sparse_tensor(edge_index)
+                                and not isinstance(edge_index, EdgeIndex))
+                if not looped_later:
+                    edge_index, edge_attr = _with_self_loops(edge_index, edge_attr,
+                                                             self.fill_value, num_nodes)
                 if edge_attr is not None:
                     # A temporary made here, not the caller's resident tensor: packed at
                     # `bits` rather than kept by reference (input_bits).
                     edge_attr = transient(edge_attr)
-                loops_key = ("loops", num_nodes)
             elif isinstance(edge_index, SparseTensor):
                 if self.edge_dim is None:
                     edge_index = torch_sparse.set_diag(edge_index)
@@ -257,9 +265,13 @@ class GATv2Conv(CompressedConv, pyg_nn.GATv2Conv):
                         "form")
 
         n_src, n_dst = propagate_sizes(self, edge_index, None, x_l.size(0), x_r.size(0))
-        looped = edge_index
-        graph = cache_on(adj, ("gatv2", loops_key, n_src, n_dst, self.flow),
-                         lambda: _build(looped, n_src, n_dst, self.flow),
+        def build() -> Graph:
+            looped = edge_index
+            if looped_later:
+                looped, _ = _with_self_loops(edge_index, None, self.fill_value, loops_key[1])
+            return _build(looped, n_src, n_dst, self.flow)
+
+        graph = cache_on(adj, ("gatv2", loops_key, n_src, n_dst, self.flow), build,
                          cache=graph_cache_for(self))
 
         if edge_attr is None:
@@ -278,7 +290,6 @@ class GATv2Conv(CompressedConv, pyg_nn.GATv2Conv):
                 edge_attr = edge_attr.view(-1, 1)
             w_edge = linear_weight(self.lin_edge, edge_attr)
 
-        want_alpha = bool(return_attention_weights)
         result = gatv2_attention(x_l, x_r, self.att, graph, edge_attr=edge_attr, w_edge=w_edge,
                                  negative_slope=self.negative_slope, dropout=self.dropout,
                                  training=self.training, return_attention=want_alpha,

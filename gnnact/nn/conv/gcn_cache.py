@@ -27,6 +27,7 @@ from gnnact.ops.graph import (
     check_sparse_flow,
     is_sparse_tensor,
 )
+from gnnact.ops.state import eager_op
 
 __all__ = ["gcn_graph"]
 
@@ -38,6 +39,7 @@ def _cache_attribute(adj: Any) -> str | None:
     return "_cached_edge_index" if isinstance(adj, Tensor) else None
 
 
+@eager_op
 def gcn_graph(conv: Any, adj: Any, edge_weight: Tensor | None, num_nodes: int,
               dtype: torch.dtype, *, improved: bool,
               cache: GraphCache | None = None) -> tuple[Graph, Tensor | None]:

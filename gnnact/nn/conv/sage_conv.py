@@ -119,7 +119,9 @@ class SAGEConv(CompressedConv, pyg_nn.SAGEConv):
         h = ops.linear(x_src, linear_weight(self.lin_l, x_src), None, cfg)
         out = self._aggregate(h, graph, None, reduce, cfg)
         if self.lin_l.bias is not None:
-            out = out + self.lin_l.bias
+            # In the product's dtype, as inside PyG's lin_l: under autocast a float32 bias
+            # would otherwise promote the bfloat16/float16 output to float32.
+            out = out + self.lin_l.bias.to(out.dtype)
         if self.root_weight and x_dst is not None:
             out = out + ops.linear(x_dst, linear_weight(self.lin_r, x_dst), None, cfg)
         if self.normalize:

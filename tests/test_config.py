@@ -1,0 +1,73 @@
+"""``gnnact.Config`` validates every field at construction, naming the field and the value."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+
+import gnnact
+from gnnact import Config
+
+# (field, bad value, error, message): each field with a value of the wrong type and, where the
+# type has a range, one outside it.
+BAD = [
+    ("bits", "2", TypeError, "Config.bits must be an int, got '2' (str)"),
+    ("bits", 2.0, TypeError, "Config.bits must be an int, got 2.0 (float)"),
+    ("bits", True, TypeError, "Config.bits must be an int, got True (bool)"),
+    ("bits", 9, ValueError, "Config.bits must be one of (1, 2, 3, 4, 5, 6, 7, 8, 16, 32), got 9"),
+    ("bits", 0, ValueError, "Config.bits must be one of (1, 2, 3, 4, 5, 6, 7, 8, 16, 32), got 0"),
+    ("group_size", 64.0, TypeError, "Config.group_size must be an int, got 64.0 (float)"),
+    ("group_size", False, TypeError, "Config.group_size must be an int, got False (bool)"),
+    ("group_size", 0, ValueError, "Config.group_size must be a positive int, got 0"),
+    ("group_size", -512, ValueError, "Config.group_size must be a positive int, got -512"),
+    ("per_row", "yes", TypeError, "Config.per_row must be a bool, got 'yes' (str)"),
+    ("per_row", 1, TypeError, "Config.per_row must be a bool, got 1 (int)"),
+    ("attention_bits", "8", TypeError, "Config.attention_bits must be an int, got '8' (str)"),
+    ("attention_bits", 12, ValueError,
+     "Config.attention_bits must be one of (1, 2, 3, 4, 5, 6, 7, 8, 16, 32), got 12"),
+    ("backend", None, TypeError, "Config.backend must be a str, got None (NoneType)"),
+    ("backend", "numba", ValueError,
+     "Config.backend must be one of ('auto', 'torch', 'cupy'), got 'numba'"),
+    ("resident_inputs", 1, TypeError, "Config.resident_inputs must be a bool, got 1 (int)"),
+    ("per_node", "False", TypeError, "Config.per_node must be a bool, got 'False' (str)"),
+    ("tag", 3, TypeError, "Config.tag must be a str or None, got 3 (int)"),
+    ("offload", None, TypeError, "Config.offload must be a bool, got None (NoneType)"),
+    ("prefetch_depth", 1.5, TypeError, "Config.prefetch_depth must be an int, got 1.5 (float)"),
+    ("prefetch_depth", -1, ValueError, "Config.prefetch_depth must be a non-negative int, got -1"),
+]
+
+
+def test_every_field_is_covered() -> None:
+    fields = {f.name for f in dataclasses.fields(Config)}
+    assert {name for name, *_ in BAD} == fields
+
+
+@pytest.mark.parametrize(("name", "value", "error", "message"), BAD,
+                         ids=[f"{name}={value!r}" for name, value, *_ in BAD])
+def test_bad_value_raises(name: str, value: object, error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=f"^{re.escape(message)}$"):
+        Config(**{name: value})
+    # dataclasses.replace builds a new Config, so it validates just the same.
+    with pytest.raises(error, match=f"^{re.escape(message)}$"):
+        dataclasses.replace(Config(), **{name: value})
+
+
+@pytest.mark.parametrize("kwargs", [
+    {},
+    {"bits": 1, "group_size": 1, "per_row": True, "attention_bits": 32, "backend": "torch",
+     "resident_inputs": False, "per_node": True, "tag": "convs.0", "offload": True,
+     "prefetch_depth": 0},
+    {"bits": 32, "attention_bits": None, "backend": "cupy", "tag": None},
+])
+def test_good_values_are_kept(kwargs: dict) -> None:
+    config = Config(**kwargs)
+    for name, value in kwargs.items():
+        assert getattr(config, name) == value
+
+
+def test_compressors_validate_through_config() -> None:
+    # Quantize checks its fields by building a Config: the same errors, the same names.
+    with pytest.raises(TypeError, match=r"^Config\.per_row must be a bool, got 'yes' \(str\)$"):
+        gnnact.compress.Quantize(bits=2, per_row="yes")
