@@ -1,0 +1,187 @@
+"""Full-batch training partitioned over k ranks (gloo, one machine): exchanged bytes, saved
+context and step time by world size and halo-exchange width.
+
+On a synthetic graph with ogbn-arxiv's shape (``synthetic_graph``: average degree 13.77, 128
+features, 40 classes), scaled down to ``--nodes`` (default 20,000, so that the whole sweep runs
+in a few minutes on a 2-core machine; ``--full`` for arxiv's 169,343 nodes), a GCN (or
+``--model sage``) of ``--layers`` x ``--hidden``, converted with ``gnnact.Config(bits=
+--context-bits)``, is trained for a few steps with :class:`gnnact.distributed.DistributedGNN`
+on k = ``--world-sizes`` processes (one torch thread each), for each exchange width
+``--bits`` (32: exact, 8 and 2: stochastic rounding, features and gradients alike).
+
+One row per (k, bits), with per-rank lists and their totals/maxima:
+
+* ``exchanged_bytes``: halo payload bytes each rank sent in one step (forward features plus
+  backward gradients, all layers); ``exchanged_bytes_total`` over the ranks;
+* ``saved_bytes``: each rank's saved context after forward (``gnnact.memory.saved_bytes``,
+  the shard's input features excluded);
+* ``peak_rss_bytes``: each rank's peak resident memory during this width's steps (the peak is
+  reset before them, after sharding: the whole graph each rank loads to shard it is not
+  counted, the libraries' ~330 MiB are);
+* ``step_seconds``: median wall time of a step per rank (barrier before each step; the slowest
+  rank's is ``step_seconds_max``); with k processes on fewer cores than k they share the
+  cores, so these times measure overhead, not scaling;
+* ``loss_first``: the global training loss of the first step (same initial weights: the
+  32-bit rows of every k agree to float round-off; 8 and 2 bits move it by the rounding of
+  the exchanged features), ``loss_last`` of the last one (the 2-bit context's stochastic
+  rounding makes each run's trajectory its own).
+
+Usage::
+
+    python benchmarks/bench_distributed.py [--nodes 20000 | --full] [--world-sizes 1 2 4]
+        [--bits 32 8 2] [--model gcn] [--steps 5] [--method random] [--smoke]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gc
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import RESULTS, environment, finish
+
+import gnnact
+from gnnact.data import SHAPES, synthetic_graph
+from gnnact.distributed import DistributedGNN, run_local, shard_graph
+from gnnact.memory import saved_bytes
+
+MODELS = ("gcn", "sage")
+
+
+def _proc_status(field: str) -> int:
+    """A ``/proc/self/status`` memory field (``VmRSS``, ``VmHWM``) in bytes."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(field)
+
+
+def _reset_peak_rss() -> None:
+    # Hand the freed heap (the whole graph, just sharded) back first, or glibc keeps it
+    # resident; then writing 5 to clear_refs resets VmHWM to the current RSS (Linux >= 4.0).
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    Path("/proc/self/clear_refs").write_text("5")
+
+
+def _make_model(args: argparse.Namespace, features: int, classes: int) -> torch.nn.Module:
+    from torch_geometric.nn.models import GCN, GraphSAGE
+
+    torch.manual_seed(0)
+    cls = GCN if args.model == "gcn" else GraphSAGE
+    model = cls(features, args.hidden, args.layers, classes)
+    return gnnact.convert(model, gnnact.Config(bits=args.context_bits))
+
+
+def _rank(rank: int, world_size: int, args: argparse.Namespace) -> list[dict]:
+    """Every width on this rank: what one row needs from it."""
+    num_nodes, degree, features, classes = args.shape
+    data = synthetic_graph(num_nodes, degree, features, classes, seed=0)
+    shard = shard_graph(data, method=args.method)
+    del data
+    gc.collect()
+    out = []
+    for bits in args.bits:
+        _reset_peak_rss()
+        model = DistributedGNN(_make_model(args, features, classes), shard,
+                               exchange_bits=bits)
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+        mask = shard.train_mask
+        count = model.global_count(mask)
+        times, saved, sent, losses = [], 0, None, []
+        for step in range(args.warmup + args.steps):
+            dist.barrier()
+            t0 = time.perf_counter()
+            model.exchange.reset_stats()
+            opt.zero_grad()
+            out_rows = model(shard.x, shard.edge_index)
+            loss = F.cross_entropy(out_rows[mask], shard.y[mask], reduction="sum") / count
+            if step == 0:  # the graph walk is not part of a timed step
+                saved = saved_bytes(loss, exclude=[shard.x])
+            loss.backward()
+            model.all_reduce_gradients()
+            opt.step()
+            if step >= args.warmup:
+                times.append(time.perf_counter() - t0)
+            sent = model.exchange.stats
+            losses.append(loss.detach().clone())
+        out.append({"bits": bits, "seconds": statistics.median(times),
+                    "sent": sent, "saved": saved, "peak_rss": _proc_status("VmHWM"),
+                    "loss_first": float(model.all_reduce(losses[0])),
+                    "loss_last": float(model.all_reduce(losses[-1])),
+                    "owned": shard.num_owned, "halo": shard.num_halo,
+                    "edges": shard.edge_index.size(1)})
+        model.remove()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=20_000)
+    parser.add_argument("--full", action="store_true", help="ogbn-arxiv's 169,343 nodes")
+    parser.add_argument("--world-sizes", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--bits", type=int, nargs="+", default=[32, 8, 2])
+    parser.add_argument("--model", choices=MODELS, default="gcn")
+    parser.add_argument("--layers", type=int, default=3)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--context-bits", type=int, default=2)
+    parser.add_argument("--method", choices=("metis", "contiguous", "random"), default="random")
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--smoke", action="store_true", help="a 1,000-node graph, no results")
+    parser.add_argument("--out", type=Path, default=RESULTS / "distributed.jsonl")
+    args = parser.parse_args(argv)
+    _, degree, features, classes = SHAPES["arxiv"]
+    nodes = SHAPES["arxiv"][0] if args.full else 1_000 if args.smoke else args.nodes
+    args.shape = (nodes, degree, features, classes)
+
+    env = environment("cpu")
+    env["device_name"] = env["device_name"].rsplit(" (", 1)[0]  # threads: per rank, below
+    rows = []
+    for k in args.world_sizes:
+        # Forked: the ranks share the parent's imports instead of repeating them.
+        ranks = run_local(_rank, k, args, threads=1, start_method="fork")
+        for i, bits in enumerate(args.bits):
+            per = [r[i] for r in ranks]
+            sent = [p["sent"] for p in per]
+            row = {
+                "bench": "distributed", **env, "graph": "arxiv-synthetic", "num_nodes": nodes,
+                "num_edges": sum(p["edges"] for p in per), "features": features,
+                "classes": classes, "model": args.model, "layers": args.layers,
+                "hidden": args.hidden, "context_bits": args.context_bits,
+                "method": args.method, "threads_per_rank": 1, "world_size": k,
+                "exchange_bits": bits, "halo_nodes": [p["halo"] for p in per],
+                "exchanged_bytes": [s.total_bytes for s in sent],
+                "exchanged_bytes_total": sum(s.total_bytes for s in sent),
+                "forward_bytes_total": sum(s.forward_bytes for s in sent),
+                "backward_bytes_total": sum(s.backward_bytes for s in sent),
+                "messages_per_rank": [s.forward_messages + s.backward_messages for s in sent],
+                "saved_bytes": [p["saved"] for p in per],
+                "saved_bytes_max": max(p["saved"] for p in per),
+                "peak_rss_bytes": [p["peak_rss"] for p in per],
+                "step_seconds": [round(p["seconds"], 4) for p in per],
+                "step_seconds_max": round(max(p["seconds"] for p in per), 4),
+                "steps": args.steps, "warmup": args.warmup,
+                "loss_first": round(per[0]["loss_first"], 6),
+                "loss_last": round(per[0]["loss_last"], 6)}
+            rows.append(row)
+            print(f"k={k} bits={bits:2d}  halo {sum(row['halo_nodes']):7d}  exchanged "
+                  f"{row['exchanged_bytes_total'] / 2**20:8.2f} MiB/step  saved/rank "
+                  f"{row['saved_bytes_max'] / 2**20:7.2f} MiB  peak RSS/rank "
+                  f"{max(row['peak_rss_bytes']) / 2**20:7.1f} MiB  step "
+                  f"{row['step_seconds_max']:.3f} s  loss {row['loss_first']:.5f}", flush=True)
+    return finish(args.out, rows, smoke=args.smoke)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
