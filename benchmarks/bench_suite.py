@@ -59,7 +59,6 @@ import tempfile
 from pathlib import Path
 
 import torch
-import torch_geometric.transforms as T
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
@@ -79,7 +78,7 @@ from _common import (
 import gnnact
 from gnnact.data import SHAPES, load_dataset, synthetic_like
 from gnnact.models import GCNII, MODELS, Stack, build, has_batchnorm
-from gnnact.training import RunResult, loss_of, train_full_batch
+from gnnact.training import RunResult, loss_of, train_full_batch, with_layout
 
 METHODS = ("pyg", "gnnact2", "gnnact4", "gnnact8", "uniform4", "adaptive2", "adaptive3",
            "adaptive4", "pernode2", "amp", "checkpoint", "save_on_cpu")
@@ -153,9 +152,7 @@ def load_graph(name: str, nodes: int | None, seed: int, workdir: str, adj: str =
         data = synthetic_like(name.removeprefix("synthetic-"), num_nodes=nodes, seed=0)
     else:
         data = load_dataset(name, data_root(), seed=seed, workdir=workdir, download=False)
-    if features == "sparse":
-        data.x = data.x.to_sparse_csr()
-    return T.ToSparseTensor(layout=torch.sparse_csr)(data) if adj == "csr" else data
+    return with_layout(data, adj=adj, features=features)
 
 
 def summary(rows: list[dict]) -> str:

@@ -1,5 +1,13 @@
-"""Render the committed benchmark rows (``benchmarks/results/*.jsonl``) as reST tables for the
-benchmarks page, each with the device, versions, commit and date its rows came from."""
+"""Render the committed benchmark rows (``benchmarks/results/*.jsonl``) as reST tables.
+
+Two kinds of output, both under ``docs/_generated`` (written by ``conf.py`` at every build):
+
+- ``benchmarks_tables.rst``: every row of every file, grouped by the run (device, torch
+  version, commit, date) it came from: the benchmarks page;
+- ``results_<name>.rst``: one curated table each for the results page (:data:`RESULTS`): the
+  newest row per configuration, pivoted for reading, with the file, devices and dates it came
+  from. The Table-3 tables are ``benchmarks/table3.py``'s own output, converted to reST.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +19,7 @@ from pathlib import Path
 # Table-3 script reads them (the repository root is on the path: see conf.py).
 from benchmarks.bench_gat_cora import paired
 from benchmarks.table3 import controller, settings
+from benchmarks.table3 import table as table3
 
 # file -> (title, columns as (header, row key or callable))
 _TABLES = {
@@ -178,4 +187,391 @@ def write_tables(results: Path, out: Path) -> Path:
                       *render(rows), ""]
     target = out / "benchmarks_tables.rst"
     target.write_text("\n".join(lines) + "\n")
+    write_results(results, out)
     return target
+
+
+# ----------------------------------------------------------------------------------------------
+# Curated tables of the results page
+
+
+def _rows(results: Path, name: str) -> list[dict]:
+    path = results / name
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _newest(rows: list[dict], key) -> dict[tuple, dict]:
+    """The newest row (by date) per ``key(row)``, in the order the keys first appear."""
+    found: dict[tuple, dict] = {}
+    for r in rows:
+        k = key(r)
+        if k not in found or r["date"] >= found[k]["date"]:
+            found[k] = r
+    return found
+
+
+def _source(name: str, rows) -> list[str]:
+    """Where the rows of a table came from: the file, the devices, torch versions and dates."""
+    rows = list(rows)
+    if not rows:
+        return [f"No rows in ``benchmarks/results/{name}`` yet.", ""]
+    devices = ", ".join(dict.fromkeys(r.get("device_name", "?") for r in rows))
+    torch_versions = ", ".join(dict.fromkeys(r.get("torch", "?") for r in rows))
+    dates = sorted(r.get("date", "?")[:10] for r in rows)
+    when = dates[0] if dates[0] == dates[-1] else f"{dates[0]} to {dates[-1]}"
+    return [f"*Rows from* ``benchmarks/results/{name}``: {devices}; torch {torch_versions}; "
+            f"{when}.", ""]
+
+
+_ORDER = {m: i for i, m in enumerate(("gcn", "sage", "gat", "gatv2", "gcnii", "gin"))}
+_LABEL = {"gcn": "GCN", "sage": "SAGE", "gat": "GAT", "gatv2": "GATv2", "gcnii": "GCNII",
+          "gin": "GIN"}
+_METHODS = ("pyg", "gnnact8", "gnnact4", "gnnact2", "uniform4", "adaptive4", "adaptive3",
+            "adaptive2", "pernode2", "amp", "checkpoint", "save_on_cpu")
+
+
+def _model_key(model: str):
+    return _ORDER.get(model, len(_ORDER)), model
+
+
+def _mib(value) -> str:
+    return "" if value is None else f"{value / 2**20:,.1f}"
+
+
+def _arxiv_shape(r: dict) -> bool:
+    return r.get("graph") in (None, "synthetic-arxiv")
+
+
+def _saved_bytes(results: Path) -> list[str]:
+    """Saved context on the arxiv shape: PyG fp32 and gnnact's ratio at 1, 2, 4 and 8 bits."""
+    name = "saved_bytes.jsonl"
+    rows = [r for r in _rows(results, name) if _arxiv_shape(r) and r.get("graph_cache_counted")
+            and r.get("style", "module") == "module" and r.get("adaptive_avg_bits") is None]
+    best = _newest(rows, lambda r: (r["model"], r["bits"]))
+    models = sorted({m for m, _ in best}, key=_model_key)
+    widths = sorted({b for _, b in best})
+    body = []
+    for m in models:
+        cells = [best.get((m, b)) for b in widths]
+        ref = next(r for r in cells if r is not None)
+        body.append([_LABEL.get(m, m), _mib(ref["pyg_fp32_bytes"]),
+                     *[_x1(r["ratio"]) if r else "–" for r in cells],
+                     _mib(ref["graph_cache_bytes"])])
+    header = ["model", "PyG fp32 (MiB)", *[f"gnnact {b} bit{'s' * (b > 1)}" for b in widths],
+              "of which graph cache (MiB)"]
+    return [*_source(name, best.values()), *_list_table([header, *body])]
+
+
+def _x1(value) -> str:
+    return "" if value is None else f"{value:.1f}×"
+
+
+def _x3(value) -> str:
+    """A ratio to three significant digits: 1.23×, 12.3×."""
+    return "" if value is None else f"{value:.3g}×"
+
+
+_DATASETS = {"dblp": "DBLP", "computers": "Amazon-Computers", "physics": "Coauthor-Physics",
+             "cora": "Cora"}
+
+
+def _saved_styles(results: Path) -> list[str]:
+    """The same models written three ways (modules, functional calls, PyG's model classes)."""
+    name = "saved_bytes.jsonl"
+    styles = {"module": "gnnact.models (modules)", "functional": "F.relu / F.dropout",
+              "pyg": "PyG's model class"}
+    rows = [r for r in _rows(results, name) if _arxiv_shape(r) and r.get("graph_cache_counted")
+            and r.get("style") in styles and r.get("adaptive_avg_bits") is None
+            and r["bits"] in (2, 4)]
+    best = _newest(rows, lambda r: (r["model"], r["style"], r["bits"]))
+    keys = sorted({(m, s) for m, s, _ in best},
+                  key=lambda k: (_model_key(k[0]), list(styles).index(k[1])))
+    body = [[_LABEL.get(m, m), styles[s], _mib(best[m, s, 2]["pyg_fp32_bytes"]),
+             *[_x1(best[m, s, b]["ratio"]) if (m, s, b) in best else "–" for b in (2, 4)]]
+            for m, s in keys if (m, s, 2) in best]
+    header = ["model", "written as", "PyG fp32 (MiB)", "gnnact 2 bits", "gnnact 4 bits"]
+    return [*_source(name, best.values()), *_list_table([header, *body])]
+
+
+def _saved_adaptive(results: Path) -> list[str]:
+    """Adaptive widths on the arxiv shape: the ratio at each average, and the estimate's cost."""
+    name = "saved_bytes.jsonl"
+    rows = [r for r in _rows(results, name) if _arxiv_shape(r)
+            and r.get("adaptive_avg_bits") is not None]
+    # Prefer rows that count the graph cache; a model with none of those shows its older rows.
+    counted = _newest([r for r in rows if r.get("graph_cache_counted")],
+                      lambda r: (r["model"], r["adaptive_avg_bits"]))
+    older = _newest(rows, lambda r: (r["model"], r["adaptive_avg_bits"]))
+    best = {k: counted.get(k, v) for k, v in older.items()}
+    models = sorted({m for m, _ in best}, key=_model_key)
+    averages = sorted({a for _, a in best}, reverse=True)
+    body, uncounted = [], False
+    for m in models:
+        cells = []
+        for a in averages:
+            r = best.get((m, a))
+            mark = "" if r is None or r.get("graph_cache_counted") else "‡"
+            uncounted |= bool(mark)
+            cells.append("–" if r is None else _x1(r["ratio"]) + mark)
+        r = next(best[m, a] for a in averages if (m, a) in best)
+        passes = r.get("estimate_passes")
+        cost = "" if passes is None else (f"{passes - 1} tensors, {passes} passes, "
+                                          f"{r['estimate_s']:,.0f} s")
+        body.append([_LABEL.get(m, m), *cells, cost])
+    header = ["model", *[f"adaptive {a:g}" for a in averages], "estimate (CPU)"]
+    lines = [*_source(name, best.values()), *_list_table([header, *body]), ""]
+    if uncounted:
+        lines += ["‡ a row from before the graph cache was counted: the ratio with it counted is "
+                  "lower.", ""]
+    return lines
+
+
+def _markdown(text: str) -> list[str]:
+    """A markdown table (and the note paragraphs after it) as a reST list-table."""
+    table, notes = [], []
+    for line in text.splitlines():
+        if line.startswith("|"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if not all(set(c) <= set("-:") for c in cells):
+                table.append(cells)
+        elif line.strip():
+            notes.append(line.strip())
+    lines = [*_list_table(table), ""]
+    for note in notes:
+        lines += [note, ""]
+    return lines
+
+
+def _table3(results: Path, graph: str) -> list[str]:
+    """GACT's Table 3 shape on ``graph``: ``benchmarks/table3.py``'s selection and layout."""
+    rows = [r for r in _rows(results, "suite.jsonl") if r.get("graph") == graph]
+    saved = _rows(results, "saved_bytes.jsonl")
+    if not any(r["method"] == "pyg" for r in rows):
+        return ["No rows yet.", ""]
+    return [*_source("suite.jsonl", rows), *_markdown(table3(rows, graph, saved=saved))]
+
+
+def _suite(results: Path, graph: str, device: str) -> list[str]:
+    """The suite on one graph and device: the newest row per (model, method), against PyG."""
+    name = "suite.jsonl"
+    rows = [r for r in _rows(results, name) if r["graph"] == graph and r["device"] == device]
+    best = _newest(rows, lambda r: (r["model"], r["method"]))
+    keys = sorted(best, key=lambda k: (_model_key(k[0]), _METHODS.index(k[1])
+                                       if k[1] in _METHODS else len(_METHODS)))
+    cuda = device.startswith("cuda")
+    header = ["model", "method", "test acc (%)", "Δ vs PyG (pt)", "saved context (MB)",
+              "vs PyG", "step (ms)", "vs PyG", *(["peak (MB)", "vs PyG"] if cuda else [])]
+    body = []
+    for m, method in keys:
+        r, ref = best[m, method], best.get((m, "pyg"))
+        line = [_LABEL.get(m, m), method, f"{r['acc_mean']:.2f} ± {r['acc_std']:.2f}",
+                "" if ref is None else f"{r['acc_mean'] - ref['acc_mean']:+.2f}",
+                _mb(r.get("saved_bytes")),
+                _ratio(ref and ref.get("saved_bytes"), r.get("saved_bytes")),
+                f"{r['epoch_ms']:.1f}", _ratio(r["epoch_ms"], ref and ref["epoch_ms"])]
+        if cuda:
+            line += [_mb(r.get("peak_bytes")),
+                     _ratio(ref and ref.get("peak_bytes"), r.get("peak_bytes"))]
+        body.append(line)
+    return [*_source(name, best.values()), *_list_table([header, *body])]
+
+
+def _ratio(a, b) -> str:
+    return "" if not a or not b else f"{a / b:.2f}×"
+
+
+def _accuracy(results: Path) -> list[str]:
+    """Accuracy on real graphs: fp32 and each width, mean ± std over seeds, change vs fp32."""
+    name = "accuracy.jsonl"
+    best = _newest(_rows(results, name), lambda r: (r["dataset"], r["model"], r["bits"]))
+    pairs = list(dict.fromkeys((d, m) for d, m, _ in best))
+    widths = sorted({b for _, _, b in best if b != 32}, reverse=True)
+    body = []
+    for d, m in pairs:
+        ref = best.get((d, m, 32))
+        cells = []
+        for b in widths:
+            r = best.get((d, m, b))
+            cells.append("–" if r is None else f"{r['mean']:.2f} ± {r['std']:.2f} "
+                         f"({r['delta_vs_fp32']:+.2f})")
+        seeds = len((ref or best[d, m, widths[0]])["test_acc"])
+        body.append([_DATASETS.get(d, d), _LABEL.get(m, m), str(seeds),
+                     str((ref or {}).get("epochs", "")),
+                     "–" if ref is None else f"{ref['mean']:.2f} ± {ref['std']:.2f}", *cells])
+    header = ["dataset", "model", "seeds", "epochs", "PyG fp32", *[f"gnnact {b} bits"
+                                                                   for b in widths]]
+    return [*_source(name, best.values()), *_list_table([header, *body])]
+
+
+def _main_job(results: Path) -> list[str]:
+    """The main job's newest run."""
+    name = "main_job.jsonl"
+    rows = _rows(results, name)
+    if not rows:
+        return _source(name, rows)
+    last = max(rows, key=lambda r: r["date"])
+    run = [r for r in rows if r["commit"] == last["commit"] and r["date"][:10]
+           == last["date"][:10]]
+    body = [["fp32 (PyG)" if r["bits"] == 32 else f"{r['bits']} bits", _pct(r["test_acc"]),
+             _mb(r["saved_bytes"]), _x1(r["ratio_vs_fp32"])] for r in run]
+    return [*_source(name, run), *_list_table([["GCN", "test acc (%)", "saved context (MB)",
+                                                "vs fp32"], *body])]
+
+
+def _quantize(results: Path) -> list[str]:
+    """Quantizer throughput: GB/s per width, and its share of a plain copy of the same bytes."""
+    name = "quantize.jsonl"
+    best = _newest(_rows(results, name), lambda r: (r["device"], r["dtype"], r["backend"],
+                                                     r["op"], r["bits"]))
+    widths = sorted({k[-1] for k in best})
+    keys = list(dict.fromkeys(k[:-1] for k in best))
+    body = []
+    for k in keys:
+        some = next(best[(*k, b)] for b in widths if (*k, b) in best)
+        cells = []
+        for b in widths:
+            r = best.get((*k, b))
+            cells.append("–" if r is None
+                         else f"{r['gbps']:,.1f} ({100 * r['frac_of_copy']:.0f} %)")
+        body.append([some["device_name"], k[1], k[2], k[3], f"{some['numel']:,}",
+                     f"{some['copy_gbps']:,.0f}", *cells])
+    header = ["device", "dtype", "backend", "op", "values", "copy GB/s",
+              *[f"{b} bits GB/s (of copy)" for b in widths]]
+    return [*_source(name, best.values()), *_list_table([header, *body])]
+
+
+def _generic(results: Path) -> list[str]:
+    """The generic pipeline on a CNN and a transformer, per device: bytes, time, digits."""
+    name = "generic.jsonl"
+    best = _newest(_rows(results, name), lambda r: (r["device"], r["part"], r["model"],
+                                                     r["method"]))
+    methods = {"fp32": "fp32", "quantize4": "quantize 4", "quantize2": "quantize 2",
+               "mesa": "Mesa 8", "division": "DIVISION 8/2", "default4": "default policy, 4",
+               "default2": "default policy, 2"}
+    lines = []
+    for device in dict.fromkeys(k[0] for k in best):
+        cuda = device.startswith("cuda")
+        keys = [k for k in best if k[0] == device and k[1] == "bytes"]
+        header = ["model", "method", "saved context vs fp32", "step vs fp32",
+                  *(["peak lower by"] if cuda else []), "digits test acc (%)", "digits ratio"]
+        body = []
+        for k in keys:
+            r, digits = best[k], best.get((device, "digits", k[2], k[3]))
+            saved = (f"{r['saved_bytes'] / 1e6:.1f} MB" if k[3] == "fp32"
+                     else _x3(r["saved_ratio"]))
+            line = [k[2], methods.get(k[3], k[3]), saved, _x3(r.get("step_vs_fp32"))]
+            if cuda:
+                line.append(_x3(r.get("peak_ratio")))
+            line += ["" if digits is None else f"{digits['mean']:.2f} ± {digits['std']:.2f}",
+                     "" if digits is None else _x3(digits["saved_ratio"])]
+            body.append(line)
+        rows = [best[k] for k in best if k[0] == device]
+        lines += [*_source(name, rows), *_list_table([header, *body]), ""]
+    return lines
+
+
+def _train(results: Path) -> list[str]:
+    """One training step on a GPU: PyG fp32 against gnnact, newest row per configuration."""
+    name = "train.jsonl"
+    best = _newest(_rows(results, name), lambda r: (r["graph"], r["model"], r["impl"],
+                                                     r["bits"]))
+    keys = sorted(best, key=lambda k: (k[0], _model_key(k[1]), k[2] != "pyg", k[3]))
+    body = [[k[0], _LABEL.get(k[1], k[1]), "PyG fp32" if k[2] == "pyg" else f"gnnact {k[3]} bits",
+             "out of memory" if best[k].get("oom") else f"{best[k]['epoch_ms']:.1f}",
+             _x3(best[k].get("time_vs_pyg")), _mib(best[k].get("peak_bytes")),
+             _x3(best[k].get("peak_ratio_vs_pyg"))] for k in keys]
+    header = ["graph", "model", "method", "step (ms)", "vs PyG", "peak (MiB)", "peak lower by"]
+    return [*_source(name, best.values()), *_list_table([header, *body])]
+
+
+def _swap(results: Path) -> list[str]:
+    """Swap and prefetch: step time and peak per method, then the copy summary per graph."""
+    name = "swap.jsonl"
+    rows = _rows(results, name)
+    best = _newest([r for r in rows if r["method"] != "summary"],
+                   lambda r: (r["graph"], r["num_nodes"], r.get("model"), r["method"]))
+    body = [[k[0], f"{k[1]:,}", _LABEL.get(k[2], k[2] or ""), k[3],
+             "out of memory" if best[k].get("oom") else f"{best[k]['epoch_ms']:.1f}",
+             "" if best[k].get("oom") else _mib(best[k].get("peak_bytes"))] for k in best]
+    header = ["graph", "nodes", "model", "method", "step (ms)", "peak (MiB)"]
+    lines = [*_source(name, best.values()), *_list_table([header, *body]), ""]
+    summary = _newest([r for r in rows if r["method"] == "summary"
+                       and r.get("copy_ms_exposed_without_prefetch") is not None],
+                      lambda r: (r["graph"], r["num_nodes"]))
+    if summary:
+        body = [[k[0], f"{k[1]:,}", _x1(r.get("swap_speedup_vs_fp32_swap")) or "–",
+                 f"{r['copy_ms_exposed_without_prefetch']:.1f}",
+                 f"{r['copy_ms_exposed_with_prefetch']:.1f}"] for k, r in summary.items()]
+        header = ["graph", "nodes", "gnnact swap vs PyG save_on_cpu (speed-up)",
+                  "copy ms exposed, no prefetch", "copy ms exposed, prefetch"]
+        lines += [*_list_table([header, *body]), ""]
+    return lines
+
+
+def _largest(results: Path) -> list[str]:
+    name = "largest.jsonl"
+    best = _newest(_rows(results, name), lambda r: (r["model"], r["method"], r["cap_bytes"]))
+    base = {k[0]: r["largest_nodes"] for k, r in best.items() if k[1] == "pyg"}
+    body = [[_LABEL.get(k[0], k[0]), k[1], f"{k[2] / 2**30:g}", f"{r['largest_nodes']:,}",
+             _x1(r["largest_nodes"] / base[k[0]]) if k[0] in base else "",
+             _mib(r.get("peak_bytes_at_largest"))] for k, r in best.items()]
+    header = ["model", "method", "cap (GiB)", "largest graph (nodes)", "vs PyG",
+              "peak there (MiB)"]
+    return [*_source(name, best.values()), *_list_table([header, *body])]
+
+
+def _graph_cache(results: Path) -> list[str]:
+    """Bytes per edge of the graph cache each conv kind keeps, against the caller's int64
+    ``edge_index`` (16 bytes per edge), one thread."""
+    name = "graph_cache.jsonl"
+    rows = [r for r in _rows(results, name) if r["variant"] == "new" and r.get("threads") == 1]
+    best = _newest(rows, lambda r: (r["graph"], r["kind"]))
+    body = [[k[0], k[1], "yes" if r["symmetric"] else "no", f"{r['bytes_per_edge']:.1f}",
+             _mib(r["cache_bytes"])] for k, r in best.items()]
+    header = ["graph", "conv kind", "symmetric", "bytes per edge", "cache (MiB)"]
+    return [*_source(name, best.values()), *_list_table([header, *body])]
+
+
+def _ablation(results: Path) -> list[str]:
+    name = "adaptive_ablation.jsonl"
+    rows = _rows(results, name)
+    body = [[r["graph"], _LABEL.get(r["model"], r["model"]), r["method"], str(r["epochs"]),
+             f"every {r['adapt_interval']}", str(r["min_bits"]),
+             f"{r['acc_mean']:.2f} ± {r['acc_std']:.2f}"] for r in rows]
+    header = ["graph", "model", "method", "epochs", "estimates", "min bits", "test acc (%)"]
+    return [*_source(name, rows), *_list_table([header, *body])]
+
+
+#: The results page's tables: file stem under ``_generated`` -> renderer of the results folder.
+RESULTS = {
+    "saved_bytes": _saved_bytes,
+    "saved_styles": _saved_styles,
+    "saved_adaptive": _saved_adaptive,
+    **{f"table3_{g}": (lambda results, g=g: _table3(results, g))
+       for g in ("dblp", "computers", "physics")},
+    "adaptive_ablation": _ablation,
+    "accuracy": _accuracy,
+    "suite_cora": lambda results: _suite(results, "cora", "cpu"),
+    "suite_gpu_physics": lambda results: _suite(results, "physics", "cuda"),
+    "suite_gpu_arxiv": lambda results: _suite(results, "synthetic-arxiv", "cuda"),
+    "main_job": _main_job,
+    "quantize": _quantize,
+    "generic": _generic,
+    "train": _train,
+    "swap": _swap,
+    "largest": _largest,
+    "graph_cache": _graph_cache,
+    "gat_cora": lambda results: _gat_cora(_rows(results, "gat_cora.jsonl")),
+}
+
+
+def write_results(results: Path, out: Path) -> list[Path]:
+    """Write ``out/results_<name>.rst`` for every table of :data:`RESULTS`."""
+    written = []
+    for stem, render in RESULTS.items():
+        target = out / f"results_{stem}.rst"
+        target.write_text("\n".join(render(results)) + "\n")
+        written.append(target)
+    return written

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import runpy
+import subprocess
 import sys
 
 import pytest
 import torch
 
+from gnnact import cli
 from gnnact.cli import main
+from gnnact.presets import Preset, preset
 from gnnact.training import roc_auc
 
 TINY = ["--nodes", "300", "--degree", "4", "--features", "8", "--classes", "3", "--hidden", "16",
@@ -26,8 +29,10 @@ ROW_KEYS = {
 
 
 def table_rows(text: str) -> dict[str, list[str]]:
+    lines = text.strip().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.split("|")[0].strip() == "bits")
     rows = {}
-    for line in text.strip().splitlines()[2:]:  # header, rule
+    for line in lines[start + 2:]:  # header, rule
         cells = [c.strip() for c in line.split("|")]
         rows[cells[0]] = cells
     return rows
@@ -132,3 +137,103 @@ def test_adaptive_runs_beside_fixed_bits(tmp_path, capsys):
     assert [(r["bits"], r["adaptive"]) for r in records] == [(32, False), (2, False), (2, True),
                                                            (3, True)]
     assert records[3]["saved_bytes"] > records[2]["saved_bytes"] > 0
+
+
+# ----------------------------------------------------------------------------- front door
+
+
+def test_title_names_the_run_and_the_baseline(capsys):
+    assert main([*TINY, "--bits", "32,2"]) == 0
+    title = capsys.readouterr().out.splitlines()[0]
+    assert title.startswith("GCN (3 layers x 16, BatchNorm) on synthetic (300 nodes")
+    assert "against the fp32 row (bits 32: plain PyG" in title
+    assert main([*TINY, "--bits", "2"]) == 0
+    assert "no fp32 row" in capsys.readouterr().out.splitlines()[0]
+
+
+@pytest.mark.parametrize("case", ["dataset", "root", "device", "out"])
+def test_user_errors_are_one_line_and_exit_2(case, tmp_path, capsys):
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    argv, expected = {
+        "dataset": (["--dataset", "no-such-graph"], "unknown dataset 'no-such-graph'; known:"),
+        "root": (["--dataset", "cora", "--root", str(tmp_path / "empty")],
+                 "cora: 8 file(s) missing"),
+        "device": (["--device", "cuda:7"], "--device cuda:7: "),
+        "out": (["--out", str(not_a_dir / "rows.jsonl")], f"--out '{not_a_dir / 'rows.jsonl'}'"),
+    }[case]
+    if case == "device" and torch.cuda.device_count() > 7:
+        pytest.skip("this machine has a cuda:7")
+    assert main([*TINY, *argv]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gnnact: error: "), captured.err
+    assert expected in lines[0]
+
+
+def test_user_error_from_the_console_has_no_traceback(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "gnnact", "--dataset", "no-such-graph"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert "Traceback" not in proc.stderr and len(proc.stderr.splitlines()) == 1
+
+
+def test_help_and_argument_errors_load_no_torch():
+    """``--help`` and argparse's errors answer before torch or PyG is imported (the wall time
+    is measured in benchmarks/bench_cli.py, not here)."""
+    code = ("import sys\nfrom gnnact.cli import main\n"
+            "for argv in (['--help'], ['train', '--help'], ['--bits', '9']):\n"
+            "    try:\n        main(argv)\n    except SystemExit as e:\n"
+            "        assert e.code == (2 if '--bits' in argv else 0), e.code\n"
+            "heavy = [m for m in ('torch', 'torch_geometric', 'numpy') if m in sys.modules]\n"
+            "assert not heavy, heavy\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_every_option_has_help():
+    parser = cli._parser()
+    train = parser._subparsers._group_actions[0].choices["train"]
+    for action in train._actions:
+        assert action.help, f"{action.option_strings} has no help text"
+
+
+def test_import_gnnact_is_lazy():
+    code = ("import sys, gnnact\nassert 'torch' not in sys.modules\n"
+            "assert {'Config', 'convert', 'nn', 'plan'} <= set(dir(gnnact))\n"
+            "assert gnnact.Config(bits=2).bits == 2 and gnnact.nn.GCNConv\n"
+            "assert all(getattr(gnnact, name) is not None for name in gnnact.__all__)\n"
+            "try:\n    gnnact.nope\nexcept AttributeError as e:\n    assert 'nope' in str(e)\n"
+            "else:\n    raise SystemExit('no AttributeError')\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_presets_and_overrides():
+    assert preset("synthetic", "gcn") == Preset()
+    cora = preset("cora", "gcn")
+    assert (cora.layers, cora.hidden, cora.batchnorm, cora.epochs, cora.weight_decay) == (
+        2, 64, False, 200, 5e-4)
+    gat = preset("cora", "gat")
+    assert (gat.hidden, gat.heads, gat.dropout, gat.lr) == (8, 8, 0.6, 0.005)
+    assert preset("physics", "gcn").features == "sparse" and preset("dblp", "gat").epochs == 100
+    assert preset("computers", "gcnii").lr == 0.05 and preset("ogbn-arxiv", "sage").adj == "csr"
+    args = cli._parser().parse_args(["train", "--model", "gcn", "--epochs", "7",
+                                     "--no-batchnorm", "--features-layout", "sparse"])
+    got = cli._resolve(args, "computers")
+    assert (got.epochs, got.batchnorm, got.features, got.adj, got.lr) == (
+        7, False, "sparse", "csr", 0.01)
+
+
+@pytest.mark.slow
+def test_cora_trains_to_its_usual_accuracy(shared_datasets, tmp_path, capsys):
+    """Out of the box, fp32 GCN on Cora's public split reaches PyG's example accuracy (~81 %)."""
+    out = tmp_path / "cora.jsonl"
+    assert main(["--dataset", "cora", "--root", str(shared_datasets), "--workdir",
+                 str(tmp_path), "--bits", "32", "--no-progress", "--out", str(out)]) == 0
+    (record,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert record["epochs"] == 200 and record["layers"] == 2 and not record["batchnorm"]
+    assert record["test_acc"] >= 0.79

@@ -35,15 +35,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from gnnact.names import BYTE_ALIGNED_BITS, QUANT_BITS, SUPPORTED_BITS
+
 __all__ = ["BYTE_ALIGNED_BITS", "QUANT_BITS", "SUPPORTED_BITS", "PackedMask", "PackedTensor",
            "packed_code_bytes", "packed_nbytes"]
-
-#: Bit widths stored as packed integer codes (a dense LSB-first bit stream per group).
-QUANT_BITS = (1, 2, 3, 4, 5, 6, 7, 8)
-#: The widths whose codes never straddle a byte; the CUDA kernels implement these.
-BYTE_ALIGNED_BITS = (1, 2, 4, 8)
-#: Every accepted bit width: the packed ones plus the 16/32-bit pass-through.
-SUPPORTED_BITS = (*QUANT_BITS, 16, 32)
 
 
 def packed_code_bytes(group_size: int, bits: int) -> int:
