@@ -26,10 +26,23 @@ One row per (k, bits), with per-rank lists and their totals/maxima:
   the exchanged features), ``loss_last`` of the last one (the 2-bit context's stochastic
   rounding makes each run's trajectory its own).
 
+``--accuracy`` trains instead, on a real dataset (``--graph``, default Amazon-Computers from
+``--root``), EXACT's setting: GCN 3 x 256 with BatchNorm (momentum 0.5, dropout 0.5), a 2-bit
+saved context (``--context-bits``), ``--epochs`` (50) full-batch epochs of Adam at lr 0.01, the
+test accuracy at the best validation epoch; the graph as ``edge_index`` in every run (the
+partitioned model takes no sparse ``adj_t``). k = 1 is the single-process
+:func:`gnnact.training.train_full_batch`; each k > 1 of ``--world-sizes`` runs
+:func:`gnnact.distributed.train_partitioned` over ``--method`` parts at each exchange width of
+``--bits``; once per ``--seeds`` (the split's, the weights' and dropout's seed). One row per
+(k, bits, seed): ``world_size``, ``exchange_bits`` (:obj:`None` for k = 1), ``seed``,
+``test_acc``, ``best_val_acc``, ``epoch_ms`` (slowest rank), ``exchanged_bytes_total``.
+
 Usage::
 
     python benchmarks/bench_distributed.py [--nodes 20000 | --full] [--world-sizes 1 2 4]
         [--bits 32 8 2] [--model gcn] [--steps 5] [--method random] [--smoke]
+    python benchmarks/bench_distributed.py --accuracy [--graph computers] [--world-sizes 1 2]
+        [--bits 2] [--seeds 0 1 2] [--epochs 50] [--method metis]
 """
 
 from __future__ import annotations
@@ -39,6 +52,7 @@ import ctypes
 import gc
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -52,9 +66,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS, environment, finish
 
 import gnnact
-from gnnact.data import SHAPES, synthetic_graph
-from gnnact.distributed import DistributedGNN, run_local, shard_graph
+from gnnact.data import SHAPES, load_dataset, synthetic_graph
+from gnnact.distributed import DistributedGNN, run_local, shard_graph, train_partitioned
 from gnnact.memory import saved_bytes
+from gnnact.models import build
+from gnnact.training import metric_of, train_full_batch
 
 MODELS = ("gcn", "sage")
 
@@ -125,6 +141,80 @@ def _rank(rank: int, world_size: int, args: argparse.Namespace) -> list[dict]:
     return out
 
 
+def _accuracy_model(args: argparse.Namespace, data, seed: int) -> torch.nn.Module:
+    """EXACT's GCN for the accuracy runs: 3 x 256, BatchNorm momentum 0.5, converted."""
+    torch.manual_seed(seed)
+    classes = int(data.y.max()) + 1
+    model = build("gcn", data.num_features, classes, hidden=256, layers=3)
+    for module in model.modules():
+        if isinstance(module, torch.nn.BatchNorm1d):
+            module.momentum = 0.5
+    return gnnact.convert(model, gnnact.Config(bits=args.context_bits))
+
+
+def _accuracy_rank(rank: int, world_size: int, args: argparse.Namespace, data,
+                   seed: int) -> list:
+    """This rank's result of every exchange width, for one seed."""
+    metric = metric_of(data)
+    shard = shard_graph(data, method=args.method, seed=seed)
+    out = []
+    for bits in args.bits:
+        model = _accuracy_model(args, data, seed)
+        if rank:  # rank 0 goes on with the single-process stream; the others draw their own
+            torch.manual_seed(seed + 1_000_003 * rank)
+        dmodel = DistributedGNN(model, shard, exchange_bits=bits)
+        out.append(train_partitioned(dmodel, epochs=args.epochs, lr=0.01, metric=metric))
+        dmodel.remove()
+    return out
+
+
+def accuracy(args: argparse.Namespace, env: dict) -> list[dict]:
+    """Single process against k ranks, per seed: the rows of ``--accuracy``."""
+    rows = []
+    torch.set_num_threads(1)  # as each rank: the same cores per process
+    for seed in args.seeds:
+        with tempfile.TemporaryDirectory(prefix="bench-dist-") as workdir:
+            data = load_dataset(args.graph, args.root, seed=seed, download=False,
+                                workdir=workdir)
+        common = {"bench": "distributed_accuracy", **env, "graph": args.graph,
+                  "num_nodes": data.num_nodes, "num_edges": data.num_edges, "model": "gcn",
+                  "layers": 3, "hidden": 256, "bn_momentum": 0.5, "dropout": 0.5,
+                  "context_bits": args.context_bits, "adj": "edge_index",
+                  "epochs": args.epochs, "lr": 0.01, "threads_per_rank": 1, "seed": seed}
+        for k in args.world_sizes:
+            if k == 1:
+                r = train_full_batch(_accuracy_model(args, data, seed), data,
+                                     epochs=args.epochs, lr=0.01, measure_saved=False)
+                results = [(None, r, r.epoch_ms, None)]
+            else:
+                # Forked: the ranks share the parent's imports and the loaded graph.
+                ranks = run_local(_accuracy_rank, k, args, data, seed, start_method="fork")
+                results = []
+                for i, bits in enumerate(args.bits):
+                    per = [r[i] for r in ranks]
+                    # The whole graph's metrics, the same on every rank.
+                    assert len({(p.test_acc, p.best_val_acc) for p in per}) == 1
+                    results.append((bits, per[0], max(p.epoch_ms for p in per),
+                                    sum(p.exchanged_bytes for p in per)))
+            for bits, r, epoch_ms, sent in results:
+                row = {**common, "world_size": k,
+                       "method": None if k == 1 else args.method, "exchange_bits": bits,
+                       "test_acc": r.test_acc, "best_val_acc": r.best_val_acc,
+                       "epoch_ms": round(epoch_ms, 1), "exchanged_bytes_total": sent}
+                rows.append(row)
+                print(f"seed {seed} k={k} exchange bits {bits}: test acc "
+                      f"{100 * r.test_acc:.2f} (best val {100 * r.best_val_acc:.2f}), "
+                      f"epoch {epoch_ms:.0f} ms", flush=True)
+    for k in args.world_sizes if 1 in args.world_sizes else []:
+        for bits in args.bits if k > 1 else []:
+            diffs = [b["test_acc"] - a["test_acc"] for a in rows if a["world_size"] == 1
+                     for b in rows if (b["world_size"], b["exchange_bits"], b["seed"])
+                     == (k, bits, a["seed"])]
+            print(f"k={k} exchange bits {bits} minus single process: "
+                  f"{100 * statistics.mean(diffs):+.2f} points (mean of {len(diffs)} seeds)")
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=20_000)
@@ -140,13 +230,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--smoke", action="store_true", help="a 1,000-node graph, no results")
     parser.add_argument("--out", type=Path, default=RESULTS / "distributed.jsonl")
+    accuracy_mode = parser.add_argument_group("--accuracy: training on a real dataset")
+    accuracy_mode.add_argument("--accuracy", action="store_true",
+                               help="single process against k ranks: test accuracy")
+    accuracy_mode.add_argument("--graph", default="computers",
+                               help="a name known to gnnact.data.load_dataset")
+    accuracy_mode.add_argument("--root", type=Path, default=Path("/work/shared/datasets"),
+                               help="datasets root (read-only: a copy is loaded)")
+    accuracy_mode.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    accuracy_mode.add_argument("--epochs", type=int, default=50)
     args = parser.parse_args(argv)
+    for name in ("world_sizes", "seeds"):
+        if len(set(getattr(args, name))) != len(getattr(args, name)):
+            parser.error(f"--{name.replace('_', '-')} has repeats: {getattr(args, name)}")
+    if args.epochs < 1:
+        parser.error(f"--epochs must be positive, got {args.epochs}")
     _, degree, features, classes = SHAPES["arxiv"]
     nodes = SHAPES["arxiv"][0] if args.full else 1_000 if args.smoke else args.nodes
     args.shape = (nodes, degree, features, classes)
 
     env = environment("cpu")
     env["device_name"] = env["device_name"].rsplit(" (", 1)[0]  # threads: per rank, below
+    if args.accuracy:
+        return finish(args.out, accuracy(args, env), smoke=args.smoke)
     rows = []
     for k in args.world_sizes:
         # Forked: the ranks share the parent's imports instead of repeating them.

@@ -6,6 +6,7 @@ Example::
     gnnact train --dataset cora --root ~/data --bits 32,2
     gnnact train --model sage --bits 32,2 --epochs 50 --out results.jsonl
     gnnact train --dataset ogbn-arxiv --root ~/data --device cuda --bits 32,2
+    gnnact train --bits 32,2 --nprocs 2      # partitioned over 2 local gloo processes
 
 Settings left unset come from the dataset's preset (:func:`gnnact.presets.preset`). Arguments
 are parsed before torch and PyG load, so ``--help`` and argument errors answer at once; a
@@ -20,7 +21,7 @@ import json
 import math
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict, fields
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -64,6 +65,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.degree >= args.nodes - 1:
             parser.error(f"--degree ({args.degree}) must be below --nodes - 1 "
                          f"({args.nodes - 1})")
+    if args.nprocs == 1 and args.exchange_bits is not None:
+        parser.error(f"--exchange-bits ({args.exchange_bits}) needs --nprocs > 1: a single "
+                     f"process exchanges nothing")
+    if args.nprocs > 1:
+        for given, why in ((args.adaptive, "--adaptive"),
+                           (not args.device.startswith("cpu"), f"--device {args.device}"),
+                           (args.adj == "csr", "--adj csr"),
+                           (args.features_layout == "sparse", "--features-layout sparse")):
+            if given:
+                parser.error(f"--nprocs {args.nprocs} does not support {why}: the partitioned "
+                             f"runs are gloo processes on the CPU, over edge_index and dense "
+                             f"features, at fixed bits")
     try:
         return _train(args)
     except _UsageError as error:
@@ -150,12 +163,25 @@ def _parser() -> argparse.ArgumentParser:
                                   "(it estimates at steps 0, 10, 30, ... up to this gap)")
     compression.add_argument("--group-size", type=_positive(int), default=512,
                              help="values that share one scale and zero point")
+    compression.add_argument("--exchange-bits", type=int, choices=SUPPORTED_BITS, default=None,
+                             metavar="BITS",
+                             help="with --nprocs > 1: width of the halo rows the ranks "
+                                  "exchange, one of "
+                                  f"{', '.join(map(str, SUPPORTED_BITS))} (32 exact, 16 "
+                                  "bfloat16, 1-8 stochastic rounding); default: each run's "
+                                  "--bits (32 for the fp32 row)")
     run = train.add_argument_group("run")
     run.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     run.add_argument("--out", type=Path, default=None,
                      help="append one JSON row per run to this file")
     run.add_argument("--threads", type=_positive(int), default=None,
-                     help="CPU threads for torch (default: torch's choice)")
+                     help="CPU threads for torch (default: torch's choice); with --nprocs, "
+                          "per process (default: torch's choice divided by --nprocs)")
+    run.add_argument("--nprocs", type=_positive(int), default=1,
+                     help="partition the graph over this many local gloo processes "
+                          "(gnnact.distributed: METIS if available, else contiguous ids) and "
+                          "train each run full-batch on them; the table adds the halo bytes "
+                          "exchanged per step")
     run.add_argument("--no-progress", action="store_true", help="no progress bars")
     return parser
 
@@ -302,9 +328,14 @@ def _train(args: argparse.Namespace) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     settings = _resolve(args, dataset)
+    if args.nprocs > 1:  # the exchange works on edge_index; shards slice dense rows
+        settings = replace(settings, adj="edge_index", features="dense")
     data = _load(args, settings).to(device)
-    results = [_run(args, settings, data, bits) for bits in args.bits]
-    results += [_run(args, settings, data, avg, adaptive=True) for avg in args.adaptive]
+    if args.nprocs > 1:
+        results = _run_partitioned(args, settings, data)
+    else:
+        results = [_run(args, settings, data, bits) for bits in args.bits]
+        results += [_run(args, settings, data, avg, adaptive=True) for avg in args.adaptive]
 
     ref = next((r for label, _, _, r in results if label == "32"), None)
     print(_title(args, settings, data, ref is not None))
@@ -320,23 +351,12 @@ def _run(args: argparse.Namespace, settings: Preset, data: Data, bits: int,
     (same initial weights and dropout masks) after :func:`gnnact.convert`; ``adaptive`` adds a
     :class:`~gnnact.Controller` with ``bits`` as its average. Returns (label, bits, adaptive,
     result)."""
-    import torch
-
-    from gnnact import Config, Controller, convert
-    from gnnact.models import build
+    from gnnact import Controller
     from gnnact.training import loss_of, train_full_batch
 
-    torch.manual_seed(args.seed)
-    model = build(args.model, args.features, args.classes, hidden=settings.hidden,
-                  layers=settings.layers, heads=settings.heads, dropout=settings.dropout,
-                  batchnorm=settings.batchnorm).to(data.x.device)
-    for module in model.modules():
-        if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
-            module.momentum = settings.bn_momentum
+    model = _model(args, settings, bits, data.x.device)
     label = f"adaptive {bits}" if adaptive else str(bits)
     before_step = None
-    if bits < 32:
-        convert(model, Config(bits=bits, group_size=args.group_size))
     if adaptive:
         controller = Controller(model, avg_bits=bits, adapt_interval=args.adapt_interval)
         before_step = lambda: controller.adapt(lambda: loss_of(model, data))  # noqa: E731
@@ -345,6 +365,80 @@ def _run(args: argparse.Namespace, settings: Preset, data: Data, bits: int,
                               weight_decay=settings.weight_decay, before_step=before_step,
                               progress=progress)
     return label, bits, adaptive, result
+
+
+def _model(args: argparse.Namespace, settings: Preset, bits: int, device: Any) -> Any:
+    """The run's model at ``bits``, seeded with ``--seed``: plain PyG at 32, converted below."""
+    import torch
+
+    from gnnact import Config, convert
+    from gnnact.models import build
+
+    torch.manual_seed(args.seed)
+    model = build(args.model, args.features, args.classes, hidden=settings.hidden,
+                  layers=settings.layers, heads=settings.heads, dropout=settings.dropout,
+                  batchnorm=settings.batchnorm).to(device)
+    for module in model.modules():
+        if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
+            module.momentum = settings.bn_momentum
+    if bits < 32:
+        convert(model, Config(bits=bits, group_size=args.group_size))
+    return model
+
+
+def _partition_method() -> str:
+    from gnnact.distributed import metis_available
+
+    return "metis" if metis_available() else "contiguous"
+
+
+def _run_partitioned(args: argparse.Namespace, settings: Preset,
+                     data: Data) -> list[tuple[str, int, bool, RunResult]]:
+    """Every ``--bits`` run on ``--nprocs`` local gloo processes; per run, the ranks' results
+    combined: the whole graph's metrics (the same on every rank), the largest rank's saved
+    context and the slowest rank's epoch time, the halo bytes all ranks sent per step."""
+    import torch
+
+    from gnnact.distributed import run_local
+
+    threads = args.threads or max(1, torch.get_num_threads() // args.nprocs)
+    ranks = run_local(_partitioned_rank, args.nprocs, args, settings, data, threads=threads)
+    results = []
+    for i, bits in enumerate(args.bits):
+        per = [r[i] for r in ranks]
+        combined = replace(per[0], saved_bytes=max(r.saved_bytes for r in per),
+                           epoch_ms=max(r.epoch_ms for r in per),
+                           exchanged_bytes=sum(r.exchanged_bytes for r in per))
+        results.append((str(bits), bits, False, combined))
+    return results
+
+
+def _partitioned_rank(rank: int, world_size: int, args: argparse.Namespace, settings: Preset,
+                      data: Data) -> list[RunResult]:
+    """One rank's share of every ``--bits`` run (a module-level function: ``run_local``
+    pickles it by name)."""
+    import torch
+
+    from gnnact.distributed import DistributedGNN, shard_graph, train_partitioned
+    from gnnact.training import metric_of
+
+    metric = metric_of(data)  # the whole graph's (data.metric), before the shard drops it
+    shard = shard_graph(data, method=_partition_method(), seed=args.seed)
+    del data
+    results = []
+    for bits in args.bits:
+        model = _model(args, settings, bits, "cpu")
+        if rank:  # rank 0 goes on with the single-process stream; the others draw their own
+            torch.manual_seed(args.seed + 1_000_003 * rank)
+        exchange_bits = bits if args.exchange_bits is None else args.exchange_bits
+        dmodel = DistributedGNN(model, shard, exchange_bits=exchange_bits,
+                                group_size=args.group_size)
+        progress = None if args.no_progress else f"{args.model} {bits:>10}"
+        results.append(train_partitioned(dmodel, epochs=settings.epochs, lr=settings.lr,
+                                         weight_decay=settings.weight_decay, metric=metric,
+                                         progress=progress))
+        dmodel.remove()
+    return results
 
 
 def _title(args: argparse.Namespace, settings: Preset, data: Data, has_fp32: bool) -> str:
@@ -361,10 +455,17 @@ def _title(args: argparse.Namespace, settings: Preset, data: Data, has_fp32: boo
         shape += f" x {settings.heads} heads"
     baseline = ("ratios and differences are against the fp32 row (bits 32: plain PyG, "
                 "nothing compressed)" if has_fp32 else "no fp32 row (add 32 to --bits for one)")
-    return (f"{args.model.upper()} ({shape}{', BatchNorm' if settings.batchnorm else ''}) on "
-            f"{args.dataset} ({data.num_nodes:,} nodes, {data.num_edges:,} edges), "
-            f"{settings.epochs} epochs at lr {settings.lr:g}, weight decay "
-            f"{settings.weight_decay:g}; {baseline}")
+    title = (f"{args.model.upper()} ({shape}{', BatchNorm' if settings.batchnorm else ''}) "
+             f"on {args.dataset} ({data.num_nodes:,} nodes, {data.num_edges:,} edges), "
+             f"{settings.epochs} epochs at lr {settings.lr:g}, weight decay "
+             f"{settings.weight_decay:g}; {baseline}")
+    if args.nprocs > 1:
+        width = ("each run's bits" if args.exchange_bits is None
+                 else f"{args.exchange_bits} bits")
+        title += (f"\npartitioned over {args.nprocs} gloo processes ({_partition_method()}), "
+                  f"halo exchanged at {width}; saved context and epoch time: the largest "
+                  f"rank's; exchanged: all ranks' halo bytes per training step")
+    return title
 
 
 def _metric_label(data: Data) -> str:
@@ -381,6 +482,10 @@ def _table(results: list[tuple[str, int, bool, RunResult]], ref: RunResult | Non
     header = ("bits", f"{metric} @ best val (%)", "saved context (MB)", "ratio vs fp32",
               "epoch time (ms)", "time vs fp32", "acc vs fp32 (pt)", "peak step memory (MB)",
               "peak vs fp32")
+    # Partitioned runs (gnnact.distributed.PartitionedRunResult) add their halo traffic.
+    exchanged = all(hasattr(r, "exchanged_bytes") for *_, r in results)
+    if exchanged:
+        header += ("exchanged (MB/step)",)
     rows = [header]
     for label, _, _, r in results:
         rows.append((
@@ -394,6 +499,7 @@ def _table(results: list[tuple[str, int, bool, RunResult]], ref: RunResult | Non
             "n/a (CPU)" if r.peak_bytes is None else f"{r.peak_bytes / 1e6:.1f}",
             f"{r.peak_bytes / ref.peak_bytes:.2f}x"
             if ref and r.peak_bytes and ref.peak_bytes else "n/a",
+            *([f"{r.exchanged_bytes / 1e6:.3f}"] if exchanged else []),
         ))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = [" | ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
@@ -419,13 +525,18 @@ def _append_rows(args: argparse.Namespace, settings: Preset, data: Data, device:
         "seed": args.seed,
         "group_size": args.group_size,
         "threads": torch.get_num_threads(),
+        "nprocs": args.nprocs,
         **environment(device),
     }
+    if args.nprocs > 1:
+        common["partition"] = _partition_method()
     if args.dataset == "synthetic":
         common |= {"homophily": args.homophily, "feature_signal": args.feature_signal}
     with args.out.open("a") as f:
         for _, bits, adaptive, r in results:
             row = {**common, "bits": bits, "adaptive": adaptive, **asdict(r),
+                   **({"exchange_bits": bits if args.exchange_bits is None
+                       else args.exchange_bits} if args.nprocs > 1 else {}),
                    "ratio_vs_fp32": ref.saved_bytes / r.saved_bytes if ref and r.saved_bytes
                    else None,
                    "time_vs_fp32": r.epoch_ms / ref.epoch_ms if ref else None}

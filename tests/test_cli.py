@@ -86,6 +86,12 @@ def test_default_subcommand_and_no_fp32(capsys):
     ["--nodes", "2", "--classes", "3"],
     ["--nodes", "10", "--degree", "20"],
     ["frobnicate"],
+    ["--nprocs", "0"],
+    ["--exchange-bits", "2"],  # without --nprocs > 1
+    ["--nprocs", "2", "--exchange-bits", "9"],
+    ["--nprocs", "2", "--adaptive", "2"],
+    ["--nprocs", "2", "--device", "cuda"],
+    ["--nprocs", "2", "--adj", "csr"],
 ])
 def test_bad_arguments_exit_2(argv, capsys):
     with pytest.raises(SystemExit) as info:
@@ -137,6 +143,31 @@ def test_adaptive_runs_beside_fixed_bits(tmp_path, capsys):
     assert [(r["bits"], r["adaptive"]) for r in records] == [(32, False), (2, False), (2, True),
                                                            (3, True)]
     assert records[3]["saved_bytes"] > records[2]["saved_bytes"] > 0
+
+
+def test_nprocs_2_is_the_single_process_run_at_32_bits(tmp_path, capsys):
+    """Partitioned over 2 gloo processes, the fp32 run is the single-process run: the same
+    test and validation accuracy at every epoch's best. No dropout (each rank draws its own
+    masks) and no BatchNorm: a conv bias before BatchNorm has a zero gradient up to float32
+    round-off, which Adam turns into lr-sized steps that differ with the summation order."""
+    exact = [*TINY, "--epochs", "5", "--dropout", "0", "--no-batchnorm"]
+    one, two = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
+    assert main([*exact, "--bits", "32", "--out", str(one)]) == 0
+    assert "exchanged" not in capsys.readouterr().out
+    assert main([*exact, "--bits", "32,2", "--nprocs", "2", "--out", str(two)]) == 0
+    text = capsys.readouterr().out
+    assert "partitioned over 2 gloo processes" in text.splitlines()[1]
+    rows = table_rows(text)
+    assert list(rows) == ["32", "2"] and rows["32"][0].strip() == "32"
+    (ref,) = [json.loads(line) for line in one.read_text().splitlines()]
+    fp32, b2 = [json.loads(line) for line in two.read_text().splitlines()]
+    assert (fp32["test_acc"], fp32["best_val_acc"]) == (ref["test_acc"], ref["best_val_acc"])
+    assert ref["nprocs"] == 1 and "exchanged_bytes" not in ref
+    assert (fp32["nprocs"], fp32["world_size"], fp32["exchange_bits"]) == (2, 2, 32)
+    assert b2["exchange_bits"] == 2
+    # 2-bit rows: more than 8x fewer halo bytes than 32-bit ones (scales included).
+    assert 0 < 8 * b2["exchanged_bytes"] < fp32["exchanged_bytes"]
+    assert float(rows["32"][-1]) == pytest.approx(fp32["exchanged_bytes"] / 1e6, abs=1e-3)
 
 
 # ----------------------------------------------------------------------------- front door

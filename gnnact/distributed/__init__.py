@@ -12,6 +12,8 @@ The pieces, in the order a training script uses them:
 * :class:`DistributedGNN`: a user's PyG model with an exchange before each conv and the global
   GCN normalisation and :func:`sync_batch_norm`; :func:`sum_gradients_hook` for
   ``DistributedDataParallel``;
+* :func:`train_partitioned`: the full-batch training loop (loss over the global count,
+  gradients summed, the whole graph's metric), as ``gnnact train --nprocs`` runs it;
 * :func:`run_local`: :math:`k` gloo processes on one machine.
 """
 
@@ -22,7 +24,9 @@ from gnnact.distributed.model import DistributedGNN, sum_gradients_hook
 from gnnact.distributed.norm import GlobalGCNNorm
 from gnnact.distributed.partition import METHODS, metis_available, partition_nodes
 from gnnact.distributed.shard import GraphShard, build_shard, shard_graph
+from gnnact.distributed.training import PartitionedRunResult, train_partitioned
 
 __all__ = ["METHODS", "DistributedGNN", "ExchangeStats", "GlobalGCNNorm", "GraphShard",
-           "HaloExchange", "build_shard", "metis_available", "partition_nodes", "run_local",
-           "shard_graph", "sum_gradients_hook", "sync_batch_norm"]
+           "HaloExchange", "PartitionedRunResult", "build_shard", "metis_available",
+           "partition_nodes", "run_local", "shard_graph", "sum_gradients_hook",
+           "sync_batch_norm", "train_partitioned"]
