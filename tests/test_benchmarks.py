@@ -283,3 +283,17 @@ def test_profile_peak_replays_the_allocator_trace():
     assert alive == [("gnnact/ops/context.py:7 f", 120, 2), ("other", 30, 1)]
     with pytest.raises(SystemExit):
         peak.main(["--device", "cpu"])
+
+
+def test_neighbor_loader_rows(tmp_path, capsys):
+    if not any(importlib.util.find_spec(m) for m in ("pyg_lib", "torch_sparse")):
+        pytest.skip("NeighborLoader needs pyg-lib or torch-sparse (the sparse extra)")
+    bench = _script("bench_neighbor")
+    out = tmp_path / "neighbor.jsonl"
+    assert bench.main(["--smoke", "--models", "gcn", "--bits", "2", "--out", str(out)]) == 0
+    assert not out.exists()  # smoke runs write nothing
+    assert bench.main(["--models", "gcn", "--bits", "2", "--nodes", "1500", "--batch-size",
+                       "64", "--fanout", "4", "4", "--batches", "2", "--out", str(out)]) == 0
+    pyg, ours = [json.loads(line) for line in out.read_text().splitlines()]
+    assert (pyg["bits"], ours["bits"], ours["batches"]) == (32, 2, 2)
+    assert ours["saved_ratio_vs_pyg"] > 4 and ours["graph_cache_counted"]
