@@ -15,6 +15,12 @@ One row per (k, bits), with per-rank lists and their totals/maxima:
   backward gradients, all layers); ``exchanged_bytes_total`` over the ranks;
 * ``saved_bytes``: each rank's saved context after forward (``gnnact.memory.saved_bytes``,
   the shard's input features excluded);
+* ``step_peak_bytes``: each rank's step peak, from one extra (untimed) step under
+  :class:`gnnact.peak.PeakMeter`: the most tensor memory allocated at once during forward,
+  exchange, backward, gradient all-reduce and Adam's update, above what the rank held before
+  (its shard and the model); ``peak_over_share``: each rank's step peak over its share of
+  the single process's, :math:`P_1 (1/k + H_r/N)` with :math:`H_r` its halo nodes (the
+  issue's target is ≤ 1.3; :obj:`None` without a k = 1 row of that width in the run);
 * ``peak_rss_bytes``: each rank's peak resident memory during this width's steps (the peak is
   reset before them, after sharding: the whole graph each rank loads to shard it is not
   counted, the libraries' ~330 MiB are);
@@ -48,6 +54,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import gc
 import statistics
@@ -70,9 +77,10 @@ from gnnact.data import SHAPES, load_dataset, synthetic_graph
 from gnnact.distributed import DistributedGNN, run_local, shard_graph, train_partitioned
 from gnnact.memory import saved_bytes
 from gnnact.models import build
+from gnnact.peak import PeakMeter
 from gnnact.training import metric_of, train_full_batch
 
-MODELS = ("gcn", "sage")
+MODELS = ("gcn", "sage", "gat", "gcnii")
 
 
 def _proc_status(field: str) -> int:
@@ -91,11 +99,15 @@ def _reset_peak_rss() -> None:
 
 
 def _make_model(args: argparse.Namespace, features: int, classes: int) -> torch.nn.Module:
-    from torch_geometric.nn.models import GCN, GraphSAGE
+    """PyG's own model classes (GCNII: gnnact's, PyG has none), converted."""
+    from torch_geometric.nn.models import GAT, GCN, GraphSAGE
 
     torch.manual_seed(0)
-    cls = GCN if args.model == "gcn" else GraphSAGE
-    model = cls(features, args.hidden, args.layers, classes)
+    if args.model == "gcnii":
+        model = build("gcnii", features, classes, hidden=args.hidden, layers=args.layers)
+    else:
+        cls = {"gcn": GCN, "sage": GraphSAGE, "gat": GAT}[args.model]
+        model = cls(features, args.hidden, args.layers, classes)
     return gnnact.convert(model, gnnact.Config(bits=args.context_bits))
 
 
@@ -115,24 +127,31 @@ def _rank(rank: int, world_size: int, args: argparse.Namespace) -> list[dict]:
         mask = shard.train_mask
         count = model.global_count(mask)
         times, saved, sent, losses = [], 0, None, []
-        for step in range(args.warmup + args.steps):
+        meter = PeakMeter()
+        # The timed steps, then one more under the meter (it counts per op: not timed).
+        for step in range(args.warmup + args.steps + 1):
+            metered = step == args.warmup + args.steps
             dist.barrier()
             t0 = time.perf_counter()
             model.exchange.reset_stats()
-            opt.zero_grad()
-            out_rows = model(shard.x, shard.edge_index)
-            loss = F.cross_entropy(out_rows[mask], shard.y[mask], reduction="sum") / count
-            if step == 0:  # the graph walk is not part of a timed step
-                saved = saved_bytes(loss, exclude=[shard.x])
-            loss.backward()
-            model.all_reduce_gradients()
-            opt.step()
+            opt.zero_grad(set_to_none=True)
+            with meter if metered else contextlib.nullcontext():
+                out_rows = model(shard.x, shard.edge_index)
+                loss = F.cross_entropy(out_rows[mask], shard.y[mask], reduction="sum") / count
+                if step == 0:  # the graph walk is not part of a timed step
+                    saved = saved_bytes(loss, exclude=[shard.x])
+                loss.backward()
+                model.all_reduce_gradients()
+                opt.step()
+            if metered:
+                break
             if step >= args.warmup:
                 times.append(time.perf_counter() - t0)
             sent = model.exchange.stats
             losses.append(loss.detach().clone())
         out.append({"bits": bits, "seconds": statistics.median(times),
                     "sent": sent, "saved": saved, "peak_rss": _proc_status("VmHWM"),
+                    "step_peak": meter.peak_bytes,
                     "loss_first": float(model.all_reduce(losses[0])),
                     "loss_last": float(model.all_reduce(losses[-1])),
                     "owned": shard.num_owned, "halo": shard.num_halo,
@@ -254,12 +273,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.accuracy:
         return finish(args.out, accuracy(args, env), smoke=args.smoke)
     rows = []
+    single: dict[int, int] = {}  # exchange bits -> the k = 1 step peak
     for k in args.world_sizes:
         # Forked: the ranks share the parent's imports instead of repeating them.
         ranks = run_local(_rank, k, args, threads=1, start_method="fork")
         for i, bits in enumerate(args.bits):
             per = [r[i] for r in ranks]
             sent = [p["sent"] for p in per]
+            peaks = [p["step_peak"] for p in per]
+            if k == 1:
+                single[bits] = peaks[0]
+            # The target's bound per rank: the single-process peak split k ways, plus the
+            # halo's share at the same bytes per node.
+            bounds = ([single[bits] * (1 / k + p["halo"] / nodes) for p in per]
+                      if bits in single else None)
             row = {
                 "bench": "distributed", **env, "graph": "arxiv-synthetic", "num_nodes": nodes,
                 "num_edges": sum(p["edges"] for p in per), "features": features,
@@ -274,6 +301,9 @@ def main(argv: list[str] | None = None) -> int:
                 "messages_per_rank": [s.forward_messages + s.backward_messages for s in sent],
                 "saved_bytes": [p["saved"] for p in per],
                 "saved_bytes_max": max(p["saved"] for p in per),
+                "step_peak_bytes": peaks, "step_peak_bytes_max": max(peaks),
+                "peak_over_share": (None if bounds is None else [
+                    round(pk / b, 3) for pk, b in zip(peaks, bounds, strict=True)]),
                 "peak_rss_bytes": [p["peak_rss"] for p in per],
                 "step_seconds": [round(p["seconds"], 4) for p in per],
                 "step_seconds_max": round(max(p["seconds"] for p in per), 4),
@@ -283,8 +313,9 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             print(f"k={k} bits={bits:2d}  halo {sum(row['halo_nodes']):7d}  exchanged "
                   f"{row['exchanged_bytes_total'] / 2**20:8.2f} MiB/step  saved/rank "
-                  f"{row['saved_bytes_max'] / 2**20:7.2f} MiB  peak RSS/rank "
-                  f"{max(row['peak_rss_bytes']) / 2**20:7.1f} MiB  step "
+                  f"{row['saved_bytes_max'] / 2**20:7.2f} MiB  step peak/rank "
+                  f"{row['step_peak_bytes_max'] / 2**20:7.1f} MiB (/share "
+                  f"{max(row['peak_over_share'] or [float('nan')]):.2f})  step "
                   f"{row['step_seconds_max']:.3f} s  loss {row['loss_first']:.5f}", flush=True)
     return finish(args.out, rows, smoke=args.smoke)
 

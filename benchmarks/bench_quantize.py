@@ -28,23 +28,10 @@ from _common import RESULTS, environment, finish, median_time
 
 import gnnact
 from gnnact.kernels import cupy_available
-from gnnact.quant.packed import BYTE_ALIGNED_BITS
 
 
 def _ops(x: torch.Tensor, bits: int, group_size: int, backend: str):
-    """``(quantize, dequantize of its result, packed bytes)`` for ``backend``. The kernels for
-    3, 5, 6 and 7 bits are not dispatched yet (``gnnact.kernels.quantize.KERNEL_BITS``), so
-    ``cupy`` at those widths calls them directly, at the same group layout."""
-    if backend == "cupy" and bits not in BYTE_ALIGNED_BITS:
-        from gnnact.kernels import quantize as kernels
-
-        def quantize():
-            return kernels.quantize_groups(x, bits, group_size, seed=1)
-
-        parts = quantize()
-        return (quantize, lambda: kernels.dequantize_groups(*parts, bits, group_size,
-                                                            x.numel(), x.dtype),
-                sum(t.numel() * t.element_size() for t in parts))
+    """``(quantize, dequantize of its result, packed bytes)`` for ``backend``."""
     p = gnnact.quantize(x, bits, group_size, backend=backend)
     return (lambda: gnnact.quantize(x, bits, group_size, backend=backend),
             lambda: gnnact.dequantize(p, backend=backend), p.nbytes)

@@ -1,4 +1,4 @@
-"""Where a training step's peak GPU memory goes: the allocations alive at the peak, by source line.
+"""Where a training step's peak memory goes: the allocations alive at the peak, by source line.
 
 One full-batch step (forward, backward, optimizer) of each model, after ``--warmup`` steps, under
 PyTorch's allocator history (``torch.cuda.memory._record_memory_history``). Replaying the
@@ -11,10 +11,15 @@ Usage::
 
     python benchmarks/profile_peak.py --device cuda [--models sage] [--bits 2] [--shape arxiv]
         [--nodes N] [--top 12]
+    python benchmarks/profile_peak.py --device cpu --models gcn sage gat gcnii --bits 32 2 \
+        --nodes 20000
 
 Rows (``peak.jsonl``): the traced peak, ``max_memory_allocated`` over the same step for
-comparison, the site of the allocation that reached the peak, and the ``--top`` sites by bytes
-alive at the peak. CUDA only (the CPU allocator keeps no such history).
+comparison (32 bits: the PyG model unconverted; ``peak_ratio_vs_fp32`` on the other rows
+when 32 is among ``--bits``), the site of the allocation that reached the peak, and the
+``--top`` sites by bytes alive at the peak. On the CPU, whose allocator keeps no history, the
+step runs under :class:`gnnact.peak.PeakMeter` (``sites=True``): the same peak and sites,
+counted per op (``count`` is then 1 per site; the site is the innermost frame and the op).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import gnnact
 from gnnact.data import SHAPES, synthetic_like
 from gnnact.env import cuda_index
 from gnnact.models import MODELS, build
+from gnnact.peak import PeakMeter
 from gnnact.training import loss_of
 
 ROOTS = ("gnnact/", "torch_geometric/", "benchmarks/")
@@ -92,6 +98,12 @@ def profile_step(model: torch.nn.Module, data, device: torch.device, warmup: int
     model.train()
     for _ in range(warmup):
         step()
+    if device.type == "cpu":  # no allocator history: count by dispatch (gnnact.peak)
+        with PeakMeter(sites=True) as meter:
+            step()
+        ranked = [(where, nbytes, 1) for where, nbytes in meter.at_peak.items()]
+        return {"traced_peak_bytes": meter.peak_bytes, "peak_bytes": meter.peak_bytes,
+                "at": ranked[0][0] if ranked else None, "alive": ranked}
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
     before = torch.cuda.memory_allocated(device)
@@ -119,8 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=12)
     parser.add_argument("--out", type=Path, default=RESULTS / "peak.jsonl")
     args = parser.parse_args(argv)
-    if args.device.type != "cuda":
-        parser.error(f"--device {args.device}: the allocator history needs CUDA")
+    if args.device.type not in ("cpu", "cuda"):
+        parser.error(f"--device {args.device}: expected cpu or cuda")
     data = synthetic_like(args.shape, num_nodes=args.nodes).to(args.device)
     env = environment(args.device)
     rows = []
@@ -132,8 +144,13 @@ def main(argv: list[str] | None = None) -> int:
                 gnnact.convert(model, gnnact.Config(bits=bits))
             result = profile_step(model, data, args.device, args.warmup)
             result["alive"] = result["alive"][:args.top]
-            rows.append({"bench": "peak", **env, "model": name, "bits": bits,
-                         "graph": args.shape, "num_nodes": data.num_nodes, **result})
+            row = {"bench": "peak", **env, "model": name, "bits": bits,
+                   "graph": args.shape, "num_nodes": data.num_nodes, **result}
+            fp32 = [r for r in rows if r["model"] == name and r["bits"] == 32]
+            if bits < 32 and fp32:  # PyG fp32's peak over this one, measured in this run
+                row["peak_ratio_vs_fp32"] = round(fp32[0]["peak_bytes"] / result["peak_bytes"],
+                                                  2)
+            rows.append(row)
             print(f"{name} {bits} bits: peak {result['peak_bytes'] / 2**20:.1f} MiB (traced "
                   f"{result['traced_peak_bytes'] / 2**20:.1f}), reached at {result['at']}")
             for where, nbytes, count in result["alive"]:

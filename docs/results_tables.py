@@ -74,8 +74,24 @@ _TABLES = {
         ("largest nodes", lambda r: f"{r['largest_nodes']:,}"),
         ("peak MB there", lambda r: _mb(r.get("peak_bytes_at_largest")))]),
     "peak.jsonl": ("What is alive at the peak", [
-        ("graph", "graph"), ("model", "model"), ("bits", "bits"),
-        ("peak MB", lambda r: _mb(r.get("peak_bytes"))), ("reached at", "at")]),
+        ("graph", "graph"), ("nodes", "num_nodes"), ("model", "model"), ("bits", "bits"),
+        ("peak MB", lambda r: _mb(r.get("peak_bytes"))),
+        ("PyG fp32 over this", lambda r: _x(r.get("peak_ratio_vs_fp32"))),
+        ("reached at", "at")]),
+    "distributed.jsonl": ("Partitioned full-batch training (gloo, one machine)", [
+        ("model", "model"), ("nodes", "num_nodes"), ("parts", "method"), ("k", "world_size"),
+        ("exchange bits", "exchange_bits"),
+        ("exchanged MB/step", lambda r: _mb(r.get("exchanged_bytes_total"))),
+        ("saved MB/rank", lambda r: _mb(r.get("saved_bytes_max"))),
+        ("step peak MB/rank", lambda r: _mb(r.get("step_peak_bytes_max"))),
+        ("peak / share", lambda r: "" if not r.get("peak_over_share")
+         else f"{max(r['peak_over_share']):.2f}"),
+        ("step s", "step_seconds_max")]),
+    "neighbor.jsonl": ("NeighborLoader: saved context per batch", [
+        ("model", "model"), ("impl", "impl"), ("bits", "bits"), ("batch", "batch_size"),
+        ("fanout", lambda r: "-".join(map(str, r["fanout"]))),
+        ("saved MB/batch", lambda r: _mb(r.get("saved_bytes_mean"))),
+        ("vs PyG", lambda r: _x(r.get("saved_ratio_vs_pyg")))]),
     "quantize.jsonl": ("Quantizer throughput", [
         ("op", "op"), ("backend", "backend"), ("dtype", "dtype"), ("bits", "bits"),
         ("GB/s", lambda r: f"{r['gbps']:.2f}"), ("share of a copy", "frac_of_copy")]),

@@ -45,8 +45,14 @@ class Stack(nn.Module):
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x: Tensor, adj) -> Tensor:
+        # One statement per layer, as PyG's BasicGNN writes it: each name is rebound, so a
+        # layer's input is freed once the next one has its output (nested calls would keep
+        # every argument alive until the outermost returns: two tensors more at the peak).
         for conv, bn in zip(self.convs[:-1], self.bns, strict=True):
-            x = self.drop(self.act(bn(conv(x, adj))))
+            x = conv(x, adj)
+            x = bn(x)
+            x = self.act(x)
+            x = self.drop(x)
         return self.convs[-1](x, adj)
 
 
@@ -55,7 +61,8 @@ class FunctionalStack(Stack):
 
     def forward(self, x: Tensor, adj) -> Tensor:
         for conv, bn in zip(self.convs[:-1], self.bns, strict=True):
-            x = F.relu(bn(conv(x, adj)))
+            x = conv(x, adj)
+            x = F.relu(bn(x))
             x = F.dropout(x, p=self.drop.p, training=self.training)
         return self.convs[-1](x, adj)
 
@@ -90,9 +97,12 @@ class GCNII(nn.Module):
 
     def forward(self, x: Tensor, adj) -> Tensor:
         x = x_0 = self.act(self.lins[0](self.drop_input(x)))
-        for conv in self.convs:
-            x = self.act(conv(self.drop(x), x_0, adj))
-        return self.lins[1](self.drop(x))
+        for conv in self.convs:  # one statement per op: each input is freed when used
+            x = self.drop(x)
+            x = conv(x, x_0, adj)
+            x = self.act(x)
+        x = self.drop(x)
+        return self.lins[1](x)
 
 
 class FunctionalGCNII(GCNII):

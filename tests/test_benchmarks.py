@@ -282,7 +282,21 @@ def test_profile_peak_replays_the_allocator_trace():
     assert top == 150 and at == "gnnact/ops/context.py:7 f"
     assert alive == [("gnnact/ops/context.py:7 f", 120, 2), ("other", 30, 1)]
     with pytest.raises(SystemExit):
-        peak.main(["--device", "cpu"])
+        peak.main(["--device", "meta"])
+
+
+def test_profile_peak_counts_on_the_cpu(tmp_path):
+    """On the CPU the step runs under gnnact.peak.PeakMeter: a PyG row and a 2-bit row with
+    the sites alive at the peak adding up to it."""
+    peak = _script("profile_peak")
+    out = tmp_path / "peak.jsonl"
+    assert peak.main(["--device", "cpu", "--models", "gcn", "--bits", "32", "2", "--nodes",
+                      "3000", "--warmup", "1", "--top", "100", "--out", str(out)]) == 0
+    pyg, ours = [json.loads(line) for line in out.read_text().splitlines()]
+    assert (pyg["bits"], ours["bits"]) == (32, 2)
+    assert ours["peak_ratio_vs_fp32"] == round(pyg["peak_bytes"] / ours["peak_bytes"], 2) > 3
+    for row in (pyg, ours):
+        assert sum(nbytes for _, nbytes, _ in row["alive"]) == row["peak_bytes"]
 
 
 def test_neighbor_loader_rows(tmp_path, capsys):

@@ -3,6 +3,8 @@ checks of the loader that run everywhere."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -81,7 +83,6 @@ def test_kernel_seeded_noise_equals_torch_on_cuda(bits):
 @pytest.mark.parametrize(("n", "group_size"), [
     (4096, 512), (5000, 512), (1000, 100), (999, 13), (17, 7), (9, 1), (3, 8)])
 def test_straddling_width_kernels_equal_reference(bits, dtype, n, group_size):
-    # Called directly: the dispatch does not send these widths to the kernels yet.
     from gnnact.kernels import quantize as kernels
 
     x = (torch.randn(n, device="cuda") * 3).to(dtype)
@@ -94,6 +95,28 @@ def test_straddling_width_kernels_equal_reference(bits, dtype, n, group_size):
     assert torch.equal(seeded[0], reference.quantize_groups(x, bits, group_size, seed=12345)[0])
     args = (*ref, bits, group_size, n, dtype)
     assert torch.equal(kernels.dequantize_groups(*args), reference.dequantize_groups(*args))
+
+
+@cuda
+@pytest.mark.parametrize("bits", [3, 5, 6, 7])
+def test_auto_dispatches_straddling_widths_to_checked_kernels(bits):
+    """backend="auto" checks each straddling width's kernel once against the reference, then
+    sends that width to it: the same codes as the torch path, from the kernel."""
+    from gnnact.quant.core import _backend, kernel_agrees
+
+    device = torch.device("cuda")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a disagreeing kernel would warn
+        assert kernel_agrees(torch.cuda.current_device(), bits)
+    from gnnact.kernels import quantize as kernels
+
+    assert _backend("auto", device, bits) is kernels
+    x = torch.randn(10_000, device=device)
+    seed = torch.Generator(device="cuda").manual_seed(3)
+    auto = gnnact.quantize(x, bits, generator=seed)
+    torch_path = gnnact.quantize(x, bits, generator=torch.Generator(device="cuda").manual_seed(3),
+                                 backend="torch")
+    assert torch.equal(auto.codes, torch_path.codes)
 
 
 @cuda

@@ -308,9 +308,10 @@ def test_mask_bit_layout():
     assert gnnact.pack_mask(mask.view(2, 5)[:, 1:].t()).shape == (4, 2)  # non-contiguous
 
 
-def test_cupy_backend_takes_byte_aligned_widths_only():
-    with pytest.raises(ValueError, match=r"backend='cupy' implements bits \(1, 2, 4, 8\), got 3"):
-        gnnact.quantize(torch.randn(10), bits=3, backend="cupy")
+@pytest.mark.parametrize("bits", [2, 3])
+def test_cupy_backend_needs_a_cuda_tensor(bits):
+    with pytest.raises(ValueError, match="backend='cupy' needs a CUDA tensor, got a tensor on cpu"):
+        gnnact.quantize(torch.randn(10), bits=bits, backend="cupy")
 
 
 @pytest.mark.parametrize("bad_bits", [0, 9, 12, 64, -1])
@@ -353,3 +354,46 @@ def test_bad_arguments_name_argument_and_value():
         gnnact.pack_mask(x)
     with pytest.raises(TypeError, match="packed must be a PackedMask"):
         gnnact.unpack_mask(x)
+
+
+@pytest.mark.parametrize("bits", QBITS)
+@pytest.mark.parametrize("group_size", [64, 100])
+def test_chunked_quantization_equals_one_pass(monkeypatch, bits, group_size):
+    """Chunks (of whole groups, with the noise stream continued) change nothing: the codes,
+    scales and zeros of a tensor many chunks long, and its dequantized values, equal those of
+    one pass."""
+    from gnnact.quant import reference
+
+    x = torch.randn(37, 91)  # 3,367 elements: a short last group at both group sizes
+    one = reference.quantize_groups(x, bits, group_size, seed=7)
+    whole = reference.dequantize_groups(*one, bits, group_size, x.numel(), torch.float32)
+    monkeypatch.setattr(reference, "CHUNK_ELEMENTS", 3 * group_size)  # 11+ chunks
+    chunked = reference.quantize_groups(x, bits, group_size, seed=7)
+    for a, b in zip(one, chunked, strict=True):
+        assert torch.equal(a, b)
+    assert torch.equal(whole, reference.dequantize_groups(*chunked, bits, group_size,
+                                                          x.numel(), torch.float32))
+    noise = torch.rand(x.numel())
+    monkeypatch.setattr(reference, "CHUNK_ELEMENTS", 1 << 20)
+    given = reference.quantize_groups(x, bits, group_size, noise=noise)
+    monkeypatch.setattr(reference, "CHUNK_ELEMENTS", group_size)
+    for a, b in zip(given, reference.quantize_groups(x, bits, group_size, noise=noise),
+                    strict=True):
+        assert torch.equal(a, b)
+
+
+def test_quantizing_needs_little_beyond_its_result():
+    """The float32 temporaries of the torch path are bounded by the chunk, not the tensor:
+    quantizing 64 MiB of float32 at 2 bits allocates under its packed size plus 6 chunks."""
+    from gnnact.peak import PeakMeter
+    from gnnact.quant.reference import CHUNK_ELEMENTS
+
+    x = torch.randn(4096, 4096)
+    with PeakMeter() as meter:
+        packed = gnnact.quantize(x, bits=2)
+    assert meter.end_bytes == packed.nbytes
+    assert meter.peak_bytes < packed.nbytes + 6 * 4 * CHUNK_ELEMENTS < x.nbytes // 2
+    with PeakMeter() as meter:
+        restored = gnnact.dequantize(packed)
+    assert meter.end_bytes == restored.nbytes
+    assert meter.peak_bytes < restored.nbytes + 6 * 4 * CHUNK_ELEMENTS

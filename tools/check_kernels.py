@@ -6,9 +6,15 @@ uses for ``RawModule`` (``-ftz=true`` is always appended by CuPy) straight to SA
 Python launchers look up (``gnnact.kernels.quantize.KERNEL_NAMES``) is an entry point in the
 generated PTX.
 
+With ``--ptxas`` it also asks ``ptxas -v`` (through ``nvcc -cubin``, the same options) what each
+kernel uses per thread: registers, stack, spill stores and loads. Any spill fails the check (a
+spilled quantizer reads and writes local memory for every value), and ``--report FILE`` appends
+one row per kernel and architecture (JSON lines). Without ``nvcc`` on the path this part says
+so and is not run.
+
 Usage::
 
-    python tools/check_kernels.py [--arch 80 90] [--cuda-dir cuda]
+    python tools/check_kernels.py [--arch 80 90] [--cuda-dir cuda] [--ptxas [--report F]]
 
 The NVRTC library is found in the ``nvidia-cuda-nvrtc`` wheel (``nvidia/cu*/lib``), else the
 system loader path. Exits non-zero on any failure.
@@ -18,15 +24,21 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import datetime
 import glob
+import json
 import os
 import re
+import shutil
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from gnnact.env import git_commit  # noqa: E402
 from gnnact.kernels.quantize import COMPILE_OPTIONS, KERNEL_NAMES  # noqa: E402
 
 
@@ -94,10 +106,74 @@ class Nvrtc:
             self.lib.nvrtcDestroyProgram(ctypes.byref(prog))
 
 
+_PTXAS_ENTRY = re.compile(r"Compiling entry function '(\w+)' for '(sm_\d+)'")
+_PTXAS_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, "
+                          r"(\d+) bytes spill loads")
+_PTXAS_REGS = re.compile(r"Used (\d+) registers")
+
+
+def ptxas_usage(nvcc: str, source: Path, arch: int) -> list[dict]:
+    """Per kernel of ``source`` on ``sm_<arch>``: registers, stack and spill bytes, as
+    ``ptxas -v`` reports them."""
+    with tempfile.TemporaryDirectory() as tmp:
+        result = subprocess.run(
+            [nvcc, "-cubin", f"-arch=sm_{arch}", *COMPILE_OPTIONS, "-ftz=true", "-Xptxas", "-v",
+             "-o", str(Path(tmp) / "out.cubin"), str(source)],
+            capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"nvcc failed on {source.name} for sm_{arch}:\n{result.stderr}")
+    rows: list[dict] = []
+    for line in result.stderr.splitlines():
+        if (m := _PTXAS_ENTRY.search(line)) is not None:
+            rows.append({"source": source.name, "kernel": m.group(1), "arch": m.group(2)})
+        elif rows and (m := _PTXAS_FRAME.search(line)) is not None:
+            rows[-1].update(stack_bytes=int(m.group(1)), spill_store_bytes=int(m.group(2)),
+                            spill_load_bytes=int(m.group(3)))
+        elif rows and (m := _PTXAS_REGS.search(line)) is not None:
+            rows[-1]["registers"] = int(m.group(1))
+    return rows
+
+
+def check_ptxas(sources: list[Path], arches: list[int], report: Path | None) -> int:
+    """Print each source's register range and spills per architecture; the number of kernels
+    that spill."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        print("ptxas report: nvcc not on PATH, not run")
+        return 0
+    version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
+    release = re.search(r"release ([\d.]+)", version)
+    spills, rows = 0, []
+    for src in sources:
+        for arch in arches:
+            usage = ptxas_usage(nvcc, src, arch)
+            spilled = [u["kernel"] for u in usage
+                       if u.get("spill_store_bytes") or u.get("spill_load_bytes")]
+            regs = [u["registers"] for u in usage]
+            print(f"{src.name:16s} sm_{arch}  {len(usage)} kernels, registers "
+                  f"{min(regs)}-{max(regs)}, stack {max(u['stack_bytes'] for u in usage)} B, "
+                  + (f"FAIL: spills in {spilled}" if spilled else "no spills"))
+            spills += len(spilled)
+            rows += usage
+    if report is not None:
+        common = {"bench": "ptxas", "nvcc": release.group(1) if release else None,
+                  "commit": git_commit(),
+                  "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
+        with report.open("a") as f:
+            for row in rows:
+                f.write(json.dumps({**common, **row}) + "\n")
+        print(f"{len(rows)} rows -> {report}")
+    return spills
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", nargs="+", type=int, default=[80, 90])
     parser.add_argument("--cuda-dir", type=Path, default=ROOT / "cuda")
+    parser.add_argument("--ptxas", action="store_true",
+                        help="also report registers and spills per kernel (needs nvcc)")
+    parser.add_argument("--report", type=Path, default=None,
+                        help="with --ptxas: append a JSON row per kernel and architecture")
     args = parser.parse_args(argv)
 
     nvrtc = Nvrtc()
@@ -131,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
                         print("  " + log.replace("\n", "\n  "))
     print(f"{len(sources)} sources, {len(args.arch)} architectures: "
           f"{'all compiled' if not failures else f'{failures} failures'}")
+    if args.ptxas:
+        failures += check_ptxas(sources, args.arch, args.report)
     return 1 if failures else 0
 
 

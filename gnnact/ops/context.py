@@ -56,7 +56,7 @@ from gnnact.config import Config
 from gnnact.ops.state import ForwardState, forward_state
 from gnnact.quant import PackedMask, PackedTensor, quantize, unpack_mask
 from gnnact.quant.mixed import MixedPackedTensor, allocate_rows, quantize_rows
-from gnnact.quant.packed import BYTE_ALIGNED_BITS, QUANT_BITS
+from gnnact.quant.packed import QUANT_BITS
 
 __all__ = ["alias_derived", "apply_mask", "cache_key", "cached", "controlled_noise", "derive",
            "hold_parts", "independent_quantize", "input_bits", "load_context", "noise_generator",
@@ -351,9 +351,7 @@ def per_node_quantize(x: Tensor, bits: int, config: Config, role: str,
             store[key] = grad.detach().norm(dim=1)
 
         x.register_hook(remember)
-    # The CUDA kernels take byte-aligned widths only; keep an explicit cupy backend on them.
-    widths = BYTE_ALIGNED_BITS if config.backend == "cupy" else QUANT_BITS
-    row_bits = allocate_rows(weights, bits, widths)
+    row_bits = allocate_rows(weights, bits, QUANT_BITS)
     return quantize_rows(x, row_bits, avg_bits=bits, generator=generator,
                          backend=config.backend)
 
@@ -532,3 +530,13 @@ def load_context(ctx: Any) -> list[Tensor | None]:
                 _release(parts[0], state)
             out.append(cls.from_parts(parts, meta).dequantize())
     return out
+
+
+def writable(ctx: Any, t: Tensor) -> bool:
+    """Whether a backward may write ``t``, a tensor :func:`load_context` returned for ``ctx``:
+    ``True`` when it was made for this call (dequantized, unpacked or rebuilt), ``False`` when
+    it is one of the tensors kept as is (a 16/32-bit input, which its forward's caller may
+    still hold)."""
+    ptr = t.untyped_storage().data_ptr()
+    return all(s.untyped_storage().data_ptr() != ptr for s in ctx.saved_tensors
+               if s is not None)

@@ -50,10 +50,12 @@ from gnnact.ops.context import (
     save_context,
     shared_quantize,
     transient,
+    writable,
 )
 from gnnact.ops.higher_order import first_order_only
 from gnnact.ops.state import eager_op
 from gnnact.quant import pack_mask
+from gnnact.quant.reference import CHUNK_ELEMENTS
 
 __all__ = ["batch_norm", "dropout", "elu", "leaky_relu", "linear", "relu"]
 
@@ -84,13 +86,16 @@ class _Linear(torch.autograd.Function):
         grad = grad.to(ctx.dtype)
         grad_x = grad_w = grad_b = None
         g2 = grad.reshape(-1, grad.size(-1))
-        if ctx.needs_input_grad[0]:
-            grad_x = grad @ weight
         if ctx.needs_input_grad[1] and x_hat.layout != torch.strided:
             # dense @ COO is the fastest of torch's CPU products for G^T X (~4x CSR's).
             grad_w = g2.t() @ x_hat.to_sparse_coo()
         elif ctx.needs_input_grad[1]:
             grad_w = g2.t() @ x_hat.reshape(-1, x_hat.size(-1))
+        # The restored input is let go before grad_x is made: the two never coexist at the
+        # backward's peak.
+        del x_hat
+        if ctx.needs_input_grad[0]:
+            grad_x = grad @ weight
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = g2.sum(0)
         return grad_x, grad_w, grad_b, None
@@ -143,11 +148,13 @@ class _BatchNorm(torch.autograd.Function):
         n = grad.numel() // grad.size(1)
         mean = mean.to(grad.dtype).view(shape)
         invstd = invstd.to(grad.dtype).view(shape)
-        # x_hat may be the input itself (16/32 bits keep it as is), so it is never written.
+        # x_hat may be the input itself (16/32 bits keep it as is): then it is never written.
         # The tensors made here are updated in place, in the order and with the rounding of
-        # the out-of-place expressions: on the CPU, full-size temporaries cost as much as the
-        # arithmetic.
-        xn = (x_hat - mean).mul_(invstd)
+        # the out-of-place expressions: full-size temporaries add to the step's peak (which
+        # is in backward) and on the CPU cost as much as the arithmetic.
+        in_place = writable(ctx, x_hat) and torch.result_type(x_hat, mean) == x_hat.dtype
+        xn = (x_hat.sub_(mean) if in_place else x_hat - mean).mul_(invstd)
+        del x_hat
         # The exact normalised input has zero mean per channel, so sum_n dX_n = 0: a shift
         # before BatchNorm (the bias of the layer before) gets no gradient. Rounding noise
         # breaks that, and Adam blows the leaked noise up to full-size steps that random-walk
@@ -155,7 +162,7 @@ class _BatchNorm(torch.autograd.Function):
         # zero and, being linear, keeps E[xn] unchanged.
         xn.sub_(xn.mean(dims, keepdim=True))
         sum_g = grad.sum(dims)
-        sum_gx = (grad * xn).sum(dims)
+        sum_gx = _sum_of_products(grad, xn, dims)
         grad_x = None
         if ctx.needs_input_grad[0]:
             scale = invstd if weight is None else invstd * weight.view(shape)
@@ -167,6 +174,21 @@ class _BatchNorm(torch.autograd.Function):
         grad_w = sum_gx if ctx.has_weight and ctx.needs_input_grad[1] else None
         grad_b = sum_g if ctx.has_bias and ctx.needs_input_grad[2] else None
         return grad_x, grad_w, grad_b, None, None, None, None, None
+
+
+def _sum_of_products(a: Tensor, b: Tensor, dims: list[int]) -> Tensor:
+    """``(a * b).sum(dims)`` over row blocks of about ``CHUNK_ELEMENTS``: the product never
+    exists whole (it would be a full-size temporary at the backward's peak). Blocks are summed
+    in at least float32, as torch sums a 16-bit tensor, and rounded once at the end."""
+    dtype = torch.result_type(a, b)
+    rows = max(1, CHUNK_ELEMENTS // max(1, a[:1].numel()))
+    if a.size(0) <= rows:
+        return (a * b).sum(dims)
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    total = torch.zeros(a.size(1), dtype=acc, device=a.device)
+    for start in range(0, a.size(0), rows):
+        total += (a[start:start + rows] * b[start:start + rows]).sum(dims, dtype=acc)
+    return total.to(dtype)
 
 
 @eager_op
@@ -230,8 +252,17 @@ class _Masked(torch.autograd.Function):
             out = torch.where(mask, grad, grad * ctx.slope)
         elif ctx.divisor == 1.0:
             out = torch.where(mask, grad, grad.new_zeros(()))
-        else:
+        elif torch.is_grad_enabled() or grad.dim() == 0:  # double backward: as written
             out = grad * mask.to(grad.dtype).div_(ctx.divisor)
+        else:
+            # The same product in row blocks, so the mask's float copy is a block, not a
+            # full-size temporary at the backward's peak.
+            out = torch.empty_like(grad)
+            rows = max(1, CHUNK_ELEMENTS // max(1, grad[:1].numel()))
+            for start in range(0, grad.size(0), rows):
+                block = slice(start, start + rows)
+                torch.mul(grad[block], mask[block].to(grad.dtype).div_(ctx.divisor),
+                          out=out[block])
         # Double backward (create_graph=True) is exact as written at every width: this is
         # linear in the gradient, the mask is exact, and d/dX of it is 0 almost everywhere. With
         # a constant incoming gradient nothing here is recorded, though, where PyTorch's ReLU

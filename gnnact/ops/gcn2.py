@@ -60,6 +60,7 @@ from gnnact.config import Config
 from gnnact.ops.context import load_context, records_graph, save_context
 from gnnact.ops.higher_order import first_order_only
 from gnnact.ops.state import eager_op
+from gnnact.quant.reference import CHUNK_ELEMENTS
 
 __all__ = ["gcn2_residual"]
 
@@ -99,13 +100,18 @@ class _GCN2Residual(torch.autograd.Function):
         # The same operations in the same order as PyG (x.mul_(1 - alpha); alpha * x_0), so
         # that 32-bit results are PyG's to the last bit. alpha * h0 is a transient: never kept.
         x = p * (1.0 - alpha)
-        x0 = alpha * h0
         if weight2 is None:
-            s = x.add_(x0)
+            # x += alpha * h0 by row blocks: the same two roundings per element, without a
+            # full-size alpha * h0 beside x at the forward's peak.
+            rows = max(1, CHUNK_ELEMENTS // max(1, h0[:1].numel()))
+            for start in range(0, m, rows):
+                x[start:start + rows].add_(alpha * h0[start:start + rows])
+            s = x
             out = torch.addmm(s, s, weight1, beta=1.0 - beta, alpha=beta)
             save_context(ctx, config, (s if need_w1 else None, config.bits),
                          (weight1 if need_p or need_h0 else None, 32))
         else:
+            x0 = alpha * h0
             out = torch.addmm(x, x, weight1, beta=1.0 - beta, alpha=beta)
             out = out + torch.addmm(x0, x0, weight2, beta=1.0 - beta, alpha=beta)
             save_context(ctx, config, (x if need_w1 else None, config.bits),

@@ -213,10 +213,13 @@ class Graph:
 
     def mm(self, x: Tensor, value: Tensor | None = None, *, transpose: bool = False,
            index: tuple[Tensor, Tensor, Tensor | None] | None = None,
-           scale: Tensor | None = None) -> Tensor:
+           scale: Tensor | None = None, col_scale: Tensor | None = None) -> Tensor:
         r""":math:`A X` (or :math:`A^\top X` with ``transpose``) for a 2-D ``x``, ``value`` in
         CSR order (ones if ``None``); with ``scale`` (``[rows]``), row :math:`i` of the product
-        times ``scale[i]`` (the mean's :math:`D^{-1}`), applied before rounding.
+        times ``scale[i]`` (the mean's :math:`D^{-1}`), applied before rounding. With
+        ``col_scale`` (``[num_dst]``; ``transpose`` and no ``value`` only), :math:`A^\top D X`
+        for :math:`D = \mathrm{diag}(\text{col\_scale})`, as the matrix's entries: the mean's
+        backward without a scaled copy of :math:`X` (E values instead of a full-size tensor).
 
         The result has the dtype PyG's messages :math:`a_{ij} x_j` get: ``x``'s promoted with
         ``value``'s, whatever :func:`torch.autocast` is active (PyG's scatter is not autocast
@@ -229,9 +232,17 @@ class Graph:
         compute = sparse_compute_dtype(dtype, x.device)
         # Autocast would cast the CSR operand to a dtype without a CPU kernel (matmul is on
         # its lower-precision list); the dtypes are chosen above instead.
+        if col_scale is not None and (value is not None or not transpose):
+            raise ValueError("Graph.mm: col_scale needs transpose=True and no value")
         with torch.autocast(x.device.type, enabled=False):
-            a = (self.matrix_t(value, compute, index) if transpose
-                 else self.matrix(value, compute))
+            if col_scale is not None:
+                t_ptr, t_dst, _ = self.transpose_index() if index is None else index
+                a = csr_tensor(t_ptr, t_dst, col_scale.to(compute).index_select(0, t_dst),
+                               (self.num_src, self.num_dst))
+            elif transpose:
+                a = self.matrix_t(value, compute, index)
+            else:
+                a = self.matrix(value, compute)
             y = a @ x.to(compute)
             if scale is not None:
                 y.mul_(scale.to(compute)[:, None])

@@ -55,7 +55,9 @@ def _aggregate(x: Tensor, graph: Graph, value: Tensor | None, mean: bool) -> Ten
     # D^{-1} in float32 at least: applied before the single rounding of a half-precision result.
     scale = _inv_degree(graph, torch.promote_types(x.dtype, torch.float32)) if mean else None
     y = graph.mm(_rows(x), edge_value, scale=scale)
-    return y.view(graph.num_dst, *x.shape[1:])
+    # A 2-D result is returned as is, not as a view: the layer may then add its bias into it
+    # (autograd forbids writing a view made inside a custom Function).
+    return y if x.dim() == 2 else y.view(graph.num_dst, *x.shape[1:])
 
 
 class _SpMM(torch.autograd.Function):
@@ -80,11 +82,18 @@ class _SpMM(torch.autograd.Function):
         # gradients to the inputs' dtypes once.
         g = _rows(grad)
         g = g.to(sparse_compute_dtype(g.dtype, g.device))
+        edge_value = graph.value if value is None else value
+        grad_x = grad_value = None
+        if ctx.mean and edge_value is None and not ctx.needs_input_grad[1]:
+            # A^T D^{-1} G with D^{-1} in the matrix's entries: no scaled copy of G, a
+            # full-size tensor at the backward's peak otherwise.
+            if ctx.needs_input_grad[0]:
+                grad_x = graph.mm(g, transpose=True, col_scale=_inv_degree(graph, g.dtype))
+                grad_x = grad_x.view(graph.num_src, *ctx.feature_shape)
+            return grad_x, None, None, None, None
         if ctx.mean:
             g = g * _inv_degree(graph, g.dtype)[:, None]
-        grad_x = grad_value = None
         if ctx.needs_input_grad[0]:
-            edge_value = graph.value if value is None else value
             grad_x = graph.mm(g, edge_value, transpose=True).view(graph.num_src,
                                                                    *ctx.feature_shape)
         if ctx.needs_input_grad[1]:

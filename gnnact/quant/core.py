@@ -9,12 +9,15 @@ same noise.
 
 from __future__ import annotations
 
+import functools
+import warnings
 from types import ModuleType
 from typing import Literal
 
 import torch
 from torch import Tensor
 
+from gnnact.env import cuda_index
 from gnnact.quant import reference
 from gnnact.quant.packed import (
     BYTE_ALIGNED_BITS,
@@ -38,14 +41,11 @@ _BACKENDS = ("auto", "torch", "cupy")
 
 def _backend(backend: str, device: torch.device, bits: int | None = None) -> ModuleType:
     """The module implementing ``quantize_groups`` & co. for ``backend`` on ``device`` (and
-    ``bits``: the kernels implement the byte-aligned widths only)."""
+    ``bits``). ``"auto"`` takes the kernels on a CUDA device with CuPy, at the widths that
+    straddle bytes (3, 5, 6, 7) once :func:`kernel_agrees` has checked them there."""
     if backend not in _BACKENDS:
         raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
-    aligned = bits is None or bits in BYTE_ALIGNED_BITS
-    if backend == "cupy" and not aligned:
-        raise ValueError(f"backend='cupy' implements bits {BYTE_ALIGNED_BITS}, got {bits}; "
-                         "use backend='auto' or 'torch'")
-    if backend == "torch" or (backend == "auto" and (device.type != "cuda" or not aligned)):
+    if backend == "torch" or (backend == "auto" and device.type != "cuda"):
         return reference
     from gnnact.kernels import cupy_available
 
@@ -55,11 +55,49 @@ def _backend(backend: str, device: torch.device, bits: int | None = None) -> Mod
         from gnnact.kernels._cupy import require_cupy
 
         require_cupy()
-    elif not cupy_available():
+    elif not cupy_available() or (bits is not None and bits not in BYTE_ALIGNED_BITS
+          and not kernel_agrees(cuda_index(device), bits)):
         return reference
     from gnnact.kernels import quantize as kernels
 
     return kernels
+
+
+@functools.cache
+def kernel_agrees(device_index: int, bits: int) -> bool:
+    """Whether the CUDA kernels for ``bits`` reproduce :mod:`gnnact.quant.reference` on GPU
+    ``device_index``, bit for bit: checked once per device and width in a process (quantize
+    and dequantize of 5 groups of 64 float32 values, the last one short, with fixed noise).
+    ``backend="auto"`` sends the widths that straddle bytes (3, 5, 6, 7) to the kernels only
+    when they agree; otherwise it warns, naming the width, and keeps them on the torch path
+    (the same format, slower).
+
+    Example:
+        >>> from gnnact.quant.core import kernel_agrees
+        >>> kernel_agrees(0, 3)  # doctest: +SKIP
+        True
+    """
+    from gnnact.kernels import quantize as kernels
+
+    device = torch.device("cuda", device_index)
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(4 * 64 + 37, generator=generator)
+    noise = torch.rand(x.numel(), generator=generator)
+    want = reference.quantize_groups(x, bits, 64, noise=noise)
+    try:
+        got = kernels.quantize_groups(x.to(device), bits, 64, noise=noise.to(device))
+        back = kernels.dequantize_groups(*got, bits, 64, x.numel(), torch.float32)
+        agree = (all(torch.equal(a, b.cpu()) for a, b in zip(want, got, strict=True))
+                 and torch.equal(back.cpu(), reference.dequantize_groups(
+                     *want, bits, 64, x.numel(), torch.float32)))
+        why = "its results differ from the reference"
+    except Exception as e:  # a kernel that fails to compile or launch: say so, keep going
+        agree, why = False, f"it failed: {type(e).__name__}: {e}"
+    if not agree:
+        warnings.warn(f"gnnact: the {bits}-bit CUDA kernel is not used on cuda:{device_index}: "
+                      f"{why}; {bits}-bit quantization runs on the torch path there (same "
+                      f"format, slower)", RuntimeWarning, stacklevel=3)
+    return agree
 
 
 def _check_int(name: str, value: object) -> int:

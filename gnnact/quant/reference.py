@@ -34,10 +34,14 @@ import torch
 from torch import Tensor
 
 from gnnact.quant.packed import packed_code_bytes
-from gnnact.quant.rng import seeded_uniform
+from gnnact.quant.rng import uniform_stream
 
-__all__ = ["dequantize_groups", "pack_codes", "pack_mask_bits", "quantize_groups",
+__all__ = ["CHUNK_ELEMENTS", "dequantize_groups", "pack_codes", "pack_mask_bits", "quantize_groups",
            "unpack_mask_bits"]
+
+#: Elements per chunk of :func:`quantize_groups` and :func:`dequantize_groups` (rounded to whole
+#: groups): their float32 temporaries are a few times 4 MiB, whatever the tensor's size.
+CHUNK_ELEMENTS = 1 << 20
 
 
 def _bit_shifts(bits: int, device: torch.device) -> Tensor:
@@ -61,27 +65,40 @@ def quantize_groups(x: Tensor, bits: int, group_size: int, *, seed: int | None =
     """
     n = x.numel()
     whole, tail = divmod(n, group_size)
-    cut = whole * group_size
-    flat = x.reshape(-1).to(torch.float32)
+    num_groups = whole + (tail > 0)
+    flat = x.reshape(-1)
     if noise is not None:
-        r = noise.reshape(-1).to(torch.float32)
-    else:
-        r = seeded_uniform(seed, n, x.device)
-    # The whole groups are read in place; only a partial last group is copied and padded
-    # (padding all of x would copy it once more, a fifth of the time of quantizing it).
-    parts = []
-    if whole:
-        parts.append(_quantize_rows(flat[:cut].view(whole, group_size),
-                                    r[:cut].view(whole, group_size), bits))
+        noise = noise.reshape(-1)
+    # Drawn chunk by chunk, in order: the same values as seeded_uniform(seed, n).
+    draw = uniform_stream(seed, x.device) if noise is None else None
+
+    def noise_of(start: int, count: int) -> Tensor:
+        if draw is not None:
+            return draw(start, count)
+        return noise[start:start + count].to(torch.float32)
+
+    codes = torch.empty(num_groups, packed_code_bytes(group_size, bits), dtype=torch.uint8,
+                        device=x.device)
+    scales = torch.empty(num_groups, dtype=torch.float32, device=x.device)
+    zeros = torch.empty_like(scales)
+    # Whole groups in chunks of about CHUNK_ELEMENTS: the float32 temporaries (the noise, u,
+    # its fractional part) stay a few MiB however large x is, so quantizing a tensor needs
+    # little beyond its packed result.
+    step = max(1, CHUNK_ELEMENTS // group_size)
+    for g0 in range(0, whole, step):
+        g1 = min(whole, g0 + step)
+        lo, hi = g0 * group_size, g1 * group_size
+        h = flat[lo:hi].to(torch.float32).view(g1 - g0, group_size)
+        r = noise_of(lo, hi - lo).view(g1 - g0, group_size)
+        codes[g0:g1], scales[g0:g1], zeros[g0:g1] = _quantize_rows(h, r, bits)
     if tail:
         # Pad with the last element so the padding cannot widen the last group's range.
-        h = torch.cat([flat[cut:], flat[-1:].expand(group_size - tail)])
-        parts.append(_quantize_rows(h.view(1, group_size),
-                                    torch.cat([r[cut:], r.new_zeros(group_size - tail)])
-                                    .view(1, group_size), bits, valid=tail))
-    if len(parts) == 1:
-        return parts[0]
-    return tuple(torch.cat(pieces) for pieces in zip(*parts, strict=True))
+        cut = whole * group_size
+        h = torch.cat([flat[cut:], flat[-1:].expand(group_size - tail)]).to(torch.float32)
+        r = torch.cat([noise_of(cut, tail), h.new_zeros(group_size - tail)])
+        codes[whole:], scales[whole:], zeros[whole:] = _quantize_rows(
+            h.view(1, group_size), r.view(1, group_size), bits, valid=tail)
+    return codes, scales, zeros
 
 
 def _quantize_rows(h: Tensor, r: Tensor, bits: int,
@@ -152,6 +169,23 @@ def dequantize_groups(codes: Tensor, scales: Tensor, zeros: Tensor, bits: int, g
         dtype (torch.dtype): dtype of the result.
     """
     num_groups = codes.shape[0]
+    out = torch.empty(numel, dtype=dtype, device=codes.device)
+    # In chunks of about CHUNK_ELEMENTS, written into the result: the unpacked codes (int64
+    # for the widths that straddle bytes) never exist for the whole tensor at once.
+    step = max(1, CHUNK_ELEMENTS // group_size)
+    for g0 in range(0, num_groups, step):
+        g1 = min(num_groups, g0 + step)
+        values = _dequantize_rows(codes[g0:g1], scales[g0:g1], zeros[g0:g1], bits, group_size)
+        lo = g0 * group_size
+        hi = min(numel, g1 * group_size)
+        out[lo:hi] = values.reshape(-1)[:hi - lo]
+    return out
+
+
+def _dequantize_rows(codes: Tensor, scales: Tensor, zeros: Tensor, bits: int,
+                     group_size: int) -> Tensor:
+    """:math:`q s + Z` of whole groups: float32 ``[n_g, G]``."""
+    num_groups = codes.shape[0]
     if bits == 8:
         q = codes.to(torch.float32)
     elif 8 % bits:
@@ -167,8 +201,7 @@ def dequantize_groups(codes: Tensor, scales: Tensor, zeros: Tensor, bits: int, g
         q = table.index_select(0, codes.reshape(-1).to(torch.int32)).view(num_groups, -1)
     # q is a fresh float32 tensor: scale and shift it in place (multiply, then add, each
     # rounded, as the kernel does).
-    out = q[:, :group_size].mul_(scales[:, None]).add_(zeros[:, None])
-    return out.reshape(-1)[:numel].to(dtype)
+    return q[:, :group_size].mul_(scales[:, None]).add_(zeros[:, None])
 
 
 @functools.cache

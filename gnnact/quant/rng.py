@@ -21,10 +21,13 @@ elements on 2 cores), and no CPU kernel needs to match it.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
-__all__ = ["draw_seed", "hash_uniform", "seeded_uniform", "split_seed"]
+__all__ = ["draw_seed", "hash_uniform", "seeded_uniform", "split_seed", "uniform_stream"]
 
 _MASK32 = 0xFFFFFFFF
 _MUL1 = 0x21F0AAAD
@@ -68,8 +71,24 @@ def hash_uniform(seed: int, start: int, count: int, device: torch.device | str =
 def seeded_uniform(seed: int, count: int, device: torch.device | str = "cpu") -> Tensor:
     """The rounding noise the torch path uses for ``seed``: :func:`hash_uniform` on CUDA (what
     the kernels compute), ``torch.rand`` from a generator seeded with ``seed`` on the CPU."""
+    return uniform_stream(seed, device)(0, count)
+
+
+def uniform_stream(seed: int, device: torch.device | str = "cpu") -> Callable[[int, int], Tensor]:
+    """:func:`seeded_uniform`'s noise piece by piece: ``draw(start, count)`` gives elements
+    ``start … start + count - 1`` of it, for consecutive pieces drawn in order (on the CPU the
+    generator's stream continues; one draw of :math:`n` equals any split of it)."""
     device = torch.device(device)
     if device.type == "cuda":
-        return hash_uniform(seed, 0, count, device)
+        return functools.partial(hash_uniform, seed, device=device)
     generator = torch.Generator(device=device).manual_seed(seed)
-    return torch.rand(count, generator=generator, device=device)
+    drawn = [0]
+
+    def draw(start: int, count: int) -> Tensor:
+        if start != drawn[0]:
+            raise ValueError(f"uniform_stream: pieces are drawn in order; expected start "
+                             f"{drawn[0]}, got {start}")
+        drawn[0] += count
+        return torch.rand(count, generator=generator, device=device)
+
+    return draw

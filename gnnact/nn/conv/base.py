@@ -31,7 +31,7 @@ from gnnact.config import Config
 from gnnact.nn._base import _Compressed, torchscript_unsupported
 from gnnact.ops.graph import Graph, check_sparse_flow, is_sparse_tensor
 
-__all__ = ["MESSAGE_PASSING_HOOKS", "CompressedConv", "propagate_sizes"]
+__all__ = ["MESSAGE_PASSING_HOOKS", "CompressedConv", "add_into", "propagate_sizes"]
 
 #: The hook dictionaries of PyG's :class:`~torch_geometric.nn.conv.MessagePassing` (one per
 #: ``register_*_forward_pre_hook`` / ``register_*_forward_hook`` method).
@@ -83,6 +83,20 @@ class CompressedConv(_Compressed):
         """PyG's (deprecated) preparation for :func:`torch.jit.script`: gnnact layers cannot be
         scripted, so this raises the error :func:`torch.jit.script` would."""
         raise torchscript_unsupported(self)
+
+
+def add_into(out: Tensor, other: Tensor) -> Tensor:
+    """``out + other``, written into ``out`` where that gives the same tensor: ``out`` a fresh
+    2-D result that no op keeps (an aggregation's output) of the sum's shape, and ``other``
+    of its dtype. A layer's output is then one full-size tensor, not two, at its forward's peak; the
+    values are those of ``out + other`` either way (one rounding per element)."""
+    # (Plain comparisons: torch.result_type, torch.broadcast_shapes and Tensor._is_view break
+    # a torch.compile graph. Autograd refuses an in-place add into a tensor an op keeps.)
+    # Only 2-D: an aggregation returns its 2-D result itself, but a batched one ([B, N, F])
+    # moved back to PyG's node dimension, a view, which autograd does not let us write.
+    same = (out.dim() == 2 and other.dtype == out.dtype
+            and (other.shape == out.shape or other.shape == out.shape[-1:]))
+    return out.add_(other) if same else out + other
 
 
 def propagate_sizes(conv: MessagePassing, adj: Any, size: Size, n_src: int | None,

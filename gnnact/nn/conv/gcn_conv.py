@@ -11,7 +11,7 @@ from torch_geometric.typing import Adj, OptTensor
 from gnnact import ops
 from gnnact.config import Config
 from gnnact.nn._lazy import linear_weight
-from gnnact.nn.conv.base import CompressedConv
+from gnnact.nn.conv.base import CompressedConv, add_into
 from gnnact.nn.conv.gcn_cache import gcn_graph
 from gnnact.ops.graph import graph_cache_for
 
@@ -99,6 +99,7 @@ class GCNConv(CompressedConv, pyg_nn.GCNConv):
                                  improved=self.improved, cache=graph_cache_for(self))
         h = ops.linear(x, linear_weight(self.lin, x), None, self.config)
         out = self._aggregate(h, graph, value, reduce, self.config)
+        del h  # kept compressed by the linear, if at all: freed before the bias is added
         if self.bias is not None:
-            out = out + self.bias
+            out = add_into(out, self.bias)
         return out

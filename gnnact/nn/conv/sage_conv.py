@@ -13,7 +13,7 @@ from torch_geometric.typing import Adj, OptPairTensor, Size
 from gnnact import ops
 from gnnact.config import Config
 from gnnact.nn._lazy import linear_weight
-from gnnact.nn.conv.base import CompressedConv, propagate_sizes
+from gnnact.nn.conv.base import CompressedConv, add_into, propagate_sizes
 from gnnact.ops.graph import graph_cache_for, is_sparse_tensor
 
 __all__ = ["SAGEConv"]
@@ -118,12 +118,13 @@ class SAGEConv(CompressedConv, pyg_nn.SAGEConv):
         # nodes still get exactly the bias, as in PyG.
         h = ops.linear(x_src, linear_weight(self.lin_l, x_src), None, cfg)
         out = self._aggregate(h, graph, None, reduce, cfg)
+        del h  # kept compressed by the linear, if at all: freed before the sums below
         if self.lin_l.bias is not None:
             # In the product's dtype, as inside PyG's lin_l: under autocast a float32 bias
             # would otherwise promote the bfloat16/float16 output to float32.
-            out = out + self.lin_l.bias.to(out.dtype)
+            out = add_into(out, self.lin_l.bias.to(out.dtype))
         if self.root_weight and x_dst is not None:
-            out = out + ops.linear(x_dst, linear_weight(self.lin_r, x_dst), None, cfg)
+            out = add_into(out, ops.linear(x_dst, linear_weight(self.lin_r, x_dst), None, cfg))
         if self.normalize:
             out = F.normalize(out, p=2.0, dim=-1)
         return out

@@ -1,0 +1,182 @@
+"""The index arithmetic of ``cuda/quantize.cu``, emulated on the CPU: which lane writes which
+byte and reads which code, for every width, group size and a short last group.
+
+A GPU checks the kernels against the reference (``tests/test_kernels.py``, ``-m cuda``); these
+tests check, everywhere, that the loops the kernels are built from cover every byte and every
+element exactly once and lay codes out as the reference packs them. The emulation transcribes
+the kernel's loops line for line; the source lines it follows are asserted to be in the kernel,
+so that an edit there fails here until the emulation follows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from gnnact.kernels import kernel_source_dir
+from gnnact.kernels.quantize import _THREADS, _WARPS_PER_BLOCK, _group_grid
+from gnnact.quant import reference
+from gnnact.quant.packed import packed_code_bytes
+
+WARP = 32
+# The loop heads and index expressions emulated below, as they read in cuda/quantize.cu.
+KERNEL_LINES = (
+    "for (i64 g = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); g < num_groups;",
+    "g += warps) {",
+    "const i64 warps = (i64)gridDim.x * (blockDim.x >> 5);",
+    "const i64 len = min(group_size, n - start);",
+    "for (i64 b = lane; b < bytes_per_group; b += 32) {",
+    "const i64 j = b * PER + k;",
+    "<< (k * BITS);",
+    "for (i64 blk = lane; blk * 8 < len; blk += 32) {",
+    "const i64 j = blk * 8 + k;",
+    "const i64 b = blk * BITS + k;",
+    "if (b < bytes_per_group) out[b] = (u8)(word >> (8 * k));",
+    "for (i64 b = ((len + 7) / 8) * BITS + lane; b < bytes_per_group; b += 32) out[b] = 0;",
+    "if (b < bytes_per_group) word |= ((u64)in[b]) << (8 * k);",
+    "const float q = (float)((u32)(word >> (k * BITS)) & mask);",
+    "const float q = (float)((c >> (k * BITS)) & mask);",
+)
+
+
+def test_the_emulated_lines_are_the_kernels():
+    source = (kernel_source_dir() / "quantize.cu").read_text()
+    missing = [line for line in KERNEL_LINES if line not in source]
+    assert not missing, f"cuda/quantize.cu changed; update this emulation: {missing}"
+
+
+def _groups_by_warp(num_groups: int) -> list[int]:
+    """The groups each warp of the launch takes, in launch order (grid-stride loop)."""
+    blocks = _group_grid(num_groups)
+    warps_per_block = _THREADS // WARP
+    assert warps_per_block == _WARPS_PER_BLOCK
+    warps = blocks * warps_per_block
+    taken = []
+    for block in range(blocks):
+        for warp in range(warps_per_block):
+            g = block * warps_per_block + warp
+            while g < num_groups:
+                taken.append(g)
+                g += warps
+    return taken
+
+
+def emulate_pack(q: np.ndarray, bits: int, group_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """quantize_impl's packing of the codes ``q`` (one per element): ``(codes, writes)``, the
+    bytes as the kernel leaves them (0xAB where nothing was written, like torch.empty's
+    garbage) and how many times each byte was written."""
+    n = q.size
+    num_groups = -(-n // group_size)
+    bytes_per_group = packed_code_bytes(group_size, bits)
+    codes = np.full((num_groups, bytes_per_group), 0xAB, dtype=np.int64)
+    writes = np.zeros_like(codes)
+    per = 8 // bits
+    for g in _groups_by_warp(num_groups):
+        start = g * group_size
+        length = min(group_size, n - start)
+        out, count = codes[g], writes[g]
+        for lane in range(WARP):
+            if 8 % bits == 0:
+                for b in range(lane, bytes_per_group, 32):
+                    packed = 0
+                    for k in range(per):
+                        j = b * per + k
+                        if j < length:
+                            packed |= int(q[start + j]) << (k * bits)
+                    out[b], count[b] = packed & 0xFF, count[b] + 1
+            else:
+                blk = lane
+                while blk * 8 < length:
+                    word = 0
+                    for k in range(8):
+                        j = blk * 8 + k
+                        if j < length:
+                            word |= int(q[start + j]) << (k * bits)
+                    for k in range(bits):
+                        b = blk * bits + k
+                        if b < bytes_per_group:
+                            out[b], count[b] = (word >> (8 * k)) & 0xFF, count[b] + 1
+                    blk += 32
+                b = ((length + 7) // 8) * bits + lane
+                while b < bytes_per_group:
+                    out[b], count[b] = 0, count[b] + 1
+                    b += 32
+    return codes, writes
+
+
+def emulate_unpack(codes: np.ndarray, bits: int, group_size: int,
+                   n: int) -> tuple[np.ndarray, np.ndarray]:
+    """dequantize_impl's reading of the codes: ``(q, writes)`` per element."""
+    num_groups, bytes_per_group = codes.shape
+    q = np.full(n, -1, dtype=np.int64)
+    writes = np.zeros(n, dtype=np.int64)
+    per, mask = 8 // bits, (1 << bits) - 1
+    for g in _groups_by_warp(num_groups):
+        start = g * group_size
+        length = min(group_size, n - start)
+        row = codes[g]
+        for lane in range(WARP):
+            if 8 % bits == 0:
+                for b in range(lane, bytes_per_group, 32):
+                    c = int(row[b])
+                    for k in range(per):
+                        j = b * per + k
+                        if j < length:
+                            q[start + j] = (c >> (k * bits)) & mask
+                            writes[start + j] += 1
+            else:
+                blk = lane
+                while blk * 8 < length:
+                    word = 0
+                    for k in range(bits):
+                        b = blk * bits + k
+                        if b < bytes_per_group:
+                            word |= int(row[b]) << (8 * k)
+                    for k in range(8):
+                        j = blk * 8 + k
+                        if j < length:
+                            q[start + j] = (word >> (k * bits)) & mask
+                            writes[start + j] += 1
+                    blk += 32
+    return q, writes
+
+
+CASES = [(4096, 512), (5000, 512), (1000, 100), (999, 13), (17, 7), (9, 1), (3, 8),
+         (2 * 2048 + 5, 2048)]
+
+
+@pytest.mark.parametrize("bits", range(1, 9))
+@pytest.mark.parametrize(("n", "group_size"), CASES)
+def test_packing_writes_every_byte_once_as_the_reference_packs(bits, n, group_size):
+    generator = torch.Generator().manual_seed(bits * 7919 + n)
+    q = torch.randint(0, 1 << bits, (n,), generator=generator)
+    codes, writes = emulate_pack(q.numpy(), bits, group_size)
+    assert (writes == 1).all(), "a byte written never or twice (two lanes racing)"
+    # The reference's layout: codes past the end of a short last group are 0.
+    groups = -(-n // group_size)
+    padded = torch.zeros(groups * group_size)
+    padded[:n] = q.to(torch.float32)
+    want = reference.pack_codes(padded.view(groups, group_size), bits)
+    assert np.array_equal(codes, want.numpy().astype(np.int64))
+
+
+@pytest.mark.parametrize("bits", range(1, 9))
+@pytest.mark.parametrize(("n", "group_size"), CASES)
+def test_unpacking_reads_every_element_once_as_the_reference_unpacks(bits, n, group_size):
+    generator = torch.Generator().manual_seed(bits * 104729 + n)
+    x = torch.randn(n, generator=generator)
+    codes, scales, zeros = reference.quantize_groups(x, bits, group_size, seed=1)
+    q, writes = emulate_unpack(codes.numpy().astype(np.int64), bits, group_size, n)
+    assert (writes == 1).all(), "an element written never or twice"
+    # q s + Z as the reference computes it: the reference's codes, element by element.
+    groups = torch.arange(n) // group_size
+    restored = (torch.from_numpy(q).to(torch.float32) * scales[groups]) + zeros[groups]
+    want = reference.dequantize_groups(codes, scales, zeros, bits, group_size, n, torch.float32)
+    assert torch.equal(restored, want)
+
+
+@pytest.mark.parametrize("num_groups", [1, 7, 8, 9, 1000, 65_537])
+def test_the_grid_takes_every_group_once(num_groups):
+    taken = _groups_by_warp(num_groups)
+    assert sorted(taken) == list(range(num_groups))
