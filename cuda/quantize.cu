@@ -6,12 +6,14 @@
 // One warp owns one group of `group_size` consecutive elements:
 //   1. range reduce: lanes stride over the group, keep min/max and a non-finite flag, and
 //      combine with warp shuffles (no shared memory, no __syncthreads);
-//   2. round and pack: lane l writes code bytes l, l+32, ...; each byte holds 8/BITS codes of
-//      consecutive elements, so a warp reads a contiguous span and no two lanes (or groups)
+//   2. round and pack: 32 consecutive elements per pass, one per lane (coalesced loads); the
+//      lanes that share bytes (8/BITS of them for 1, 2, 4 and 8 bits; 8 codes in BITS bytes
+//      for 3, 5, 6 and 7) combine their codes with warp shuffles and one of them stores the
+//      bytes, in the layout of the reference (gnnact/quant/reference.py: each group's
+//      LSB-first bit stream, code j in bits [j BITS, (j + 1) BITS)). No two lanes (or groups)
 //      write the same byte. The second read of the group hits L1/L2.
-//      Widths that straddle bytes (3, 5, 6, 7) go by blocks instead: lane l packs codes
-//      8l .. 8l+7 of the group into one 64-bit word and writes its BITS bytes, the group's
-//      LSB-first bit stream, as the reference's _pack_blocks/_pack_stream lay it out.
+//   Dequantization reads code j from that stream, one element per lane per pass, so its
+//   stores coalesce at every width.
 // Every float operation is an explicit round-to-nearest intrinsic so that NVRTC cannot
 // contract a multiply and an add into an FMA, which would round differently from torch.
 // CuPy compiles with -ftz=true, so denormal inputs (|x| < 1.2e-38) are flushed to zero here.
@@ -104,7 +106,6 @@ __device__ __forceinline__ void quantize_impl(
     const typename L::T* __restrict__ x, const float* __restrict__ noise, u8* __restrict__ codes,
     float* __restrict__ scales, float* __restrict__ zeros, i64 n, i64 group_size,
     i64 num_groups, i64 bytes_per_group, u32 s0, u32 s1) {
-    const int PER = 8 / BITS;
     const float levels = (float)((1 << BITS) - 1);
     const int lane = threadIdx.x & 31;
     const i64 warps = (i64)gridDim.x * (blockDim.x >> 5);
@@ -144,39 +145,40 @@ __device__ __forceinline__ void quantize_impl(
             zeros[g] = zero;
         }
 
+        // Round and pack, 32 consecutive elements per pass, one per lane: loads coalesce. A
+        // unit is the codes that fill whole bytes together (one byte of 8/BITS codes for the
+        // byte-aligned widths, BITS bytes of 8 codes for the others); the lanes of a unit OR
+        // their shifted codes together through shuffles, and its first lane stores the bytes.
+        // Every lane runs every pass (codes past len are 0), so the shuffles see all 32.
+        constexpr int UNIT = (8 % BITS == 0) ? 8 / BITS : 8;
         u8* out = codes + g * bytes_per_group;
-        if (8 % BITS == 0) {
-            for (i64 b = lane; b < bytes_per_group; b += 32) {
-                u32 packed = 0;
+        for (i64 base = 0; base < len; base += 32) {
+            const i64 j = base + lane;
+            const u32 code =
+                j < len ? round_code<L>(x, noise, start + j, zero, inv, levels, s0, s1) : 0u;
+            u64 word = (u64)code << ((lane % UNIT) * BITS);
 #pragma unroll
-                for (int k = 0; k < PER; ++k) {
-                    const i64 j = b * PER + k;
-                    if (j < len)
-                        packed |= round_code<L>(x, noise, start + j, zero, inv, levels, s0, s1)
-                                  << (k * BITS);
-                }
-                out[b] = (u8)packed;
+            for (int d = 1; d < UNIT; d <<= 1) {
+                const u32 lo = __shfl_xor_sync(0xffffffffu, (u32)word, d);
+                const u32 hi = __shfl_xor_sync(0xffffffffu, (u32)(word >> 32), d);
+                word |= ((u64)hi << 32) | (u64)lo;
             }
-        } else {
-            // Codes past len (the tail of the last group) are 0, as in the reference.
-            for (i64 blk = lane; blk * 8 < len; blk += 32) {
-                u64 word = 0;
+            if (lane % UNIT == 0 && j < len) {
+                const i64 unit = j / UNIT;
+                if (8 % BITS == 0) {
+                    out[unit] = (u8)word;
+                } else {
 #pragma unroll
-                for (int k = 0; k < 8; ++k) {
-                    const i64 j = blk * 8 + k;
-                    if (j < len)
-                        word |= (u64)round_code<L>(x, noise, start + j, zero, inv, levels, s0,
-                                                   s1) << (k * BITS);
-                }
-#pragma unroll
-                for (int k = 0; k < BITS; ++k) {
-                    const i64 b = blk * BITS + k;
-                    if (b < bytes_per_group) out[b] = (u8)(word >> (8 * k));
+                    for (int k = 0; k < BITS; ++k) {
+                        const i64 b = unit * BITS + k;
+                        if (b < bytes_per_group) out[b] = (u8)(word >> (8 * k));
+                    }
                 }
             }
-            // Whole bytes past the last code (a partial last group) are zero bytes.
-            for (i64 b = ((len + 7) / 8) * BITS + lane; b < bytes_per_group; b += 32) out[b] = 0;
         }
+        // Bytes past the last code (a short last group) are zero bytes, as in the reference.
+        const i64 used = (8 % BITS == 0) ? (len + UNIT - 1) / UNIT : ((len + 7) / 8) * BITS;
+        for (i64 b = used + lane; b < bytes_per_group; b += 32) out[b] = 0;
     }
 }
 
@@ -185,7 +187,6 @@ __device__ __forceinline__ void dequantize_impl(
     const u8* __restrict__ codes, const float* __restrict__ scales,
     const float* __restrict__ zeros, typename L::T* __restrict__ out, i64 n, i64 group_size,
     i64 num_groups, i64 bytes_per_group) {
-    const int PER = 8 / BITS;
     const u32 mask = (1u << BITS) - 1u;
     const int lane = threadIdx.x & 31;
     const i64 warps = (i64)gridDim.x * (blockDim.x >> 5);
@@ -196,35 +197,17 @@ __device__ __forceinline__ void dequantize_impl(
         const float scale = scales[g];
         const float zero = zeros[g];
         const u8* in = codes + g * bytes_per_group;
-        if (8 % BITS == 0) {
-            for (i64 b = lane; b < bytes_per_group; b += 32) {
-                const u32 c = in[b];
-#pragma unroll
-                for (int k = 0; k < PER; ++k) {
-                    const i64 j = b * PER + k;
-                    if (j < len) {
-                        const float q = (float)((c >> (k * BITS)) & mask);
-                        out[start + j] = L::store(__fadd_rn(__fmul_rn(q, scale), zero));
-                    }
-                }
-            }
-        } else {
-            for (i64 blk = lane; blk * 8 < len; blk += 32) {
-                u64 word = 0;
-#pragma unroll
-                for (int k = 0; k < BITS; ++k) {
-                    const i64 b = blk * BITS + k;
-                    if (b < bytes_per_group) word |= ((u64)in[b]) << (8 * k);
-                }
-#pragma unroll
-                for (int k = 0; k < 8; ++k) {
-                    const i64 j = blk * 8 + k;
-                    if (j < len) {
-                        const float q = (float)((u32)(word >> (k * BITS)) & mask);
-                        out[start + j] = L::store(__fadd_rn(__fmul_rn(q, scale), zero));
-                    }
-                }
-            }
+        // Element j's code is bits [j BITS, (j + 1) BITS) of the group's LSB-first stream, at
+        // every width: one element per lane per pass, so the stores coalesce, and the lanes
+        // read neighbouring bytes (a code of 3, 5, 6 or 7 bits may straddle two).
+#pragma unroll 4
+        for (i64 j = lane; j < len; j += 32) {
+            const i64 bit = j * BITS;
+            const int shift = (int)(bit & 7);
+            u32 v = (u32)in[bit >> 3] >> shift;
+            if (shift + BITS > 8) v |= (u32)in[(bit >> 3) + 1] << (8 - shift);
+            const float q = (float)(v & mask);
+            out[start + j] = L::store(__fadd_rn(__fmul_rn(q, scale), zero));
         }
     }
 }

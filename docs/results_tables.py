@@ -561,6 +561,68 @@ def _ablation(results: Path) -> list[str]:
 
 
 #: The results page's tables: file stem under ``_generated`` -> renderer of the results folder.
+def _peak(results: Path) -> list[str]:
+    """A step's peak, PyG fp32 against gnnact 2 bits, per device and model (newest rows)."""
+    name = "peak.jsonl"
+    best = _newest(_rows(results, name), lambda r: (r["device"], r["graph"], r["num_nodes"],
+                                                     r["model"], r["bits"]))
+    keys = sorted({k[:4] for k in best}, key=lambda k: (k[0], k[1], k[2], _model_key(k[3])))
+    body = []
+    for k in keys:
+        pyg, ours = best.get((*k, 32)), best.get((*k, 2))
+        if ours is None:
+            continue
+        body.append([ours["device_name"], f"{k[1]} ({k[2]:,} nodes)", _LABEL.get(k[3], k[3]),
+                     "–" if pyg is None else _mib(pyg["peak_bytes"]), _mib(ours["peak_bytes"]),
+                     "–" if pyg is None else _x1(pyg["peak_bytes"] / ours["peak_bytes"]),
+                     ours.get("at") or ""])
+    header = ["device", "graph", "model", "PyG fp32 (MiB)", "gnnact 2 bits (MiB)", "lower by",
+              "2-bit peak reached at"]
+    return [*_source(name, [r for r in best.values()]), *_list_table([header, *body])]
+
+
+def _distributed(results: Path) -> list[str]:
+    """Partitioned training: per (model, nodes, parts, k, exchange bits), the newest row that
+    has a step peak."""
+    name = "distributed.jsonl"
+    rows = [r for r in _rows(results, name) if r.get("bench") == "distributed"
+            and r.get("step_peak_bytes_max") is not None]
+    best = _newest(rows, lambda r: (r["model"], r["num_nodes"], r["method"], r["world_size"],
+                                    r["exchange_bits"]))
+    keys = sorted(best, key=lambda k: (_model_key(k[0]), k[1], k[2], k[3], -k[4]))
+    body = [[_LABEL.get(k[0], k[0]), f"{k[1]:,}", k[2], str(k[3]), str(k[4]),
+             f"{r['exchanged_bytes_total'] / 1e6:.1f}", _mib(r["saved_bytes_max"]),
+             _mib(r["step_peak_bytes_max"]),
+             "" if not r.get("peak_over_share") else f"{max(r['peak_over_share']):.2f}",
+             f"{r['step_seconds_max']:.2f}"] for k, r in ((k, best[k]) for k in keys)]
+    header = ["model", "nodes", "parts", "k", "exchange bits", "exchanged MB/step",
+              "saved MiB/rank", "step peak MiB/rank", "peak / share", "step (s)"]
+    return [*_source(name, best.values()), *_list_table([header, *body])]
+
+
+def _distributed_accuracy(results: Path) -> list[str]:
+    """Test accuracy of k ranks against one process, paired by seed (the newest run per
+    seed), mean over the seeds."""
+    name = "distributed.jsonl"
+    rows = [r for r in _rows(results, name) if r.get("bench") == "distributed_accuracy"]
+    best = _newest(rows, lambda r: (r["graph"], r["world_size"], r["exchange_bits"], r["seed"]))
+    single = {(k[0], k[3]): r["test_acc"] for k, r in best.items() if k[1] == 1}
+    runs: dict[tuple, list[tuple[float, float]]] = {}
+    for k, r in best.items():
+        if k[1] > 1 and (k[0], k[3]) in single:
+            runs.setdefault(k[:3], []).append((single[(k[0], k[3])], r["test_acc"]))
+    body = []
+    for (graph, k, bits), pairs in runs.items():
+        one = [100 * a for a, _ in pairs]
+        many = [100 * b for _, b in pairs]
+        diff = statistics.mean(b - a for a, b in zip(one, many, strict=True))
+        body.append([graph, str(k), str(bits), str(len(pairs)), _mean_std(one), _mean_std(many),
+                     f"{diff:+.2f}"])
+    header = ["graph", "k", "exchange bits", "seeds", "one process (%)", "k ranks (%)",
+              "difference (points)"]
+    return [*_source(name, rows), *_list_table([header, *body])]
+
+
 RESULTS = {
     "saved_bytes": _saved_bytes,
     "saved_styles": _saved_styles,
@@ -579,6 +641,9 @@ RESULTS = {
     "swap": _swap,
     "largest": _largest,
     "graph_cache": _graph_cache,
+    "peak": _peak,
+    "distributed": _distributed,
+    "distributed_accuracy": _distributed_accuracy,
     "gat_cora": lambda results: _gat_cora(_rows(results, "gat_cora.jsonl")),
 }
 

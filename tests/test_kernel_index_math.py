@@ -26,17 +26,28 @@ KERNEL_LINES = (
     "g += warps) {",
     "const i64 warps = (i64)gridDim.x * (blockDim.x >> 5);",
     "const i64 len = min(group_size, n - start);",
-    "for (i64 b = lane; b < bytes_per_group; b += 32) {",
-    "const i64 j = b * PER + k;",
-    "<< (k * BITS);",
-    "for (i64 blk = lane; blk * 8 < len; blk += 32) {",
-    "const i64 j = blk * 8 + k;",
-    "const i64 b = blk * BITS + k;",
+    "constexpr int UNIT = (8 % BITS == 0) ? 8 / BITS : 8;",
+    "for (i64 base = 0; base < len; base += 32) {",
+    "const i64 j = base + lane;",
+    "j < len ? round_code<L>(x, noise, start + j, zero, inv, levels, s0, s1) : 0u;",
+    "u64 word = (u64)code << ((lane % UNIT) * BITS);",
+    "for (int d = 1; d < UNIT; d <<= 1) {",
+    "const u32 lo = __shfl_xor_sync(0xffffffffu, (u32)word, d);",
+    "const u32 hi = __shfl_xor_sync(0xffffffffu, (u32)(word >> 32), d);",
+    "word |= ((u64)hi << 32) | (u64)lo;",
+    "if (lane % UNIT == 0 && j < len) {",
+    "const i64 unit = j / UNIT;",
+    "out[unit] = (u8)word;",
+    "const i64 b = unit * BITS + k;",
     "if (b < bytes_per_group) out[b] = (u8)(word >> (8 * k));",
-    "for (i64 b = ((len + 7) / 8) * BITS + lane; b < bytes_per_group; b += 32) out[b] = 0;",
-    "if (b < bytes_per_group) word |= ((u64)in[b]) << (8 * k);",
-    "const float q = (float)((u32)(word >> (k * BITS)) & mask);",
-    "const float q = (float)((c >> (k * BITS)) & mask);",
+    "const i64 used = (8 % BITS == 0) ? (len + UNIT - 1) / UNIT : ((len + 7) / 8) * BITS;",
+    "for (i64 b = used + lane; b < bytes_per_group; b += 32) out[b] = 0;",
+    "for (i64 j = lane; j < len; j += 32) {",
+    "const i64 bit = j * BITS;",
+    "const int shift = (int)(bit & 7);",
+    "u32 v = (u32)in[bit >> 3] >> shift;",
+    "if (shift + BITS > 8) v |= (u32)in[(bit >> 3) + 1] << (8 - shift);",
+    "const float q = (float)(v & mask);",
 )
 
 
@@ -71,74 +82,62 @@ def emulate_pack(q: np.ndarray, bits: int, group_size: int) -> tuple[np.ndarray,
     bytes_per_group = packed_code_bytes(group_size, bits)
     codes = np.full((num_groups, bytes_per_group), 0xAB, dtype=np.int64)
     writes = np.zeros_like(codes)
-    per = 8 // bits
+    unit_codes = 8 // bits if 8 % bits == 0 else 8
+    mask64 = (1 << 64) - 1
     for g in _groups_by_warp(num_groups):
         start = g * group_size
         length = min(group_size, n - start)
         out, count = codes[g], writes[g]
+        for base in range(0, length, WARP):  # one pass: the 32 lanes at once
+            words = []
+            for lane in range(WARP):
+                j = base + lane
+                code = int(q[start + j]) if j < length else 0
+                words.append((code << ((lane % unit_codes) * bits)) & mask64)
+            d = 1
+            while d < unit_codes:  # __shfl_xor_sync: every lane reads its partner's old word
+                words = [w | words[lane ^ d] for lane, w in enumerate(words)]
+                d <<= 1
+            for lane in range(WARP):
+                j = base + lane
+                if lane % unit_codes == 0 and j < length:
+                    unit = j // unit_codes
+                    if 8 % bits == 0:
+                        out[unit], count[unit] = words[lane] & 0xFF, count[unit] + 1
+                    else:
+                        for k in range(bits):
+                            b = unit * bits + k
+                            if b < bytes_per_group:
+                                out[b] = (words[lane] >> (8 * k)) & 0xFF
+                                count[b] += 1
+        used = (-(-length // unit_codes) if 8 % bits == 0
+                else ((length + 7) // 8) * bits)
         for lane in range(WARP):
-            if 8 % bits == 0:
-                for b in range(lane, bytes_per_group, 32):
-                    packed = 0
-                    for k in range(per):
-                        j = b * per + k
-                        if j < length:
-                            packed |= int(q[start + j]) << (k * bits)
-                    out[b], count[b] = packed & 0xFF, count[b] + 1
-            else:
-                blk = lane
-                while blk * 8 < length:
-                    word = 0
-                    for k in range(8):
-                        j = blk * 8 + k
-                        if j < length:
-                            word |= int(q[start + j]) << (k * bits)
-                    for k in range(bits):
-                        b = blk * bits + k
-                        if b < bytes_per_group:
-                            out[b], count[b] = (word >> (8 * k)) & 0xFF, count[b] + 1
-                    blk += 32
-                b = ((length + 7) // 8) * bits + lane
-                while b < bytes_per_group:
-                    out[b], count[b] = 0, count[b] + 1
-                    b += 32
+            for b in range(used + lane, bytes_per_group, WARP):
+                out[b], count[b] = 0, count[b] + 1
     return codes, writes
 
 
 def emulate_unpack(codes: np.ndarray, bits: int, group_size: int,
                    n: int) -> tuple[np.ndarray, np.ndarray]:
     """dequantize_impl's reading of the codes: ``(q, writes)`` per element."""
-    num_groups, bytes_per_group = codes.shape
+    num_groups, _ = codes.shape
     q = np.full(n, -1, dtype=np.int64)
     writes = np.zeros(n, dtype=np.int64)
-    per, mask = 8 // bits, (1 << bits) - 1
+    mask = (1 << bits) - 1
     for g in _groups_by_warp(num_groups):
         start = g * group_size
         length = min(group_size, n - start)
         row = codes[g]
         for lane in range(WARP):
-            if 8 % bits == 0:
-                for b in range(lane, bytes_per_group, 32):
-                    c = int(row[b])
-                    for k in range(per):
-                        j = b * per + k
-                        if j < length:
-                            q[start + j] = (c >> (k * bits)) & mask
-                            writes[start + j] += 1
-            else:
-                blk = lane
-                while blk * 8 < length:
-                    word = 0
-                    for k in range(bits):
-                        b = blk * bits + k
-                        if b < bytes_per_group:
-                            word |= int(row[b]) << (8 * k)
-                    for k in range(8):
-                        j = blk * 8 + k
-                        if j < length:
-                            q[start + j] = (word >> (k * bits)) & mask
-                            writes[start + j] += 1
-                    blk += 32
+            for j in range(lane, length, WARP):
+                bit = j * bits
+                shift = bit & 7
+                v = int(row[bit >> 3]) >> shift
+                if shift + bits > 8:
+                    v |= int(row[(bit >> 3) + 1]) << (8 - shift)
+                q[start + j] = v & mask
+                writes[start + j] += 1
     return q, writes
 
 

@@ -98,10 +98,10 @@ def test_straddling_width_kernels_equal_reference(bits, dtype, n, group_size):
 
 
 @cuda
-@pytest.mark.parametrize("bits", [3, 5, 6, 7])
-def test_auto_dispatches_straddling_widths_to_checked_kernels(bits):
-    """backend="auto" checks each straddling width's kernel once against the reference, then
-    sends that width to it: the same codes as the torch path, from the kernel."""
+@pytest.mark.parametrize("bits", range(1, 9))
+def test_auto_dispatches_each_width_to_its_checked_kernel(bits):
+    """backend="auto" checks each width's kernel once against the reference, then sends that
+    width to it: the same codes as the torch path, from the kernel."""
     from gnnact.quant.core import _backend, kernel_agrees
 
     device = torch.device("cuda")

@@ -1,5 +1,5 @@
-r"""Run a function on :math:`k` local processes joined in a gloo group: for trying a partitioned
-model on one machine, in tests and in benchmarks.
+r"""Run a function on :math:`k` local processes joined in a gloo group (or NCCL, one GPU per
+rank): for trying a partitioned model on one machine, in tests and in benchmarks.
 
 Each process initialises :mod:`torch.distributed` with a file store in a fresh temporary
 folder (no port to find free, nothing left behind), calls ``fn(rank, world_size, *args)``,
@@ -23,10 +23,12 @@ __all__ = ["run_local"]
 
 
 def _entry(rank: int, fn: Callable[..., Any], world_size: int, folder: str, args: tuple,
-           timeout_s: float, threads: int | None) -> None:
+           timeout_s: float, threads: int | None, backend: str) -> None:
     if threads is not None:  # k processes share the machine's cores
         torch.set_num_threads(threads)
-    dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=rank,
+    if backend == "nccl":  # one GPU per rank, round robin
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group(backend, init_method=f"file://{folder}/store", rank=rank,
                             world_size=world_size,
                             timeout=datetime.timedelta(seconds=timeout_s))
     try:
@@ -37,9 +39,10 @@ def _entry(rank: int, fn: Callable[..., Any], world_size: int, folder: str, args
 
 
 def run_local(fn: Callable[..., Any], world_size: int, *args: Any, start_method: str = "spawn",
-              timeout_s: float = 300.0, threads: int | None = 1) -> list[Any]:
+              timeout_s: float = 300.0, threads: int | None = 1,
+              backend: str = "gloo") -> list[Any]:
     r"""``[fn(r, world_size, *args) for r in range(world_size)]``, each in its own process of
-    one gloo group (the default group of that process).
+    one group (the default group of that process).
 
     Args:
         fn (Callable): a module-level function (``"spawn"`` pickles it by name) taking the
@@ -53,6 +56,9 @@ def run_local(fn: Callable[..., Any], world_size: int, *args: Any, start_method:
             fails instead of hanging. (default: :obj:`300`)
         threads (int, optional): torch threads per process (:obj:`None`: torch's default).
             (default: :obj:`1`)
+        backend (str, optional): ``"gloo"`` (CPU tensors) or ``"nccl"`` (CUDA tensors; rank
+            :math:`r` on GPU :math:`r \bmod` the GPU count, set as its current device; NCCL
+            wants a GPU per rank, so one GPU takes a single rank). (default: :obj:`"gloo"`)
 
     Returns:
         list: what ``fn`` returned on each rank, in rank order.
@@ -67,8 +73,13 @@ def run_local(fn: Callable[..., Any], world_size: int, *args: Any, start_method:
         raise ValueError(f"world_size must be a positive int, got {world_size!r}")
     if start_method not in ("spawn", "fork"):
         raise ValueError(f"start_method must be 'spawn' or 'fork', got {start_method!r}")
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise ValueError("backend='nccl' needs CUDA, and torch.cuda.is_available() is False")
     with tempfile.TemporaryDirectory(prefix="gnnact-dist-") as folder:
-        mp.start_processes(_entry, args=(fn, world_size, folder, args, timeout_s, threads),
+        mp.start_processes(_entry, args=(fn, world_size, folder, args, timeout_s, threads,
+                                         backend),
                            nprocs=world_size, join=True, start_method=start_method)
         return [torch.load(Path(folder) / f"rank{r}.pt", weights_only=False)
                 for r in range(world_size)]

@@ -57,7 +57,7 @@ class GlobalGCNNorm:
             edge_index, _ = add_remaining_self_loops(edge_index, None,
                                                      2.0 if improved else 1.0, n_local)
         # Degrees are integer sums: float64 holds them exactly, whatever dtype comes later.
-        weight = torch.ones(edge_index.size(1), dtype=torch.float64)
+        weight = torch.ones(edge_index.size(1), dtype=torch.float64, device=edge_index.device)
         deg = scatter(weight, edge_index[1], 0, dim_size=n_local, reduce="sum")
         self.degree = exchange.gather(deg[:n_owned, None], bits=32)[:, 0]
         # The halo nodes' own self-loops point into the halo, whose outputs are dropped.

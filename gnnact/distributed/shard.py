@@ -26,6 +26,7 @@ Every rank builds its shard from the whole graph; the edges it keeps are
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -91,6 +92,22 @@ class GraphShard:
     def num_local(self) -> int:
         """Rows of ``[owned; halo]``: the nodes a conv on this rank sees."""
         return self.num_owned + self.num_halo
+
+    def to(self, device: torch.device | str) -> GraphShard:
+        """The shard with every tensor on ``device`` (a GPU per rank, with NCCL); the
+        original is left as it is.
+
+        Args:
+            device (torch.device or str): where the tensors go.
+
+        Example:
+            >>> shard.to("cuda:0")  # doctest: +SKIP
+        """
+        return dataclasses.replace(
+            self, owned=self.owned.to(device), halo=self.halo.to(device),
+            edge_index=self.edge_index.to(device),
+            send_index={q: i.to(device) for q, i in self.send_index.items()},
+            node_attrs={k: v.to(device) for k, v in self.node_attrs.items()})
 
     def __getattr__(self, name: str) -> Tensor:
         # Only called when normal lookup fails: node attributes read like Data's.

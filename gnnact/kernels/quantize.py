@@ -21,9 +21,9 @@ _DTYPE_NAMES = {torch.float32: "f32", torch.float64: "f64", torch.float16: "f16"
                 torch.bfloat16: "bf16"}
 
 #: The widths ``cuda/quantize.cu`` implements: all of them. ``backend="cupy"`` sends every
-#: width here; ``"auto"`` sends 3, 5, 6 and 7 bits here once
-#: :func:`gnnact.quant.core.kernel_agrees` has found the kernel equal to the reference on the
-#: device (``tests/test_kernels.py`` checks every width when a GPU is there).
+#: width here; ``"auto"`` sends a width here once :func:`gnnact.quant.core.kernel_agrees` has
+#: found its kernel equal to the reference on the device (``tests/test_kernels.py`` checks
+#: every width when a GPU is there).
 KERNEL_BITS = QUANT_BITS
 
 #: Entry points each source must define (checked by tools/check_kernels.py).

@@ -20,7 +20,6 @@ from torch import Tensor
 from gnnact.env import cuda_index
 from gnnact.quant import reference
 from gnnact.quant.packed import (
-    BYTE_ALIGNED_BITS,
     SUPPORTED_BITS,
     PackedMask,
     PackedTensor,
@@ -41,8 +40,8 @@ _BACKENDS = ("auto", "torch", "cupy")
 
 def _backend(backend: str, device: torch.device, bits: int | None = None) -> ModuleType:
     """The module implementing ``quantize_groups`` & co. for ``backend`` on ``device`` (and
-    ``bits``). ``"auto"`` takes the kernels on a CUDA device with CuPy, at the widths that
-    straddle bytes (3, 5, 6, 7) once :func:`kernel_agrees` has checked them there."""
+    ``bits``). ``"auto"`` takes the kernels on a CUDA device with CuPy, for each width once
+    :func:`kernel_agrees` has checked it there."""
     if backend not in _BACKENDS:
         raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
     if backend == "torch" or (backend == "auto" and device.type != "cuda"):
@@ -55,8 +54,8 @@ def _backend(backend: str, device: torch.device, bits: int | None = None) -> Mod
         from gnnact.kernels._cupy import require_cupy
 
         require_cupy()
-    elif not cupy_available() or (bits is not None and bits not in BYTE_ALIGNED_BITS
-          and not kernel_agrees(cuda_index(device), bits)):
+    elif not cupy_available() or (bits is not None
+                                  and not kernel_agrees(cuda_index(device), bits)):
         return reference
     from gnnact.kernels import quantize as kernels
 
@@ -65,12 +64,13 @@ def _backend(backend: str, device: torch.device, bits: int | None = None) -> Mod
 
 @functools.cache
 def kernel_agrees(device_index: int, bits: int) -> bool:
-    """Whether the CUDA kernels for ``bits`` reproduce :mod:`gnnact.quant.reference` on GPU
-    ``device_index``, bit for bit: checked once per device and width in a process (quantize
-    and dequantize of 5 groups of 64 float32 values, the last one short, with fixed noise).
-    ``backend="auto"`` sends the widths that straddle bytes (3, 5, 6, 7) to the kernels only
-    when they agree; otherwise it warns, naming the width, and keeps them on the torch path
-    (the same format, slower).
+    """Whether the CUDA kernels for ``bits`` reproduce the torch reference
+    (``gnnact.quant.reference``) on GPU ``device_index``, bit for bit: checked once per device
+    and width in a process (quantize and dequantize of 5 groups of 64 float32 values, the last
+    one short, with fixed noise).
+    ``backend="auto"`` sends a width to the kernels only when they agree; otherwise it warns,
+    naming the width, and keeps it on the torch path (the same format, slower).
+    ``backend="cupy"`` calls the kernels unchecked.
 
     Example:
         >>> from gnnact.quant.core import kernel_agrees
