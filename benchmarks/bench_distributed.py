@@ -4,10 +4,11 @@ context and step time by world size and halo-exchange width.
 On a synthetic graph with ogbn-arxiv's shape (``synthetic_graph``: average degree 13.77, 128
 features, 40 classes), scaled down to ``--nodes`` (default 20,000, so that the whole sweep runs
 in a few minutes on a 2-core machine; ``--full`` for arxiv's 169,343 nodes), a GCN (or
-``--model sage``) of ``--layers`` x ``--hidden``, converted with ``gnnact.Config(bits=
---context-bits)``, is trained for a few steps with :class:`gnnact.distributed.DistributedGNN`
-on k = ``--world-sizes`` processes (one torch thread each), for each exchange width
-``--bits`` (32: exact, 8 and 2: stochastic rounding, features and gradients alike).
+``--model sage``, ``gat``, ``gcnii`` or ``gin``) of ``--layers`` x ``--hidden``, converted
+with ``gnnact.Config(bits=--context-bits)``, is trained for a few steps with
+:class:`gnnact.distributed.DistributedGNN` on k = ``--world-sizes`` processes (one torch
+thread each), for each exchange width ``--bits`` (32: exact, 8 and 2: stochastic rounding,
+features and gradients alike).
 
 One row per (k, bits), with per-rank lists and their totals/maxima:
 
@@ -80,7 +81,7 @@ from gnnact.models import build
 from gnnact.peak import PeakMeter
 from gnnact.training import metric_of, train_full_batch
 
-MODELS = ("gcn", "sage", "gat", "gcnii")
+MODELS = ("gcn", "sage", "gat", "gcnii", "gin")
 
 
 def _proc_status(field: str) -> int:
@@ -99,14 +100,15 @@ def _reset_peak_rss() -> None:
 
 
 def _make_model(args: argparse.Namespace, features: int, classes: int) -> torch.nn.Module:
-    """PyG's own model classes (GCNII: gnnact's, PyG has none), converted."""
-    from torch_geometric.nn.models import GAT, GCN, GraphSAGE
+    """PyG's own model classes (GCNII: gnnact's, PyG has none), converted. GIN has no twin:
+    the generic pipeline keeps its context, and it runs on (source, target) pairs."""
+    from torch_geometric.nn.models import GAT, GCN, GIN, GraphSAGE
 
     torch.manual_seed(0)
     if args.model == "gcnii":
         model = build("gcnii", features, classes, hidden=args.hidden, layers=args.layers)
     else:
-        cls = {"gcn": GCN, "sage": GraphSAGE, "gat": GAT}[args.model]
+        cls = {"gcn": GCN, "sage": GraphSAGE, "gat": GAT, "gin": GIN}[args.model]
         model = cls(features, args.hidden, args.layers, classes)
     return gnnact.convert(model, gnnact.Config(bits=args.context_bits))
 

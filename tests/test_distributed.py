@@ -17,9 +17,16 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch_geometric.data import Data
-from torch_geometric.nn import GCN2Conv, GINConv
+from torch_geometric.nn import (
+    ChebConv,
+    GCN2Conv,
+    GINConv,
+    GraphConv,
+    PointNetConv,
+    TransformerConv,
+)
 from torch_geometric.nn.conv.gcn_conv import gcn_norm
-from torch_geometric.nn.models import GAT, GCN, GraphSAGE
+from torch_geometric.nn.models import GAT, GCN, GIN, GraphSAGE
 
 import gnnact
 from gnnact.data import synthetic_graph
@@ -36,6 +43,7 @@ from gnnact.distributed import (
     train_partitioned,
 )
 from gnnact.distributed.codec import decode, encode, payload_nbytes
+from gnnact.memory import saved_bytes
 from gnnact.models import build
 from gnnact.training import train_full_batch
 
@@ -44,7 +52,10 @@ WIDE = 64  # features of the unbiasedness and byte-count exchanges
 COPIES, ROUNDS = 50, 8
 SAMPLES = COPIES * ROUNDS  # draws averaged by the unbiasedness test
 KINDS = ("gcn", "gcn_improved", "gcn_twin", "gcn_batch_norm", "gcn_batch_norm_twin", "sage",
-         "sage_twin", "gat", "gcnii")
+         "sage_twin", "gat", "gcnii",
+         # Convs without a dedicated path: run on (source, target) pairs.
+         "gin_batch_norm", "gin_batch_norm_twin", "gatv2", "gatv2_twin", "transformer",
+         "graphconv_functional", "graphconv_functional_twin")
 LR, STEPS = 0.3, 2
 EPOCHS = 4  # of the partitioned training loop
 
@@ -71,10 +82,42 @@ class GCNII(nn.Module):
         return self.lin1(x)
 
 
+class FunctionalGraphConv(nn.Module):
+    """Written as PyG's examples write models: GraphConv layers, F.relu and F.elu in forward
+    (no dropout: its masks are drawn per rank)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = GraphConv(FEATURES, 8, aggr="mean")
+        self.conv2 = GraphConv(8, CLASSES)
+
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.conv1(x, edge_index))
+        return self.conv2(F.elu(x), edge_index)
+
+
+class Transformer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = TransformerConv(FEATURES, 4, heads=2)
+        self.conv2 = TransformerConv(8, CLASSES, heads=2, concat=False, beta=True)
+
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
+        return self.conv2(self.conv1(x, edge_index).relu(), edge_index)
+
+
 def make_model(kind: str) -> nn.Module:
     torch.manual_seed(0)
     if kind == "gcnii":
         model = GCNII()
+    elif kind.startswith("gin"):  # batch norm inside each GINConv's MLP and after it
+        model = GIN(FEATURES, 8, 2, CLASSES, norm="batch_norm")
+    elif kind.startswith("gatv2"):
+        model = GAT(FEATURES, 4, 2, CLASSES, heads=2, v2=True)
+    elif kind == "transformer":
+        model = Transformer()
+    elif kind.startswith("graphconv"):
+        model = FunctionalGraphConv()
     elif kind.startswith("gcn"):
         model = GCN(FEATURES, 8, 2, CLASSES, improved=kind == "gcn_improved",
                     norm="batch_norm" if "batch_norm" in kind else None)
@@ -177,6 +220,36 @@ def _ddp(shard, group) -> dict:
             "bytes": ddp.module.exchange.stats}
 
 
+def _compressed_pairs(shard, group) -> dict:
+    """A converted GIN (a conv with no twin: the generic pipeline keeps its context) on pairs,
+    context and exchange at 2 bits: what it keeps against the same model at 32 bits, and the
+    global loss over a few Adam steps (256 wide: the pipeline leaves tensors of fewer than
+    4,096 values as they are)."""
+    result = {}
+    for bits in (32, 2):
+        torch.manual_seed(0)
+        model = gnnact.convert(GIN(FEATURES, 256, 2, CLASSES, norm="batch_norm"),
+                               gnnact.Config(bits=bits))
+        dmodel = DistributedGNN(model, shard, group, exchange_bits=bits)
+        opt = torch.optim.Adam(dmodel.parameters(), lr=0.05)
+        x, mask = shard.x.float(), shard.train_mask
+        count = dmodel.global_count(mask)
+        losses = []
+        for step in range(6):
+            opt.zero_grad()
+            out = dmodel(x, shard.edge_index)
+            loss = F.cross_entropy(out[mask], shard.y[mask], reduction="sum") / count
+            if step == 0:
+                result[f"saved{bits}"] = saved_bytes(loss, exclude=[x])
+            loss.backward()
+            dmodel.all_reduce_gradients()
+            opt.step()
+            losses.append(float(dmodel.all_reduce(loss.detach().clone())))
+        result[f"losses{bits}"] = losses
+        dmodel.remove()
+    return result
+
+
 def _norm(shard, group) -> dict:
     norm = GlobalGCNNorm(HaloExchange(shard, group))
     ids = torch.cat([shard.owned, shard.halo])  # local id -> global id
@@ -195,6 +268,11 @@ def _errors(shard, group) -> dict:
         model(shard.x, shard.edge_index.clone())
     except ValueError as error:
         messages["edge_index"] = str(error)
+    model = DistributedGNN(PointNetConv(nn.Linear(FEATURES + 2, 8)).double(), shard)
+    try:
+        model(shard.x, shard.x[:, :2], shard.edge_index)
+    except ValueError as error:
+        messages["pos"] = str(error)
     return messages
 
 
@@ -215,7 +293,7 @@ def _train(shard, group) -> dict:
 def _worker(rank: int, world_size: int, data: Data, tasks: tuple[str, ...]) -> dict:
     shard = shard_graph(data, method="random", seed=world_size)
     run = {"exact": _exact, "unbiased": _unbiased, "bytes": _bytes, "ddp": _ddp,
-           "errors": _errors, "norm": _norm, "train": _train}
+           "errors": _errors, "norm": _norm, "train": _train, "pairs": _compressed_pairs}
     return {"shard": shard, **{task: run[task](shard, None) for task in tasks}}
 
 
@@ -226,8 +304,8 @@ def data() -> Data:
 
 @pytest.fixture(scope="module")
 def ranks2(data) -> list[dict]:
-    return run_local(_worker, 2, data, ("exact", "unbiased", "bytes", "ddp", "errors", "train"),
-                     start_method="fork", timeout_s=60)
+    return run_local(_worker, 2, data, ("exact", "unbiased", "bytes", "ddp", "errors", "train",
+                                        "pairs"), start_method="fork", timeout_s=60)
 
 
 @pytest.fixture(scope="module")
@@ -342,9 +420,13 @@ def test_argument_errors(data):
         build_shard(data, parts, 2)
     with pytest.raises(AttributeError, match="no attribute or node attribute 'z'"):
         _ = shard.z
-    gin = GINConv(nn.Linear(FEATURES, 8))
-    with pytest.raises(TypeError, match="<model> \\(GINConv\\) is not supported"):
-        DistributedGNN(gin, shard)
+    with pytest.raises(TypeError, match="<model> \\(ChebConv\\) is not supported: it takes "
+                       "no \\(source, target\\) pair"):
+        DistributedGNN(ChebConv(FEATURES, 8, K=2), shard)
+    with pytest.raises(TypeError, match="flow='target_to_source' aggregates along outgoing"):
+        DistributedGNN(GINConv(nn.Linear(FEATURES, 8), flow="target_to_source"), shard)
+    with pytest.raises(ValueError, match="message-passing layer"):
+        DistributedGNN(nn.Linear(FEATURES, 8), shard)
     with pytest.raises(TypeError, match="norms.0 \\(GraphNorm\\) normalises over all nodes"):
         DistributedGNN(GCN(FEATURES, 8, 2, norm="graph_norm"), shard)
     with pytest.raises(TypeError, match="norms.0 \\(LayerNorm\\) normalises over all nodes"):
@@ -374,6 +456,47 @@ def test_exact_at_32_bits(request, data, world, kind):
             torch.testing.assert_close(got["grads"][name], grad, rtol=1e-10, atol=1e-12)
         for name, param in params.items():
             torch.testing.assert_close(got["params"][name], param, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.cuda
+def test_nccl_on_a_gpu_is_the_single_process_step(data, tmp_path):
+    """The partitioned model on CUDA tensors under NCCL: one rank (NCCL wants a GPU per rank,
+    and the test machine has one), its shard moved with GraphShard.to; every all-reduce
+    (loss count, gradients, synchronised BatchNorm) goes through NCCL. At 32 bits the step is
+    the single-process one."""
+    device = torch.device("cuda")
+    dist.init_process_group("nccl", init_method=f"file://{tmp_path}/store", rank=0,
+                            world_size=1)
+    try:
+        shard = shard_graph(data, method="contiguous").to(device)
+        assert shard.edge_index.device.type == "cuda" and shard.x.device.type == "cuda"
+        for kind in ("gcn", "gcn_batch_norm_twin", "sage_twin", "gat", "gcnii"):
+            loss, out, grads, _ = _reference(data, kind)
+            model = DistributedGNN(make_model(kind).to(device), shard)
+            mask = shard.train_mask
+            got = train(model, shard.x, shard.edge_index, shard.y, mask,
+                        model.global_count(mask), model.all_reduce_gradients)
+            torch.testing.assert_close(got[0].cpu(), loss, rtol=1e-10, atol=0)
+            torch.testing.assert_close(got[1].cpu(), out[shard.owned.cpu()], rtol=1e-9,
+                                       atol=1e-12)
+            for name, grad in got[2].items():
+                torch.testing.assert_close(grad.cpu(), grads[name.removeprefix("module.")],
+                                           rtol=1e-9, atol=1e-12)
+            model.remove()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_shards_move_between_devices(data):
+    shard = build_shard(data, partition_nodes(data.edge_index, NUM_NODES, 2, "contiguous"), 0)
+    moved = shard.to("meta")
+    tensors = [moved.owned, moved.halo, moved.edge_index, *moved.send_index.values(),
+               *moved.node_attrs.values()]
+    assert all(t.is_meta for t in tensors)
+    assert shard.edge_index.device.type == "cpu"  # the original stays
+    assert (moved.rank, moved.recv_counts) == (shard.rank, shard.recv_counts)
+    with pytest.raises(ValueError, match="backend must be 'gloo' or 'nccl', got 'mpi'"):
+        run_local(_worker, 1, data, (), backend="mpi")
 
 
 @pytest.mark.parametrize("world", ["ranks2", "ranks4"])
@@ -468,10 +591,23 @@ def test_train_partitioned_errors(data):
         train_partitioned(None, epochs=0)
 
 
+def test_convs_without_a_twin_train_compressed_on_pairs(ranks2):
+    """A converted GIN at 2 bits (context and exchange): its context shrinks as on one
+    process, the ranks agree on the global loss, and it falls."""
+    first, second = (rank["pairs"] for rank in ranks2)
+    assert first["losses2"] == second["losses2"] and first["losses32"] == second["losses32"]
+    for result in (first, second):
+        assert result["saved2"] * 5 < result["saved32"]
+        assert result["losses2"][-1] < 0.9 * result["losses2"][0]
+        assert all(math.isfinite(loss) for loss in result["losses2"])
+
+
 def test_errors_in_the_ranks(ranks2):
     for rank in ranks2:
         messages = rank["errors"]
         assert "edge_index must be shard.edge_index itself" in messages["edge_index"]
+        assert messages["pos"] == ("DistributedGNN: <model> (PointNetConv): only x and "
+                                   "edge_index are exchanged, got the tensor argument(s) pos")
         assert messages["removed"]  # remove() leaves the model as it was
 
 

@@ -11,6 +11,17 @@ owned rows (``shard.x``) and its local edges (``shard.edge_index``); hooks on ev
    and give ``GCN2Conv``'s :math:`X^{(0)}` zero halo rows (its term is per target node),
 3. keep the owned rows of the output, :math:`[\,\cdot\,]_{O_r}`.
 
+Any other conv (``GINConv``, ``GraphConv``, ``GATv2Conv``, ``TransformerConv``, …: every
+``MessagePassing`` layer whose ``x`` may be a ``(source, target)`` pair, PyG's bipartite form)
+runs on the pair :math:`(X_{O_r \cup H_r}, X_{O_r})`: the sources are the ``[owned; halo]``
+rows, the targets the owned rows only (the local edges point into owned nodes), so the conv
+computes exactly the owned outputs, and whatever it applies to its aggregate (GIN's MLP, with
+its batch norm) sees the owned rows only. A per-target aggregation over the incoming edges,
+which every such conv computes, then equals the single-process one. Convs that take no pair
+(``ChebConv``, ``APPNP``, ``SGConv``, …, whose propagation spans several hops or normalises
+by source degrees), that aggregate along outgoing edges (``flow="target_to_source"``) or that
+take other tensors than ``x`` and ``edge_index`` are refused, with their name.
+
 Every other layer of the model (linear, activation, dropout, a per-row norm) acts row by row
 and needs nothing, except batch norm, whose statistics span all nodes: each ``BatchNorm1d``
 (PyTorch's, gnnact's, or inside PyG's ``BatchNorm``) runs as
@@ -40,6 +51,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 from typing import Any
 
 import torch
@@ -66,15 +78,31 @@ _GRAPH_NORMS = tuple(getattr(pyg_nn, name) for name in
                       "GraphSizeNorm") if hasattr(pyg_nn, name))
 
 
+def _takes_pair(module: MessagePassing) -> bool:
+    """Whether ``module.forward``'s ``x`` may be a ``(source, target)`` pair (PyG annotates it
+    ``Union[Tensor, PairTensor]`` or ``OptPairTensor``; gnnact's twins as strings)."""
+    params = inspect.signature(module.forward).parameters
+    if "x" not in params or "edge_index" not in params:
+        return False
+    return re.search(r"Pair|Tuple|tuple", str(params["x"].annotation)) is not None
+
+
 def _conv_kind(name: str, module: nn.Module) -> str | None:
     for cls, kind in _KINDS:
         if isinstance(module, cls):
             return kind
-    if isinstance(module, MessagePassing):
-        raise TypeError(f"DistributedGNN: {name} ({type(module).__name__}) is not supported: "
-                        f"the halo exchange is implemented for GCNConv, GCN2Conv, SAGEConv and "
-                        f"GATConv (PyG's or gnnact's)")
-    return None
+    if not isinstance(module, MessagePassing):
+        return None
+    where = f"DistributedGNN: {name} ({type(module).__name__}) is not supported"
+    if not _takes_pair(module):
+        raise TypeError(f"{where}: it takes no (source, target) pair of features, so its "
+                        f"outputs cannot be restricted to this rank's nodes (supported: "
+                        f"GCNConv, GCN2Conv, SAGEConv, GATConv, and every conv whose x may be "
+                        f"a pair, such as GINConv, GraphConv, GATv2Conv or TransformerConv)")
+    if getattr(module, "flow", "source_to_target") != "source_to_target":
+        raise TypeError(f"{where}: flow={module.flow!r} aggregates along outgoing edges, which "
+                        f"are not all on the rank that owns the node")
+    return "pair"
 
 
 def sum_gradients_hook(process_group: dist.ProcessGroup | None,
@@ -115,9 +143,11 @@ class DistributedGNN(nn.Module):
     buffers are broadcast from the group's rank 0, GCN degrees exchanged once).
 
     Supported convs: PyG's ``GCNConv``, ``GCN2Conv``, ``SAGEConv``, ``GATConv`` and gnnact's
-    twins (before or after :func:`gnnact.convert`), homogeneous input (``x`` a tensor), no
-    ``edge_weight``/``edge_attr`` and no ``return_attention_weights``. Any other conv is refused
-    at construction, with its name, as are PyG's norms over all nodes (``GraphNorm``,
+    twins, and every other conv whose ``x`` may be a ``(source, target)`` pair (``GINConv``,
+    ``GraphConv``, ``GATv2Conv``, ``TransformerConv``, …; module docstring), before or after
+    :func:`gnnact.convert`; homogeneous input (``x`` a tensor), no ``edge_weight``/
+    ``edge_attr`` and no ``return_attention_weights``. Any other conv is refused at
+    construction, with its name and why, as are PyG's norms over all nodes (``GraphNorm``,
     ``PairNorm``, ``InstanceNorm``, ``LayerNorm(mode="graph")``, …); batch norms run
     synchronised (:func:`~gnnact.distributed.sync_batch_norm`) until :meth:`remove`.
 
@@ -172,8 +202,8 @@ class DistributedGNN(nn.Module):
             if kind is not None:
                 convs.append((name, module, kind))
         if not convs:
-            raise ValueError("DistributedGNN: model has no supported conv (GCNConv, GCN2Conv, "
-                             "SAGEConv, GATConv): there is nothing to exchange")
+            raise ValueError("DistributedGNN: model has no message-passing layer: there is "
+                             "nothing to exchange")
         self.module = model
         self.shard, self.group = shard, group
         self.exchange = HaloExchange(shard, group, bits=exchange_bits, grad_bits=grad_bits,
@@ -253,6 +283,15 @@ class DistributedGNN(nn.Module):
         for arg in ("edge_weight", "edge_attr", "size", "return_attention_weights"):
             if a.get(arg) not in (None, False):
                 raise ValueError(f"{where}: {arg} is not supported, got {a[arg]!r}")
+        if kind == "pair":
+            extra = [k for k, v in a.items() if isinstance(v, Tensor)
+                     and k not in ("x", "edge_index")]
+            if extra:
+                raise ValueError(f"{where}: only x and edge_index are exchanged, got the "
+                                 f"tensor argument(s) {', '.join(extra)}")
+            # Sources: [owned; halo]; targets: the owned rows themselves.
+            a["x"] = (self.exchange(x), x)
+            return bound.args, bound.kwargs
         a["x"] = self.exchange(x)
         if kind == "gcn2":
             x_0 = a["x_0"]
