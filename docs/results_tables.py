@@ -615,11 +615,12 @@ def _distributed_accuracy(results: Path) -> list[str]:
     for (graph, k, bits), pairs in runs.items():
         one = [100 * a for a, _ in pairs]
         many = [100 * b for _, b in pairs]
-        diff = statistics.mean(b - a for a, b in zip(one, many, strict=True))
+        diffs = [b - a for a, b in zip(one, many, strict=True)]
+        spread = f" ± {statistics.stdev(diffs):.2f}" if len(diffs) > 1 else ""
         body.append([graph, str(k), str(bits), str(len(pairs)), _mean_std(one), _mean_std(many),
-                     f"{diff:+.2f}"])
+                     f"{statistics.mean(diffs):+.2f}{spread}"])
     header = ["graph", "k", "exchange bits", "seeds", "one process (%)", "k ranks (%)",
-              "difference (points)"]
+              "difference (points, mean ± std over the seeds)"]
     return [*_source(name, rows), *_list_table([header, *body])]
 
 
