@@ -1,5 +1,6 @@
 """Autograd functions that keep a compressed context: the layer below :mod:`gnnact.nn`."""
 
+from gnnact.ops.aggregate_linear import aggregate_linear, fuses
 from gnnact.ops.context import load_context, save_context, shared_quantize
 from gnnact.ops.dense import batch_norm, dropout, elu, leaky_relu, linear, relu
 from gnnact.ops.gat import gat_attention
@@ -9,9 +10,11 @@ from gnnact.ops.spmm import spmm
 
 __all__ = [
     "Graph",
+    "aggregate_linear",
     "batch_norm",
     "dropout",
     "elu",
+    "fuses",
     "gat_attention",
     "gcn2_residual",
     "graph_from",

@@ -57,6 +57,7 @@ from gnnact.ops.state import ForwardState, forward_state
 from gnnact.quant import PackedMask, PackedTensor, quantize, unpack_mask
 from gnnact.quant.mixed import MixedPackedTensor, allocate_rows, quantize_rows
 from gnnact.quant.packed import QUANT_BITS
+from gnnact.quant.reference import block_elements
 
 __all__ = ["alias_derived", "apply_mask", "cache_key", "cached", "controlled_noise", "derive",
            "hold_parts", "independent_quantize", "input_bits", "load_context", "noise_generator",
@@ -233,9 +234,27 @@ def _rebuild(steps: list[tuple], state: ForwardState | None) -> Tensor:
         else:  # "mask"
             (data,) = tensors
             shape, divisor, slope = meta
-            mask = unpack_mask(PackedMask(data, shape))
-            value = apply_mask(value, mask, divisor, slope, inplace=True)
+            value = _apply_packed_mask(value, data, shape, divisor, slope)
     assert value is not None
+    return value
+
+
+def _apply_packed_mask(value: Tensor, data: Tensor, shape: torch.Size, divisor: float,
+                       slope: float) -> Tensor:
+    """:func:`apply_mask` of the packed mask ``data`` to ``value``, a tensor the rebuild
+    made, written into it by blocks (:func:`unpacked_blocks`): the whole boolean mask (a
+    quarter of a float32 tensor) never exists, and each element gets the bits the whole-tensor
+    expression gives it."""
+    if not value.is_contiguous():
+        return apply_mask(value, unpack_mask(PackedMask(data, shape)), divisor, slope,
+                          inplace=True)
+    flat = value.view(-1)
+    for block, mask in unpacked_blocks(PackedMask(data, shape)):
+        part = flat[block]
+        if slope != 0.0:
+            part.copy_(apply_mask(part, mask, divisor, slope))
+        else:
+            apply_mask(part, mask, divisor, slope, inplace=True)
     return value
 
 
@@ -530,6 +549,27 @@ def load_context(ctx: Any) -> list[Tensor | None]:
                 _release(parts[0], state)
             out.append(cls.from_parts(parts, meta).dequantize())
     return out
+
+
+def load_packed_mask(ctx: Any, index: int = 0) -> PackedMask:
+    """The mask :func:`save_context` kept as item ``index`` (a :class:`PackedMask`), still
+    packed: for a backward that unpacks it block by block."""
+    slot = ctx.gnnact_slots[index]
+    if slot is None or slot[0] != "mask":
+        raise TypeError(f"context item {index} is not a packed mask: {slot!r}")
+    return PackedMask(ctx.saved_tensors[slot[1]], slot[2])
+
+
+def unpacked_blocks(packed: PackedMask) -> Iterator[tuple[slice, Tensor]]:
+    """``(elements, mask)`` by blocks of :func:`~gnnact.quant.reference.block_elements`
+    consecutive elements (row-major): each block's slice of the flat tensor and its unpacked
+    boolean mask. Blocks start on whole bytes of the packed data."""
+    n = packed.numel
+    step = block_elements(n)
+    for lo in range(0, n, step):
+        hi = min(n, lo + step)
+        yield slice(lo, hi), unpack_mask(PackedMask(packed.data[lo // 8:(hi + 7) // 8],
+                                                    torch.Size([hi - lo])))
 
 
 def writable(ctx: Any, t: Tensor) -> bool:

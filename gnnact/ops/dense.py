@@ -32,6 +32,7 @@ these ops is quantized once (:func:`gnnact.ops.context.shared_quantize`).
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import torch
@@ -39,23 +40,25 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gnnact.config import Config
+from gnnact.ops.blocks import row_starts
 from gnnact.ops.context import (
     alias_derived,
     apply_mask,
     derive,
     input_bits,
     load_context,
+    load_packed_mask,
     records_graph,
     remember,
     save_context,
     shared_quantize,
     transient,
+    unpacked_blocks,
     writable,
 )
 from gnnact.ops.higher_order import first_order_only
 from gnnact.ops.state import eager_op
 from gnnact.quant import pack_mask
-from gnnact.quant.reference import CHUNK_ELEMENTS
 
 __all__ = ["batch_norm", "dropout", "elu", "leaky_relu", "linear", "relu"]
 
@@ -166,9 +169,16 @@ class _BatchNorm(torch.autograd.Function):
         grad_x = None
         if ctx.needs_input_grad[0]:
             scale = invstd if weight is None else invstd * weight.view(shape)
-            if grad.dtype == xn.dtype == scale.dtype:  # (scale / n)(n grad - ...), in place
-                grad_x = (n * grad).sub_(sum_g.view(shape)).sub_(xn.mul_(sum_gx.view(shape)))
-                grad_x.mul_(scale / n)
+            if grad.dtype == xn.dtype == scale.dtype:
+                # (scale / n)(n grad - sum_g - xn sum_gx), written into xn (made here) by
+                # row blocks: each element rounded as in that expression, and no full-size
+                # tensor beyond grad and xn.
+                t = xn.mul_(sum_gx.view(shape))
+                factor, sum_g_ = scale / n, sum_g.view(shape)
+                starts = row_starts(grad.size(0), grad[:1].numel())
+                for r0, r1 in itertools.pairwise(starts):
+                    t[r0:r1] = (n * grad[r0:r1]).sub_(sum_g_).sub_(t[r0:r1]).mul_(factor)
+                grad_x = t
             else:  # mixed dtypes: promoted where the expression promotes them
                 grad_x = scale / n * (n * grad - sum_g.view(shape) - xn * sum_gx.view(shape))
         grad_w = sum_gx if ctx.has_weight and ctx.needs_input_grad[1] else None
@@ -177,17 +187,18 @@ class _BatchNorm(torch.autograd.Function):
 
 
 def _sum_of_products(a: Tensor, b: Tensor, dims: list[int]) -> Tensor:
-    """``(a * b).sum(dims)`` over row blocks of about ``CHUNK_ELEMENTS``: the product never
-    exists whole (it would be a full-size temporary at the backward's peak). Blocks are summed
-    in at least float32, as torch sums a 16-bit tensor, and rounded once at the end."""
+    """``(a * b).sum(dims)`` over row blocks (:func:`~gnnact.ops.blocks.row_starts`): the
+    product never exists whole (it would be a full-size temporary at the backward's peak).
+    Blocks are summed in at least float32, as torch sums a 16-bit tensor, and rounded once at
+    the end."""
     dtype = torch.result_type(a, b)
-    rows = max(1, CHUNK_ELEMENTS // max(1, a[:1].numel()))
-    if a.size(0) <= rows:
+    starts = row_starts(a.size(0), a[:1].numel())
+    if len(starts) <= 2:
         return (a * b).sum(dims)
     acc = torch.float64 if dtype == torch.float64 else torch.float32
     total = torch.zeros(a.size(1), dtype=acc, device=a.device)
-    for start in range(0, a.size(0), rows):
-        total += (a[start:start + rows] * b[start:start + rows]).sum(dims, dtype=acc)
+    for r0, r1 in itertools.pairwise(starts):
+        total += (a[r0:r1] * b[r0:r1]).sum(dims, dtype=acc)
     return total.to(dtype)
 
 
@@ -247,22 +258,18 @@ class _Masked(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple:
-        (mask,) = load_context(ctx)
-        if ctx.slope != 0.0:
-            out = torch.where(mask, grad, grad * ctx.slope)
-        elif ctx.divisor == 1.0:
-            out = torch.where(mask, grad, grad.new_zeros(()))
-        elif torch.is_grad_enabled() or grad.dim() == 0:  # double backward: as written
-            out = grad * mask.to(grad.dtype).div_(ctx.divisor)
+        if torch.is_grad_enabled() or grad.dim() == 0 or not grad.is_contiguous():
+            # Double backward (and the odd layout): as written, with the whole mask.
+            (mask,) = load_context(ctx)
+            out = _mask_grad(grad, mask, ctx.divisor, ctx.slope)
         else:
-            # The same product in row blocks, so the mask's float copy is a block, not a
-            # full-size temporary at the backward's peak.
+            # The same values by blocks, each with its own slice of the unpacked mask:
+            # neither the boolean mask nor a float copy of it is ever a full-size temporary
+            # at the backward's peak.
             out = torch.empty_like(grad)
-            rows = max(1, CHUNK_ELEMENTS // max(1, grad[:1].numel()))
-            for start in range(0, grad.size(0), rows):
-                block = slice(start, start + rows)
-                torch.mul(grad[block], mask[block].to(grad.dtype).div_(ctx.divisor),
-                          out=out[block])
+            flat, out_flat = grad.view(-1), out.view(-1)
+            for block, mask in unpacked_blocks(load_packed_mask(ctx)):
+                _mask_grad(flat[block], mask, ctx.divisor, ctx.slope, out=out_flat[block])
         # Double backward (create_graph=True) is exact as written at every width: this is
         # linear in the gradient, the mask is exact, and d/dX of it is 0 almost everywhere. With
         # a constant incoming gradient nothing here is recorded, though, where PyTorch's ReLU
@@ -271,6 +278,17 @@ class _Masked(torch.autograd.Function):
         if torch.is_grad_enabled() and not out.requires_grad:
             out = out.detach().requires_grad_()
         return out, None, None, None
+
+
+def _mask_grad(grad: Tensor, mask: Tensor, divisor: float, slope: float,
+               out: Tensor | None = None) -> Tensor:
+    r"""The gradient through :math:`Y = X \odot M / d + s X \odot (1 - M)`, as PyTorch's own
+    backward of each op computes it (into ``out`` if given)."""
+    if slope != 0.0:
+        return torch.where(mask, grad, grad * slope, out=out)
+    if divisor == 1.0:
+        return torch.where(mask, grad, grad.new_zeros(()), out=out)
+    return torch.mul(grad, mask.to(grad.dtype).div_(divisor), out=out)
 
 
 def _masked(x: Tensor, mask: Tensor, divisor: float, slope: float) -> Tensor:
@@ -380,6 +398,8 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True, inplace: bool = Fa
         return x
     if p == 1.0 or not records_graph(x):
         return transient(F.dropout(x, p, training, inplace))
-    keep = torch.empty_like(x).bernoulli_(1 - p).bool()
+    # Drawn straight into booleans: on the CPU the same draws as F.dropout's float mask (the
+    # generator's stream does not depend on the dtype), without its full-size float copy.
+    keep = torch.empty_like(x, dtype=torch.bool).bernoulli_(1 - p)
     out = _masked(x, keep, 1.0 - p, 0.0)
     return _into(x, out) if inplace else out

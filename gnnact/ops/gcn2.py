@@ -51,16 +51,17 @@ and linearly, so it is unbiased. The forward pass replays PyG's operations (``mu
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from gnnact.config import Config
+from gnnact.ops.blocks import row_starts
 from gnnact.ops.context import load_context, records_graph, save_context
 from gnnact.ops.higher_order import first_order_only
 from gnnact.ops.state import eager_op
-from gnnact.quant.reference import CHUNK_ELEMENTS
 
 __all__ = ["gcn2_residual"]
 
@@ -103,9 +104,8 @@ class _GCN2Residual(torch.autograd.Function):
         if weight2 is None:
             # x += alpha * h0 by row blocks: the same two roundings per element, without a
             # full-size alpha * h0 beside x at the forward's peak.
-            rows = max(1, CHUNK_ELEMENTS // max(1, h0[:1].numel()))
-            for start in range(0, m, rows):
-                x[start:start + rows].add_(alpha * h0[start:start + rows])
+            for r0, r1 in itertools.pairwise(row_starts(m, h0[:1].numel())):
+                x[r0:r1].add_(alpha * h0[r0:r1])
             s = x
             out = torch.addmm(s, s, weight1, beta=1.0 - beta, alpha=beta)
             save_context(ctx, config, (s if need_w1 else None, config.bits),
@@ -135,24 +135,29 @@ class _GCN2Residual(torch.autograd.Function):
         grad = grad.to(ctx.dtype)
         if ctx.shared:
             s_hat, weight1 = _cast(load_context(ctx), ctx.dtype)
-            if need_p or need_h0:
-                g1 = _identity_map_grad(grad, weight1, beta)
-                grad_p = g1 * (1.0 - alpha) if need_p else None
-                grad_h0 = _pad_rows(g1 * alpha, ctx.x0_rows) if need_h0 else None
+            # The restored S is let go before the input gradients are made, and the last of
+            # them is G_1 scaled in place: the gradient G, G_1 and (alpha G_1) at most, where
+            # S, G_1 and both scaled copies would coexist.
             if need_w1:
                 grad_w1 = (s_hat.t() @ grad).mul_(beta)
+            del s_hat
+            if need_p or need_h0:
+                g1 = _identity_map_grad(grad, weight1, beta)
+                grad_h0 = _pad_rows(g1 * alpha, ctx.x0_rows) if need_h0 else None
+                grad_p = g1.mul_(1.0 - alpha) if need_p else None
         else:
             x_hat, h0_hat, weight1, weight2 = _cast(load_context(ctx), ctx.dtype)
-            if need_p:
-                grad_p = _identity_map_grad(grad, weight1, beta).mul_(1.0 - alpha)
-            if need_h0:
-                grad_h0 = _pad_rows(_identity_map_grad(grad, weight2, beta).mul_(alpha),
-                                    ctx.x0_rows)
             if need_w1:
                 grad_w1 = (x_hat.t() @ grad).mul_(beta)
             if need_w2:
                 h0_hat = h0_hat[: grad.size(0)]
                 grad_w2 = (h0_hat.t() @ grad).mul_(alpha * beta)
+            del x_hat, h0_hat  # before the input gradients are made
+            if need_p:
+                grad_p = _identity_map_grad(grad, weight1, beta).mul_(1.0 - alpha)
+            if need_h0:
+                grad_h0 = _pad_rows(_identity_map_grad(grad, weight2, beta).mul_(alpha),
+                                    ctx.x0_rows)
         return grad_p, grad_h0, grad_w1, grad_w2, None, None, None, None
 
 

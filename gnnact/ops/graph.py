@@ -248,6 +248,49 @@ class Graph:
                 y.mul_(scale.to(compute)[:, None])
         return y.to(dtype)
 
+    def edge_offsets(self, rows: list[int], *, transpose: bool = False,
+                     index: tuple[Tensor, Tensor, Tensor | None] | None = None) -> list[int]:
+        r"""Where the edges of each row in ``rows`` start in the CSR of :math:`A` (or of
+        :math:`A^\top`): one read to the host for all the blocks of :meth:`mm_rows`."""
+        ptr = (self.transpose_index() if index is None else index)[0] if transpose else self.ptr
+        return ptr[torch.tensor(rows, device=ptr.device)].tolist()
+
+    def mm_rows(self, x: Tensor, rows: tuple[int, int], edges: tuple[int, int],
+                value: Tensor | None = None, *, transpose: bool = False,
+                scale: Tensor | None = None, col_scale: Tensor | None = None,
+                index: tuple[Tensor, Tensor, Tensor | None] | None = None) -> Tensor:
+        r"""Rows ``rows = (r0, r1)`` of :meth:`mm`'s product (same arguments, same dtypes), from
+        the edges ``edges = (e0, e1)`` of those rows (:meth:`edge_offsets`): a block of the
+        output without the rest of it. ``scale`` and ``col_scale`` are whole (``[rows]`` of
+        the full product, ``[num_dst]``)."""
+        r0, r1 = rows
+        e0, e1 = edges
+        dtype = x.dtype if value is None else torch.promote_types(x.dtype, value.dtype)
+        compute = sparse_compute_dtype(dtype, x.device)
+        if col_scale is not None and (value is not None or not transpose):
+            raise ValueError("Graph.mm_rows: col_scale needs transpose=True and no value")
+        if transpose:
+            ptr, col, perm = self.transpose_index() if index is None else index
+            size = (r1 - r0, self.num_dst)
+        else:
+            ptr, col, perm = self.ptr, self.src, None
+            size = (r1 - r0, self.num_src)
+        cols = col[e0:e1]
+        if col_scale is not None:
+            v = col_scale.to(compute).index_select(0, cols)
+        elif value is None:
+            v = _ones(e1 - e0, compute, x.device)
+        elif transpose and perm is not None:
+            v = value.index_select(0, perm[e0:e1]).to(compute)
+        else:
+            v = value[e0:e1].to(compute)
+        with torch.autocast(x.device.type, enabled=False):
+            a = csr_tensor(ptr[r0:r1 + 1] - e0, cols, v, size)
+            y = a @ x.to(compute)
+            if scale is not None:
+                y.mul_(scale[r0:r1].to(compute)[:, None])
+        return y.to(dtype)
+
     def to_csr_order(self, edge_tensor: Tensor) -> Tensor:
         """Reorder a per-edge tensor (first dimension) from input order to CSR order."""
         self._check_per_edge(edge_tensor)

@@ -36,12 +36,28 @@ from torch import Tensor
 from gnnact.quant.packed import packed_code_bytes
 from gnnact.quant.rng import uniform_stream
 
-__all__ = ["CHUNK_ELEMENTS", "dequantize_groups", "pack_codes", "pack_mask_bits", "quantize_groups",
+__all__ = ["BLOCKS", "CHUNK_ELEMENTS", "MIN_BLOCK_ELEMENTS", "block_elements",
+           "dequantize_groups", "pack_codes", "pack_mask_bits", "quantize_groups",
            "unpack_mask_bits"]
 
-#: Elements per chunk of :func:`quantize_groups` and :func:`dequantize_groups` (rounded to whole
-#: groups): their float32 temporaries are a few times 4 MiB, whatever the tensor's size.
+#: The most elements per chunk of :func:`quantize_groups` and :func:`dequantize_groups`
+#: (rounded to whole groups), and per block of gnnact's by-block loops: their float32
+#: temporaries are a few times 4 MiB at most, whatever the tensor's size.
 CHUNK_ELEMENTS = 1 << 20
+#: A chunk's share of its tensor (at most: see :func:`block_elements`).
+BLOCKS = 16
+#: The fewest elements per chunk.
+MIN_BLOCK_ELEMENTS = 1 << 16
+
+
+def block_elements(numel: int) -> int:
+    """Elements per chunk for a tensor of ``numel`` elements: ``numel / BLOCKS`` within
+    ``[MIN_BLOCK_ELEMENTS, CHUNK_ELEMENTS]``, a multiple of 8 (so that the chunks of a packed
+    1-bit mask start on whole bytes). On a large tensor a chunk of ``CHUNK_ELEMENTS`` is
+    nothing beside it; on a small one the same chunk would be a fifth of it, so a chunk is
+    also at most a sixteenth (but not so small that per-chunk overhead dominates)."""
+    per_chunk = min(CHUNK_ELEMENTS, max(MIN_BLOCK_ELEMENTS, -(-numel // BLOCKS)))
+    return -(-per_chunk // 8) * 8
 
 
 def _bit_shifts(bits: int, device: torch.device) -> Tensor:
@@ -81,16 +97,17 @@ def quantize_groups(x: Tensor, bits: int, group_size: int, *, seed: int | None =
                         device=x.device)
     scales = torch.empty(num_groups, dtype=torch.float32, device=x.device)
     zeros = torch.empty_like(scales)
-    # Whole groups in chunks of about CHUNK_ELEMENTS: the float32 temporaries (the noise, u,
+    # Whole groups in chunks of about block_elements(n): the float32 temporaries (the noise, u,
     # its fractional part) stay a few MiB however large x is, so quantizing a tensor needs
     # little beyond its packed result.
-    step = max(1, CHUNK_ELEMENTS // group_size)
+    step = max(1, block_elements(n) // group_size)
     for g0 in range(0, whole, step):
         g1 = min(whole, g0 + step)
         lo, hi = g0 * group_size, g1 * group_size
         h = flat[lo:hi].to(torch.float32).view(g1 - g0, group_size)
         r = noise_of(lo, hi - lo).view(g1 - g0, group_size)
         codes[g0:g1], scales[g0:g1], zeros[g0:g1] = _quantize_rows(h, r, bits)
+        del h, r  # before the next chunk's are made: one chunk's temporaries at a time
     if tail:
         # Pad with the last element so the padding cannot widen the last group's range.
         cut = whole * group_size
@@ -170,15 +187,16 @@ def dequantize_groups(codes: Tensor, scales: Tensor, zeros: Tensor, bits: int, g
     """
     num_groups = codes.shape[0]
     out = torch.empty(numel, dtype=dtype, device=codes.device)
-    # In chunks of about CHUNK_ELEMENTS, written into the result: the unpacked codes (int64
+    # In chunks of about block_elements(numel), written into the result: the unpacked codes (int64
     # for the widths that straddle bytes) never exist for the whole tensor at once.
-    step = max(1, CHUNK_ELEMENTS // group_size)
+    step = max(1, block_elements(numel) // group_size)
     for g0 in range(0, num_groups, step):
         g1 = min(num_groups, g0 + step)
         values = _dequantize_rows(codes[g0:g1], scales[g0:g1], zeros[g0:g1], bits, group_size)
         lo = g0 * group_size
         hi = min(numel, g1 * group_size)
         out[lo:hi] = values.reshape(-1)[:hi - lo]
+        del values  # before the next chunk's are made
     return out
 
 

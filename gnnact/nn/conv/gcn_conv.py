@@ -97,7 +97,13 @@ class GCNConv(CompressedConv, pyg_nn.GCNConv):
             return super().forward(x, edge_index, edge_weight)
         graph, value = gcn_graph(self, edge_index, edge_weight, x.size(self.node_dim), x.dtype,
                                  improved=self.improved, cache=graph_cache_for(self))
-        h = ops.linear(x, linear_weight(self.lin, x), None, self.config)
+        weight = linear_weight(self.lin, x)
+        if x.dim() == 2 and self.node_dim % 2 == 0 and ops.fuses(x, weight, value, graph):
+            # One op by row blocks (gnnact.ops.aggregate_linear): two full-size tensors at
+            # once in each direction, where the composed ops below hold three.
+            return ops.aggregate_linear(x, graph, weight, self.bias, None, value, reduce,
+                                        self.config)
+        h = ops.linear(x, weight, None, self.config)
         out = self._aggregate(h, graph, value, reduce, self.config)
         del h  # kept compressed by the linear, if at all: freed before the bias is added
         if self.bias is not None:

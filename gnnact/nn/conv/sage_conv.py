@@ -98,7 +98,8 @@ class SAGEConv(CompressedConv, pyg_nn.SAGEConv):
             # PyG's own forward: its other aggregations (max, lstm, MLP, multi-aggregation,
             # ...), hooks and explainers (see gnnact.nn.conv.base).
             return super().forward(x, edge_index, size)
-        if isinstance(x, Tensor):
+        shared = isinstance(x, Tensor)  # one tensor for both sides: the root term reads it
+        if shared:
             x = (x, x)
         cfg = self.config
         x_src, x_dst = x
@@ -112,6 +113,15 @@ class SAGEConv(CompressedConv, pyg_nn.SAGEConv):
                                cache=graph_cache_for(self),
                                own_values=not is_sparse_tensor(edge_index), per_edge=False,
                                keep_dst=False)
+        if shared and x_src is x[0] and x_src.dim() == 2 and self.node_dim % 2 == 0:
+            # One op by row blocks (gnnact.ops.aggregate_linear): two full-size tensors at
+            # once in each direction, where the composed ops below hold three.
+            weight = linear_weight(self.lin_l, x_src)
+            root = linear_weight(self.lin_r, x_src) if self.root_weight else None
+            if ops.fuses(x_src, weight, graph.value, graph, root is not None):
+                out = ops.aggregate_linear(x_src, graph, weight, self.lin_l.bias, root, None,
+                                           reduce, cfg)
+                return F.normalize(out, p=2.0, dim=-1) if self.normalize else out
         # mean_j(x_j) W = mean_j(x_j W): transform first, so that this linear map keeps x_src
         # (shared with lin_r, or rebuilt from the previous layer's context) instead of a
         # compressed copy of the aggregate; the bias is added after aggregating, so isolated
