@@ -54,7 +54,7 @@ from torch import Tensor
 
 from gnnact.config import Config
 from gnnact.ops.state import ForwardState, forward_state
-from gnnact.quant import PackedMask, PackedTensor, quantize, unpack_mask
+from gnnact.quant import PackedMask, PackedTensor, pack_mask, quantize, unpack_mask
 from gnnact.quant.mixed import MixedPackedTensor, allocate_rows, quantize_rows
 from gnnact.quant.packed import QUANT_BITS
 from gnnact.quant.reference import block_elements
@@ -183,16 +183,16 @@ def _resolve(x: Tensor) -> list[tuple] | None:
 
 
 def apply_mask(x: Tensor, mask: Tensor, divisor: float, slope: float,
-               inplace: bool = False) -> Tensor:
+               inplace: bool = False, out: Tensor | None = None) -> Tensor:
     r""":math:`X \odot M / d + s X \odot (1 - M)`, as ReLU, LeakyReLU and dropout compute it.
     With ``inplace`` (and no slope) the product is written into ``x``, which nothing else may
-    read."""
+    read; with ``out``, into ``out``."""
     if slope != 0.0:
-        return torch.where(mask, x, x * slope)
+        return torch.where(mask, x, x * slope, out=out)
     # F.dropout's x * (M / d), without its full-size scale: x * 1 is exact, and x * 0 * s keeps
     # the sign of x * 0 since s > 0, where s, the scale's nonzero entry, comes from the same
     # division. (Not where(): a NaN input must stay NaN, as in torch.relu.)
-    out = x.mul_(mask) if inplace else x * mask
+    out = x.mul_(mask) if inplace else torch.mul(x, mask, out=out)
     if divisor != 1.0:
         out.mul_(torch.ones((), dtype=out.dtype, device=out.device).div_(divisor))
     return out
@@ -548,6 +548,33 @@ def load_context(ctx: Any) -> list[Tensor | None]:
             if state is not None:
                 _release(parts[0], state)
             out.append(cls.from_parts(parts, meta).dequantize())
+    return out
+
+
+def packed_by_blocks(x: Tensor, predicate: Any) -> PackedMask:
+    """``pack_mask(predicate(x))``, made block by block (:func:`unpacked_blocks`' blocks): the
+    whole boolean mask never exists."""
+    if not x.is_contiguous():
+        return pack_mask(predicate(x))
+    flat = x.view(-1)
+    n = flat.numel()
+    data = torch.empty((n + 7) // 8, dtype=torch.uint8, device=x.device)
+    step = block_elements(n)
+    for lo in range(0, n, step):
+        hi = min(n, lo + step)
+        data[lo // 8:(hi + 7) // 8] = pack_mask(predicate(flat[lo:hi])).data
+    return PackedMask(data, x.shape)
+
+
+def masked_by_blocks(x: Tensor, packed: PackedMask, divisor: float, slope: float) -> Tensor:
+    """:func:`apply_mask` of a packed mask to ``x``, into a new tensor, block by block: the
+    same bits as the whole-tensor expression, without the whole boolean mask."""
+    if not x.is_contiguous():
+        return apply_mask(x, unpack_mask(packed), divisor, slope)
+    out = torch.empty_like(x)
+    flat, out_flat = x.view(-1), out.view(-1)
+    for block, mask in unpacked_blocks(packed):
+        apply_mask(flat[block], mask, divisor, slope, out=out_flat[block])
     return out
 
 

@@ -43,11 +43,12 @@ from gnnact.config import Config
 from gnnact.ops.blocks import row_starts
 from gnnact.ops.context import (
     alias_derived,
-    apply_mask,
     derive,
     input_bits,
     load_context,
     load_packed_mask,
+    masked_by_blocks,
+    packed_by_blocks,
     records_graph,
     remember,
     save_context,
@@ -58,7 +59,7 @@ from gnnact.ops.context import (
 )
 from gnnact.ops.higher_order import first_order_only
 from gnnact.ops.state import eager_op
-from gnnact.quant import pack_mask
+from gnnact.quant import PackedMask, pack_mask
 
 __all__ = ["batch_norm", "dropout", "elu", "leaky_relu", "linear", "relu"]
 
@@ -244,17 +245,18 @@ def _record_derived(out: Tensor, source: Tensor | None, kind: str) -> None:
 
 
 class _Masked(torch.autograd.Function):
-    r""":math:`Y = X \odot M / d + s X \odot (1 - M)` for a boolean mask :math:`M`, keeping
-    :math:`M` in 1 bit. ReLU is :math:`(d, s) = (1, 0)`, LeakyReLU :math:`(1, s)`, dropout
-    :math:`(1 - p, 0)`. Each branch does what PyTorch's own kernel does, bit for bit."""
+    r""":math:`Y = X \odot M / d + s X \odot (1 - M)` for a mask :math:`M` packed to 1 bit,
+    which is what it keeps. ReLU is :math:`(d, s) = (1, 0)`, LeakyReLU :math:`(1, s)`, dropout
+    :math:`(1 - p, 0)`. Each branch does what PyTorch's own kernel does, bit for bit, block by
+    block (no whole boolean mask beside the input and the output)."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, mask: Tensor, divisor: float, slope: float) -> Tensor:
-        packed = pack_mask(mask)
+    def forward(ctx: Any, x: Tensor, packed: PackedMask, divisor: float,
+                slope: float) -> Tensor:
         save_context(ctx, _NO_QUANT, packed)
         ctx.divisor, ctx.slope = divisor, slope
         ctx.gnnact_base = ((packed.data,), (packed.shape, divisor, slope))
-        return apply_mask(x, mask, divisor, slope)
+        return masked_by_blocks(x, packed, divisor, slope)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple:
@@ -291,8 +293,8 @@ def _mask_grad(grad: Tensor, mask: Tensor, divisor: float, slope: float,
     return torch.mul(grad, mask.to(grad.dtype).div_(divisor), out=out)
 
 
-def _masked(x: Tensor, mask: Tensor, divisor: float, slope: float) -> Tensor:
-    out = _Masked.apply(x, mask, divisor, slope)
+def _masked(x: Tensor, packed: PackedMask, divisor: float, slope: float) -> Tensor:
+    out = _Masked.apply(x, packed, divisor, slope)
     _record_derived(out, x, "mask")
     return out
 
@@ -319,12 +321,16 @@ def _into(x: Tensor, out: Tensor) -> Tensor:
     return x
 
 
+def _positive(x: Tensor) -> Tensor:
+    return x > 0
+
+
 @eager_op
 def relu(x: Tensor, inplace: bool = False) -> Tensor:
     """ReLU keeping a 1-bit mask :math:`[X > 0]`."""
     if not records_graph(x):
         return transient(F.relu(x, inplace=inplace))
-    out = _masked(x, x > 0, 1.0, 0.0)
+    out = _masked(x, packed_by_blocks(x, _positive), 1.0, 0.0)
     return _into(x, out) if inplace else out
 
 
@@ -333,7 +339,7 @@ def leaky_relu(x: Tensor, negative_slope: float = 0.01, inplace: bool = False) -
     """LeakyReLU keeping a 1-bit mask :math:`[X > 0]`."""
     if not records_graph(x):
         return transient(F.leaky_relu(x, negative_slope, inplace=inplace))
-    out = _masked(x, x > 0, 1.0, float(negative_slope))
+    out = _masked(x, packed_by_blocks(x, _positive), 1.0, float(negative_slope))
     return _into(x, out) if inplace else out
 
 
@@ -400,6 +406,7 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True, inplace: bool = Fa
         return transient(F.dropout(x, p, training, inplace))
     # Drawn straight into booleans: on the CPU the same draws as F.dropout's float mask (the
     # generator's stream does not depend on the dtype), without its full-size float copy.
-    keep = torch.empty_like(x, dtype=torch.bool).bernoulli_(1 - p)
+    # Packed before the output is made (the whole draw is one call, as F.dropout's).
+    keep = pack_mask(torch.empty_like(x, dtype=torch.bool).bernoulli_(1 - p))
     out = _masked(x, keep, 1.0 - p, 0.0)
     return _into(x, out) if inplace else out
