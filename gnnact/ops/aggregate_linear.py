@@ -36,6 +36,7 @@ over blocks).
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Any
 
 import torch
@@ -64,11 +65,10 @@ def _forward(x: Tensor, weight: Tensor, bias: Tensor | None, root: Tensor | None
     else:
         out = x.new_empty(graph.num_dst, n_out)
         starts = row_starts(graph.num_dst, x.size(1))
-        offsets = graph.edge_offsets(starts)
-        for i in range(len(starts) - 1):
-            r0, r1 = starts[i], starts[i + 1]
-            block = graph.mm_rows(x, (r0, r1), (offsets[i], offsets[i + 1]), value, scale=scale)
-            torch.mm(block, weight.t(), out=out[r0:r1])
+        for rows, edges in zip(pairwise(starts), pairwise(graph.edge_offsets(starts)),
+                               strict=True):
+            block = graph.mm_rows(x, rows, edges, value, scale=scale)
+            torch.mm(block, weight.t(), out=out[rows[0]:rows[1]])
             del block  # before the next block's: one block's temporaries at a time
     if root is not None:
         out.addmm_(x, root.t())
@@ -112,10 +112,9 @@ class _AggregateLinear(torch.autograd.Function):
             g, col_scale, v = grad * col_scale[:, None], None, value
         starts = row_starts(graph.num_src, max(grad.size(1), n_in))
         offsets = graph.edge_offsets(starts, transpose=True, index=index)
-        for i in range(len(starts) - 1):
-            r0, r1 = starts[i], starts[i + 1]
-            t = graph.mm_rows(g, (r0, r1), (offsets[i], offsets[i + 1]), v, transpose=True,
-                              col_scale=col_scale, index=index)
+        for (r0, r1), edges in zip(pairwise(starts), pairwise(offsets), strict=True):
+            t = graph.mm_rows(g, (r0, r1), edges, v, transpose=True, col_scale=col_scale,
+                              index=index)
             if need_w:
                 grad_w.addmm_(t.t(), x_hat[r0:r1])
             if need_r:

@@ -228,25 +228,11 @@ class Graph:
         rounded once to the result dtype (through a transient float32 copy of ``x``, never
         kept), at least as accurate as PyG's scatter, which rounds after every addition.
         """
-        dtype = x.dtype if value is None else torch.promote_types(x.dtype, value.dtype)
-        compute = sparse_compute_dtype(dtype, x.device)
-        # Autocast would cast the CSR operand to a dtype without a CPU kernel (matmul is on
-        # its lower-precision list); the dtypes are chosen above instead.
-        if col_scale is not None and (value is not None or not transpose):
-            raise ValueError("Graph.mm: col_scale needs transpose=True and no value")
-        with torch.autocast(x.device.type, enabled=False):
-            if col_scale is not None:
-                t_ptr, t_dst, _ = self.transpose_index() if index is None else index
-                a = csr_tensor(t_ptr, t_dst, col_scale.to(compute).index_select(0, t_dst),
-                               (self.num_src, self.num_dst))
-            elif transpose:
-                a = self.matrix_t(value, compute, index)
-            else:
-                a = self.matrix(value, compute)
-            y = a @ x.to(compute)
-            if scale is not None:
-                y.mul_(scale.to(compute)[:, None])
-        return y.to(dtype)
+        if transpose:
+            self._check_per_edge(value)
+        rows = self.num_src if transpose else self.num_dst
+        return self.mm_rows(x, (0, rows), (0, self.num_edges), value, transpose=transpose,
+                            scale=scale, col_scale=col_scale, index=index)
 
     def edge_offsets(self, rows: list[int], *, transpose: bool = False,
                      index: tuple[Tensor, Tensor, Tensor | None] | None = None) -> list[int]:
@@ -268,7 +254,7 @@ class Graph:
         dtype = x.dtype if value is None else torch.promote_types(x.dtype, value.dtype)
         compute = sparse_compute_dtype(dtype, x.device)
         if col_scale is not None and (value is not None or not transpose):
-            raise ValueError("Graph.mm_rows: col_scale needs transpose=True and no value")
+            raise ValueError("Graph.mm: col_scale needs transpose=True and no value")
         if transpose:
             ptr, col, perm = self.transpose_index() if index is None else index
             size = (r1 - r0, self.num_dst)
@@ -284,8 +270,11 @@ class Graph:
             v = value.index_select(0, perm[e0:e1]).to(compute)
         else:
             v = value[e0:e1].to(compute)
+        # Autocast would cast the CSR operand to a dtype without a CPU kernel (matmul is on
+        # its lower-precision list); the dtypes are chosen above instead.
         with torch.autocast(x.device.type, enabled=False):
-            a = csr_tensor(ptr[r0:r1 + 1] - e0, cols, v, size)
+            crow = ptr[r0:r1 + 1]
+            a = csr_tensor(crow - e0 if e0 else crow, cols, v, size)
             y = a @ x.to(compute)
             if scale is not None:
                 y.mul_(scale[r0:r1].to(compute)[:, None])
