@@ -1,5 +1,5 @@
-"""Full-batch training partitioned over k ranks (gloo, one machine): exchanged bytes, saved
-context and step time by world size and halo-exchange width.
+"""Full-batch training partitioned over k ranks (gloo on one machine, or NCCL with a GPU per
+rank): exchanged bytes, saved context and step time by world size and halo-exchange width.
 
 On a synthetic graph with ogbn-arxiv's shape (``synthetic_graph``: average degree 13.77, 128
 features, 40 classes), scaled down to ``--nodes`` (default 20,000, so that the whole sweep runs
@@ -48,6 +48,7 @@ Usage::
 
     python benchmarks/bench_distributed.py [--nodes 20000 | --full] [--world-sizes 1 2 4]
         [--bits 32 8 2] [--model gcn] [--steps 5] [--method random] [--smoke]
+        [--device cuda]  # NCCL, one GPU per rank (k up to the GPU count)
     python benchmarks/bench_distributed.py --accuracy [--graph computers] [--world-sizes 1 2]
         [--bits 2] [--seeds 0 1 2] [--epochs 50] [--method metis]
 """
@@ -116,20 +117,22 @@ def _make_model(args: argparse.Namespace, features: int, classes: int) -> torch.
 def _rank(rank: int, world_size: int, args: argparse.Namespace) -> list[dict]:
     """Every width on this rank: what one row needs from it."""
     num_nodes, degree, features, classes = args.shape
+    cuda = args.device == "cuda"  # NCCL: this rank's GPU is its current device
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     data = synthetic_graph(num_nodes, degree, features, classes, seed=0)
-    shard = shard_graph(data, method=args.method)
+    shard = shard_graph(data, method=args.method).to(device)
     del data
     gc.collect()
     out = []
     for bits in args.bits:
         _reset_peak_rss()
-        model = DistributedGNN(_make_model(args, features, classes), shard,
+        model = DistributedGNN(_make_model(args, features, classes).to(device), shard,
                                exchange_bits=bits)
         opt = torch.optim.Adam(model.parameters(), lr=0.01)
         mask = shard.train_mask
         count = model.global_count(mask)
         times, saved, sent, losses = [], 0, None, []
-        meter = PeakMeter()
+        meter = PeakMeter(device)
         # The timed steps, then one more under the meter (it counts per op: not timed).
         for step in range(args.warmup + args.steps + 1):
             metered = step == args.warmup + args.steps
@@ -147,6 +150,8 @@ def _rank(rank: int, world_size: int, args: argparse.Namespace) -> list[dict]:
                 opt.step()
             if metered:
                 break
+            if cuda:
+                torch.cuda.synchronize(device)
             if step >= args.warmup:
                 times.append(time.perf_counter() - t0)
             sent = model.exchange.stats
@@ -238,6 +243,8 @@ def accuracy(args: argparse.Namespace, env: dict) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cpu: gloo processes; cuda: NCCL, one GPU per rank")
     parser.add_argument("--nodes", type=int, default=20_000)
     parser.add_argument("--full", action="store_true", help="ogbn-arxiv's 169,343 nodes")
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[1, 2, 4])
@@ -270,15 +277,25 @@ def main(argv: list[str] | None = None) -> int:
     nodes = SHAPES["arxiv"][0] if args.full else 1_000 if args.smoke else args.nodes
     args.shape = (nodes, degree, features, classes)
 
-    env = environment("cpu")
+    cuda = args.device == "cuda"
+    if cuda and args.accuracy:
+        parser.error("--accuracy runs on the CPU (gloo); leave --device out")
+    if cuda and not torch.cuda.is_available():
+        parser.error("--device cuda: torch.cuda.is_available() is False")
+    if cuda and max(args.world_sizes) > torch.cuda.device_count():
+        parser.error(f"--device cuda takes one GPU per rank (NCCL): --world-sizes "
+                     f"{max(args.world_sizes)} > {torch.cuda.device_count()} GPUs")
+    env = environment("cuda" if cuda else "cpu")
     env["device_name"] = env["device_name"].rsplit(" (", 1)[0]  # threads: per rank, below
     if args.accuracy:
         return finish(args.out, accuracy(args, env), smoke=args.smoke)
     rows = []
     single: dict[int, int] = {}  # exchange bits -> the k = 1 step peak
     for k in args.world_sizes:
-        # Forked: the ranks share the parent's imports instead of repeating them.
-        ranks = run_local(_rank, k, args, threads=1, start_method="fork")
+        # Forked on the CPU: the ranks share the parent's imports instead of repeating them
+        # (CUDA does not survive a fork: spawned there).
+        ranks = run_local(_rank, k, args, threads=1, start_method="spawn" if cuda else "fork",
+                          backend="nccl" if cuda else "gloo")
         for i, bits in enumerate(args.bits):
             per = [r[i] for r in ranks]
             sent = [p["sent"] for p in per]
@@ -294,7 +311,8 @@ def main(argv: list[str] | None = None) -> int:
                 "num_edges": sum(p["edges"] for p in per), "features": features,
                 "classes": classes, "model": args.model, "layers": args.layers,
                 "hidden": args.hidden, "context_bits": args.context_bits,
-                "method": args.method, "threads_per_rank": 1, "world_size": k,
+                "method": args.method, "threads_per_rank": 1,
+                "backend": "nccl" if cuda else "gloo", "world_size": k,
                 "exchange_bits": bits, "halo_nodes": [p["halo"] for p in per],
                 "exchanged_bytes": [s.total_bytes for s in sent],
                 "exchanged_bytes_total": sum(s.total_bytes for s in sent),

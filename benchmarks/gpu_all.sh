@@ -42,6 +42,10 @@
 #   compile    torch.compile (inductor): training step time of gnnact 2 bits against PyG fp32,
 #              eager and compiled, with graph-break counts; arxiv-sized synthetic graph, GCN
 #              and SAGE (the CUDA tests of tests/test_compile.py run in the tests part)
+#   distributed  partitioned training under NCCL, one GPU per rank (k = 1, 2, 4 as far as
+#              the GPUs go; one GPU: k = 1, the NCCL path end to end): per-rank step peak,
+#              exchanged bytes and step time, GCN and SAGE on the full arxiv shape, exchange
+#              at 32 and 2 bits (the NCCL test of tests/test_distributed.py runs in tests)
 #
 # Extend this script whenever a GPU path or a GPU benchmark is added.
 set -uo pipefail
@@ -61,8 +65,8 @@ mkdir -p "$out"
 status=0
 parts=("$@")
 [ ${#parts[@]} -gt 0 ] || parts=(tests train products suite suite-gat generic swap largest peak
-                                 amp compile accuracy adaptive-dblp adaptive-computers
-                                 adaptive-physics)
+                                 amp compile distributed accuracy adaptive-dblp
+                                 adaptive-computers adaptive-physics)
 
 {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
@@ -130,6 +134,17 @@ for part in "${parts[@]}"; do
     compile)
       "$py" benchmarks/bench_compile.py --device cuda --nodes 169343 --models gcn sage \
         --out "$out/compile.jsonl" || status=1
+      ;;
+    distributed)
+      gpus=$("$py" -c "import torch; print(torch.cuda.device_count())")
+      ks=(1)
+      [ "$gpus" -ge 2 ] && ks+=(2)
+      [ "$gpus" -ge 4 ] && ks+=(4)
+      for model in gcn sage; do
+        "$py" benchmarks/bench_distributed.py --device cuda --full --method metis \
+          --model "$model" --world-sizes "${ks[@]}" --bits 32 2 \
+          --out "$out/distributed.jsonl" || status=1
+      done
       ;;
     accuracy)
       if [ -d data_local/datasets ]; then

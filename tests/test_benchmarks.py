@@ -311,3 +311,21 @@ def test_neighbor_loader_rows(tmp_path, capsys):
     pyg, ours = [json.loads(line) for line in out.read_text().splitlines()]
     assert (pyg["bits"], ours["bits"], ours["batches"]) == (32, 2, 2)
     assert ours["saved_ratio_vs_pyg"] > 4 and ours["graph_cache_counted"]
+
+
+def test_distributed_rows(tmp_path, capsys):
+    """Two gloo ranks against one on a small arxiv-shaped graph: a 2-bit exchange sends over
+    8x fewer bytes than a 32-bit one, and every row names its backend and its shares."""
+    bench = _script("bench_distributed")
+    out = tmp_path / "distributed.jsonl"
+    assert bench.main(["--nodes", "1500", "--world-sizes", "1", "2", "--bits", "32", "2",
+                       "--model", "gin", "--method", "contiguous", "--steps", "1",
+                       "--warmup", "0", "--out", str(out)]) == 0
+    rows = {(r["world_size"], r["exchange_bits"]): r
+            for r in map(json.loads, out.read_text().splitlines())}
+    assert set(rows) == {(1, 32), (1, 2), (2, 32), (2, 2)}
+    assert all(r["backend"] == "gloo" and r["model"] == "gin" for r in rows.values())
+    assert rows[(1, 32)]["exchanged_bytes_total"] == 0
+    assert rows[(2, 32)]["exchanged_bytes_total"] > 8 * rows[(2, 2)]["exchanged_bytes_total"]
+    assert len(rows[(2, 2)]["peak_over_share"]) == 2
+    assert "k=2 bits= 2" in capsys.readouterr().out

@@ -189,7 +189,8 @@ def shard_graph(data: Data, group: dist.ProcessGroup | None = None, method: str 
     The partition is computed on the group's rank 0 and broadcast (``N`` int64 values), so all
     ranks agree; each rank then builds its own :class:`GraphShard` from ``data``, which every
     rank must hold whole during the call (the shard keeps copies of its rows only, so ``data``
-    can be freed afterwards). Collective: every rank of ``group`` calls it.
+    can be freed afterwards). Collective: every rank of ``group`` calls it. The shard is on the
+    CPU; with NCCL move it to the rank's GPU (:meth:`GraphShard.to`).
 
     Args:
         data (torch_geometric.data.Data): the whole graph, the same on every rank.
@@ -212,5 +213,8 @@ def shard_graph(data: Data, group: dist.ProcessGroup | None = None, method: str 
         parts = partition_nodes(data.edge_index, data.num_nodes, world_size, method, seed=seed)
     else:
         parts = torch.empty(data.num_nodes, dtype=torch.long)
-    dist.broadcast(parts, src=dist.get_global_rank(group or dist.group.WORLD, 0), group=group)
-    return build_shard(data, parts, rank)
+    # NCCL moves CUDA tensors only: the parts travel through this rank's GPU there.
+    nccl = dist.get_backend(group) == "nccl"
+    wire = parts.to(torch.device("cuda", torch.cuda.current_device())) if nccl else parts
+    dist.broadcast(wire, src=dist.get_global_rank(group or dist.group.WORLD, 0), group=group)
+    return build_shard(data, wire.cpu() if nccl else parts, rank)
