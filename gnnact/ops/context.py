@@ -588,7 +588,7 @@ def load_packed_mask(ctx: Any, index: int = 0) -> PackedMask:
 
 
 def unpacked_blocks(packed: PackedMask) -> Iterator[tuple[slice, Tensor]]:
-    """``(elements, mask)`` by blocks of :func:`~gnnact.quant.reference.block_elements`
+    """``(elements, mask)`` by blocks of ``gnnact.quant.reference.block_elements``
     consecutive elements (row-major): each block's slice of the flat tensor and its unpacked
     boolean mask. Blocks start on whole bytes of the packed data."""
     n = packed.numel
