@@ -8,7 +8,7 @@ import torch
 
 import gnnact
 from gnnact import Config, ops
-from gnnact.ops.context import _apply_packed_mask, apply_mask
+from gnnact.ops.context import apply_mask, masked_by_blocks
 from gnnact.peak import PeakMeter
 from gnnact.quant import pack_mask, unpack_mask
 from gnnact.quant.reference import block_elements
@@ -149,8 +149,9 @@ def test_masks_by_blocks_are_the_whole_tensor_expression(divisor, slope):
     mask = torch.rand(n) > 0.3
     packed = pack_mask(mask)
     want = apply_mask(x.clone(), unpack_mask(packed), divisor, slope)
-    got = _apply_packed_mask(x.clone().view(n, 1), packed.data, torch.Size([n, 1]),
-                             divisor, slope)
+    value = x.clone().view(n, 1)
+    got = masked_by_blocks(value, pack_mask(mask.view(n, 1)), divisor, slope, out=value)
+    assert got is value
     assert torch.equal(got.view(-1).view(torch.int32), want.view(torch.int32))
 
 

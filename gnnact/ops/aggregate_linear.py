@@ -47,18 +47,15 @@ from gnnact.ops.blocks import row_starts
 from gnnact.ops.context import input_bits, load_context, records_graph, save_context, writable
 from gnnact.ops.graph import Graph
 from gnnact.ops.higher_order import first_order_only
+from gnnact.ops.spmm import inv_degree
 from gnnact.ops.state import eager_op
 
 __all__ = ["aggregate_linear", "fuses"]
 
 
-def _inv_degree(graph: Graph, dtype: torch.dtype) -> Tensor:
-    return graph.in_degree(dtype).clamp_(min=1).reciprocal_()
-
-
 def _forward(x: Tensor, weight: Tensor, bias: Tensor | None, root: Tensor | None,
              value: Tensor | None, graph: Graph, mean: bool) -> Tensor:
-    scale = _inv_degree(graph, x.dtype) if mean else None
+    scale = inv_degree(graph, x.dtype) if mean else None
     n_out = weight.size(0)
     if n_out < x.size(1):  # narrowing: X W^T first, a narrow temporary
         out = graph.mm(x @ weight.t(), value, scale=scale)
@@ -106,7 +103,7 @@ class _AggregateLinear(torch.autograd.Function):
             grad_x = (x_hat if x_hat is not None and writable(ctx, x_hat)
                       else grad.new_empty(graph.num_src, n_in))
         index = graph.transpose_index()
-        col_scale = _inv_degree(graph, grad.dtype) if ctx.mean else None
+        col_scale = inv_degree(graph, grad.dtype) if ctx.mean else None
         g, v = grad, None if ctx.mean else value
         if ctx.mean and value is not None:  # A^T D^-1 G with edge values: D^-1 on G
             g, col_scale, v = grad * col_scale[:, None], None, value

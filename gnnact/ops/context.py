@@ -234,27 +234,10 @@ def _rebuild(steps: list[tuple], state: ForwardState | None) -> Tensor:
         else:  # "mask"
             (data,) = tensors
             shape, divisor, slope = meta
-            value = _apply_packed_mask(value, data, shape, divisor, slope)
+            # In place, by blocks: the whole boolean mask (a quarter of a float32 tensor)
+            # never exists beside the rebuilt tensor.
+            value = masked_by_blocks(value, PackedMask(data, shape), divisor, slope, out=value)
     assert value is not None
-    return value
-
-
-def _apply_packed_mask(value: Tensor, data: Tensor, shape: torch.Size, divisor: float,
-                       slope: float) -> Tensor:
-    """:func:`apply_mask` of the packed mask ``data`` to ``value``, a tensor the rebuild
-    made, written into it by blocks (:func:`unpacked_blocks`): the whole boolean mask (a
-    quarter of a float32 tensor) never exists, and each element gets the bits the whole-tensor
-    expression gives it."""
-    if not value.is_contiguous():
-        return apply_mask(value, unpack_mask(PackedMask(data, shape)), divisor, slope,
-                          inplace=True)
-    flat = value.view(-1)
-    for block, mask in unpacked_blocks(PackedMask(data, shape)):
-        part = flat[block]
-        if slope != 0.0:
-            part.copy_(apply_mask(part, mask, divisor, slope))
-        else:
-            apply_mask(part, mask, divisor, slope, inplace=True)
     return value
 
 
@@ -551,27 +534,34 @@ def load_context(ctx: Any) -> list[Tensor | None]:
     return out
 
 
+def _element_blocks(n: int) -> Iterator[slice]:
+    """Consecutive slices of ``n`` elements, ``gnnact.quant.reference.block_elements(n)``
+    each (a multiple of 8: every block starts on a whole byte of a packed mask)."""
+    step = block_elements(n)
+    for lo in range(0, n, step):
+        yield slice(lo, min(n, lo + step))
+
+
 def packed_by_blocks(x: Tensor, predicate: Any) -> PackedMask:
     """``pack_mask(predicate(x))``, made block by block (:func:`unpacked_blocks`' blocks): the
     whole boolean mask never exists."""
     if not x.is_contiguous():
         return pack_mask(predicate(x))
     flat = x.view(-1)
-    n = flat.numel()
-    data = torch.empty((n + 7) // 8, dtype=torch.uint8, device=x.device)
-    step = block_elements(n)
-    for lo in range(0, n, step):
-        hi = min(n, lo + step)
-        data[lo // 8:(hi + 7) // 8] = pack_mask(predicate(flat[lo:hi])).data
+    data = torch.empty((flat.numel() + 7) // 8, dtype=torch.uint8, device=x.device)
+    for block in _element_blocks(flat.numel()):
+        data[block.start // 8:(block.stop + 7) // 8] = pack_mask(predicate(flat[block])).data
     return PackedMask(data, x.shape)
 
 
-def masked_by_blocks(x: Tensor, packed: PackedMask, divisor: float, slope: float) -> Tensor:
-    """:func:`apply_mask` of a packed mask to ``x``, into a new tensor, block by block: the
-    same bits as the whole-tensor expression, without the whole boolean mask."""
+def masked_by_blocks(x: Tensor, packed: PackedMask, divisor: float, slope: float,
+                     out: Tensor | None = None) -> Tensor:
+    """:func:`apply_mask` of a packed mask to ``x``, block by block, into ``out`` (a new tensor
+    by default; ``out=x`` writes over ``x``, which nothing else may read): the same bits as the
+    whole-tensor expression, without the whole boolean mask."""
     if not x.is_contiguous():
-        return apply_mask(x, unpack_mask(packed), divisor, slope)
-    out = torch.empty_like(x)
+        return apply_mask(x, unpack_mask(packed), divisor, slope, inplace=out is x)
+    out = torch.empty_like(x) if out is None else out
     flat, out_flat = x.view(-1), out.view(-1)
     for block, mask in unpacked_blocks(packed):
         apply_mask(flat[block], mask, divisor, slope, out=out_flat[block])
@@ -591,12 +581,9 @@ def unpacked_blocks(packed: PackedMask) -> Iterator[tuple[slice, Tensor]]:
     """``(elements, mask)`` by blocks of ``gnnact.quant.reference.block_elements``
     consecutive elements (row-major): each block's slice of the flat tensor and its unpacked
     boolean mask. Blocks start on whole bytes of the packed data."""
-    n = packed.numel
-    step = block_elements(n)
-    for lo in range(0, n, step):
-        hi = min(n, lo + step)
-        yield slice(lo, hi), unpack_mask(PackedMask(packed.data[lo // 8:(hi + 7) // 8],
-                                                    torch.Size([hi - lo])))
+    for block in _element_blocks(packed.numel):
+        data = packed.data[block.start // 8:(block.stop + 7) // 8]
+        yield block, unpack_mask(PackedMask(data, torch.Size([block.stop - block.start])))
 
 
 def writable(ctx: Any, t: Tensor) -> bool:

@@ -40,7 +40,8 @@ from gnnact.ops.state import eager_op
 __all__ = ["spmm"]
 
 
-def _inv_degree(graph: Graph, dtype: torch.dtype) -> Tensor:
+def inv_degree(graph: Graph, dtype: torch.dtype) -> Tensor:
+    r"""The mean's :math:`D^{-1}`: one over each target's in-degree (1 for no edges)."""
     return graph.in_degree(dtype).clamp_(min=1).reciprocal_()
 
 
@@ -53,7 +54,7 @@ def _rows(x: Tensor) -> Tensor:
 def _aggregate(x: Tensor, graph: Graph, value: Tensor | None, mean: bool) -> Tensor:
     edge_value = graph.value if value is None else value
     # D^{-1} in float32 at least: applied before the single rounding of a half-precision result.
-    scale = _inv_degree(graph, torch.promote_types(x.dtype, torch.float32)) if mean else None
+    scale = inv_degree(graph, torch.promote_types(x.dtype, torch.float32)) if mean else None
     y = graph.mm(_rows(x), edge_value, scale=scale)
     # A 2-D result is returned as is, not as a view: the layer may then add its bias into it
     # (autograd forbids writing a view made inside a custom Function).
@@ -88,11 +89,11 @@ class _SpMM(torch.autograd.Function):
             # A^T D^{-1} G with D^{-1} in the matrix's entries: no scaled copy of G, a
             # full-size tensor at the backward's peak otherwise.
             if ctx.needs_input_grad[0]:
-                grad_x = graph.mm(g, transpose=True, col_scale=_inv_degree(graph, g.dtype))
+                grad_x = graph.mm(g, transpose=True, col_scale=inv_degree(graph, g.dtype))
                 grad_x = grad_x.view(graph.num_src, *ctx.feature_shape)
             return grad_x, None, None, None, None
         if ctx.mean:
-            g = g * _inv_degree(graph, g.dtype)[:, None]
+            g = g * inv_degree(graph, g.dtype)[:, None]
         if ctx.needs_input_grad[0]:
             grad_x = graph.mm(g, edge_value, transpose=True).view(graph.num_src,
                                                                    *ctx.feature_shape)
