@@ -294,7 +294,10 @@ def test_profile_peak_counts_on_the_cpu(tmp_path):
                       "3000", "--warmup", "1", "--top", "100", "--out", str(out)]) == 0
     pyg, ours = [json.loads(line) for line in out.read_text().splitlines()]
     assert (pyg["bits"], ours["bits"]) == (32, 2)
-    assert ours["peak_ratio_vs_fp32"] == round(pyg["peak_bytes"] / ours["peak_bytes"], 2) > 3
+    # gnnact's graph cache (built in the warmup, outside the measured peak) is counted.
+    assert pyg["graph_cache_bytes"] == 0 < ours["graph_cache_bytes"]
+    assert ours["peak_ratio_vs_fp32"] == round(
+        pyg["peak_bytes"] / (ours["peak_bytes"] + ours["graph_cache_bytes"]), 2) > 3
     for row in (pyg, ours):
         assert sum(nbytes for _, nbytes, _ in row["alive"]) == row["peak_bytes"]
 
