@@ -11,11 +11,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from torch_geometric.nn import models as pyg_models
 
 from gnnact.env import environment
 
-__all__ = ["ADAPT_INTERVAL", "FIRST_INTERVAL", "RESULTS", "ROOT", "append_rows", "data_root",
-           "environment", "finish", "median_time", "optional_int", "step_peak_bytes"]
+__all__ = ["ADAPT_INTERVAL", "FIRST_INTERVAL", "PYG_MODELS", "RESULTS", "ROOT", "append_rows",
+           "data_root", "environment", "finish", "median_time", "optional_int", "pyg_model",
+           "step_peak_bytes"]
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -23,6 +25,25 @@ RESULTS = ROOT / "benchmarks" / "results"
 # The suite's adaptive controller: estimates at step 0, then gaps of FIRST_INTERVAL steps
 # doubling up to ADAPT_INTERVAL (gnnact.Controller's schedule).
 ADAPT_INTERVAL, FIRST_INTERVAL = 50, 10
+
+
+#: PyG's own model classes, at the sizes of gnnact.models (``pyg`` style).
+PYG_MODELS = ("gcn", "sage", "gat", "gatv2", "gin")
+
+
+def pyg_model(name: str, f_in: int, classes: int) -> torch.nn.Module:
+    """PyG's ``torch_geometric.nn.models`` class for ``name``: 3 layers, hidden 256 (GAT: 3
+    heads x 128, concatenated), BatchNorm, ReLU and dropout 0.5, as gnnact.models builds them."""
+    kwargs = {"num_layers": 3, "out_channels": classes, "dropout": 0.5, "norm": "batch_norm"}
+    if name == "gcn":
+        return pyg_models.GCN(f_in, 256, **kwargs)
+    if name == "sage":
+        return pyg_models.GraphSAGE(f_in, 256, **kwargs)
+    if name in ("gat", "gatv2"):
+        return pyg_models.GAT(f_in, 384, heads=3, v2=name == "gatv2", **kwargs)
+    if name == "gin":
+        return pyg_models.GIN(f_in, 256, **kwargs)
+    raise ValueError(f"no PyG model class for {name!r}; choose from {PYG_MODELS}")
 
 
 def step_peak_bytes(row: dict) -> int:

@@ -38,33 +38,14 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RESULTS, environment, finish
+from _common import PYG_MODELS, RESULTS, environment, finish, pyg_model
 from bench_suite import load_graph
-from torch_geometric.nn import models as pyg_models
 
 import gnnact
 from gnnact.data import SHAPES
 from gnnact.memory import SavedBytes, breakdown
 from gnnact.models import MODELS, STYLES, build
 from gnnact.training import adjacency
-
-#: PyG's own model classes, at the sizes of gnnact.models (``pyg`` style).
-PYG_MODELS = ("gcn", "sage", "gat", "gatv2", "gin")
-
-
-def pyg_model(name: str, f_in: int, classes: int) -> torch.nn.Module:
-    """PyG's ``torch_geometric.nn.models`` class for ``name``: 3 layers, hidden 256 (GAT: 3
-    heads x 128, concatenated), BatchNorm, ReLU and dropout 0.5, as gnnact.models builds them."""
-    kwargs = {"num_layers": 3, "out_channels": classes, "dropout": 0.5, "norm": "batch_norm"}
-    if name == "gcn":
-        return pyg_models.GCN(f_in, 256, **kwargs)
-    if name == "sage":
-        return pyg_models.GraphSAGE(f_in, 256, **kwargs)
-    if name in ("gat", "gatv2"):
-        return pyg_models.GAT(f_in, 384, heads=3, v2=name == "gatv2", **kwargs)
-    if name == "gin":
-        return pyg_models.GIN(f_in, 256, **kwargs)
-    raise ValueError(f"no PyG model class for {name!r}; choose from {PYG_MODELS}")
 
 
 def measure(model: torch.nn.Module, data, exclude: list) -> SavedBytes:

@@ -12,7 +12,13 @@ Usage::
     python benchmarks/profile_peak.py --device cuda [--models sage] [--bits 2] [--shape arxiv]
         [--nodes N] [--top 12]
     python benchmarks/profile_peak.py --device cpu --models gcn sage gat gcnii --bits 32 2 \
-        --nodes 20000
+        --nodes 20000 [--styles module functional pyg]
+
+Each model in up to three styles (``--styles``, as in ``bench_saved_bytes.py``): ``module``
+(:mod:`gnnact.models` as written), ``functional`` (the same model written as PyG's examples
+write it, ``F.relu`` and ``F.dropout`` in ``forward``) and ``pyg`` (PyG's own
+``torch_geometric.nn.models`` class, where there is one: GCN, SAGE, GAT), each converted by
+:func:`gnnact.convert` as a user would convert it.
 
 Rows (``peak.jsonl``): the traced peak, ``max_memory_allocated`` over the same step for
 comparison (32 bits: the PyG model unconverted), ``graph_cache_bytes`` (gnnact's graph cache,
@@ -36,13 +42,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RESULTS, environment, finish, step_peak_bytes
+from _common import PYG_MODELS, RESULTS, environment, finish, pyg_model, step_peak_bytes
 
 import gnnact
 from gnnact.data import SHAPES, synthetic_like
 from gnnact.env import cuda_index
 from gnnact.memory import breakdown
-from gnnact.models import MODELS, build
+from gnnact.models import MODELS, STYLES, build
 from gnnact.peak import PeakMeter
 from gnnact.training import loss_of
 
@@ -132,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", type=torch.device, default=torch.device("cuda"))
     parser.add_argument("--models", nargs="+", choices=MODELS, default=["sage"])
     parser.add_argument("--bits", nargs="+", type=int, default=[2])
+    parser.add_argument("--styles", nargs="+", choices=[*STYLES, "pyg"], default=["module"],
+                        help="how the model is written (pyg: torch_geometric.nn.models)")
     parser.add_argument("--shape", choices=list(SHAPES), default="arxiv")
     parser.add_argument("--nodes", type=int, default=None, help="default: the shape's")
     parser.add_argument("--warmup", type=int, default=2)
@@ -143,27 +151,35 @@ def main(argv: list[str] | None = None) -> int:
     data = synthetic_like(args.shape, num_nodes=args.nodes).to(args.device)
     env = environment(args.device)
     rows = []
+    classes = SHAPES[args.shape][3]
     for name in args.models:
-        for bits in args.bits:
-            torch.manual_seed(0)
-            model = build(name, data.num_features, SHAPES[args.shape][3]).to(args.device)
-            if bits < 32:
-                gnnact.convert(model, gnnact.Config(bits=bits))
-            result = profile_step(model, data, args.device, args.warmup)
-            result["alive"] = result["alive"][:args.top]
-            row = {"bench": "peak", **env, "model": name, "bits": bits,
-                   "graph": args.shape, "num_nodes": data.num_nodes, **result}
-            fp32 = [r for r in rows if r["model"] == name and r["bits"] == 32]
-            if bits < 32 and fp32:  # PyG fp32's peak over this one (graph cache counted)
-                row["peak_ratio_vs_fp32"] = round(step_peak_bytes(fp32[0])
-                                                  / step_peak_bytes(result), 2)
-            rows.append(row)
-            print(f"{name} {bits} bits: peak {result['peak_bytes'] / 2**20:.1f} MiB (traced "
-                  f"{result['traced_peak_bytes'] / 2**20:.1f}) + graph cache "
-                  f"{result['graph_cache_bytes'] / 2**20:.1f} MiB, reached at {result['at']}")
-            for where, nbytes, count in result["alive"]:
-                print(f"  {nbytes / 2**20:9.1f} MiB  {count:4d}x  {where}")
-            del model
+        for style in args.styles:
+            if name not in (PYG_MODELS if style == "pyg" else MODELS):
+                continue  # no such model in this style
+            for bits in args.bits:
+                torch.manual_seed(0)
+                model = (pyg_model(name, data.num_features, classes) if style == "pyg"
+                         else build(name, data.num_features, classes, style=style))
+                model = model.to(args.device)
+                if bits < 32:
+                    gnnact.convert(model, gnnact.Config(bits=bits))
+                result = profile_step(model, data, args.device, args.warmup)
+                result["alive"] = result["alive"][:args.top]
+                row = {"bench": "peak", **env, "model": name, "style": style, "bits": bits,
+                       "graph": args.shape, "num_nodes": data.num_nodes, **result}
+                fp32 = [r for r in rows
+                        if r["model"] == name and r["style"] == style and r["bits"] == 32]
+                if bits < 32 and fp32:  # PyG fp32's peak over this one (graph cache counted)
+                    row["peak_ratio_vs_fp32"] = round(step_peak_bytes(fp32[0])
+                                                      / step_peak_bytes(result), 2)
+                rows.append(row)
+                print(f"{name} {style} {bits} bits: peak {result['peak_bytes'] / 2**20:.1f} MiB "
+                      f"(traced {result['traced_peak_bytes'] / 2**20:.1f}) + graph cache "
+                      f"{result['graph_cache_bytes'] / 2**20:.1f} MiB, reached at "
+                      f"{result['at']}")
+                for where, nbytes, count in result["alive"]:
+                    print(f"  {nbytes / 2**20:9.1f} MiB  {count:4d}x  {where}")
+                del model
     return finish(args.out, rows)
 
 

@@ -75,7 +75,8 @@ _TABLES = {
         ("largest nodes", lambda r: f"{r['largest_nodes']:,}"),
         ("peak MB there", lambda r: _mb(r.get("peak_bytes_at_largest")))]),
     "peak.jsonl": ("What is alive at the peak", [
-        ("graph", "graph"), ("nodes", "num_nodes"), ("model", "model"), ("bits", "bits"),
+        ("graph", "graph"), ("nodes", "num_nodes"), ("model", "model"),
+        ("style", lambda r: r.get("style", "module")), ("bits", "bits"),
         ("peak MB", lambda r: _mb(r.get("peak_bytes"))),
         ("graph cache MB", lambda r: _mb(r.get("graph_cache_bytes"))),
         ("PyG fp32 over this", lambda r: _x(r.get("peak_ratio_vs_fp32"))),
@@ -295,11 +296,15 @@ _DATASETS = {"dblp": "DBLP", "computers": "Amazon-Computers", "physics": "Coauth
              "cora": "Cora"}
 
 
+#: How a model is written (the benchmarks' ``style``), in table order.
+_STYLES = {"module": "gnnact.models (modules)", "functional": "F.relu / F.dropout",
+           "pyg": "PyG's model class"}
+
+
 def _saved_styles(results: Path) -> list[str]:
     """The same models written three ways (modules, functional calls, PyG's model classes)."""
     name = "saved_bytes.jsonl"
-    styles = {"module": "gnnact.models (modules)", "functional": "F.relu / F.dropout",
-              "pyg": "PyG's model class"}
+    styles = _STYLES
     rows = [r for r in _rows(results, name) if _arxiv_shape(r) and r.get("graph_cache_counted")
             and r.get("style") in styles and r.get("adaptive_avg_bits") is None
             and r["bits"] in (2, 4)]
@@ -564,11 +569,14 @@ def _ablation(results: Path) -> list[str]:
 
 #: The results page's tables: file stem under ``_generated`` -> renderer of the results folder.
 def _peak(results: Path) -> list[str]:
-    """A step's peak, PyG fp32 against gnnact 2 bits, per device and model (newest rows)."""
+    """A step's peak, PyG fp32 against gnnact 2 bits, per device, model and the way the model
+    is written (newest rows; rows before the style was recorded are ``module``)."""
     name = "peak.jsonl"
     best = _newest(_rows(results, name), lambda r: (r["device"], r["graph"], r["num_nodes"],
-                                                     r["model"], r["bits"]))
-    keys = sorted({k[:4] for k in best}, key=lambda k: (k[0], k[1], k[2], _model_key(k[3])))
+                                                     r["model"], r.get("style", "module"),
+                                                     r["bits"]))
+    keys = sorted({k[:5] for k in best},
+                  key=lambda k: (k[0], k[1], k[2], _model_key(k[3]), list(_STYLES).index(k[4])))
     body = []
     for k in keys:
         pyg, ours = best.get((*k, 32)), best.get((*k, 2))
@@ -576,11 +584,12 @@ def _peak(results: Path) -> list[str]:
             continue
         cache = ours.get("graph_cache_bytes")
         body.append([ours["device_name"], f"{k[1]} ({k[2]:,} nodes)", _LABEL.get(k[3], k[3]),
+                     _STYLES[k[4]],
                      "–" if pyg is None else _mib(step_peak_bytes(pyg)),
                      _mib(step_peak_bytes(ours)), "–" if cache is None else _mib(cache),
                      "–" if pyg is None else _x1(step_peak_bytes(pyg) / step_peak_bytes(ours)),
                      ours.get("at") or ""])
-    header = ["device", "graph", "model", "PyG fp32 (MiB)",
+    header = ["device", "graph", "model", "written as", "PyG fp32 (MiB)",
               "gnnact 2 bits, graph cache included (MiB)", "of which graph cache (MiB)",
               "lower by", "2-bit peak reached at"]
     return [*_source(name, [r for r in best.values()]), *_list_table([header, *body])]

@@ -287,19 +287,23 @@ def test_profile_peak_replays_the_allocator_trace():
 
 def test_profile_peak_counts_on_the_cpu(tmp_path):
     """On the CPU the step runs under gnnact.peak.PeakMeter: a PyG row and a 2-bit row with
-    the sites alive at the peak adding up to it."""
+    the sites alive at the peak adding up to it, for the model as gnnact.models writes it, as
+    PyG's examples write it (F.relu, F.dropout) and as PyG's own model class."""
     peak = _script("profile_peak")
     out = tmp_path / "peak.jsonl"
     assert peak.main(["--device", "cpu", "--models", "gcn", "--bits", "32", "2", "--nodes",
-                      "3000", "--warmup", "1", "--top", "100", "--out", str(out)]) == 0
-    pyg, ours = [json.loads(line) for line in out.read_text().splitlines()]
-    assert (pyg["bits"], ours["bits"]) == (32, 2)
-    # gnnact's graph cache (built in the warmup, outside the measured peak) is counted.
-    assert pyg["graph_cache_bytes"] == 0 < ours["graph_cache_bytes"]
-    assert ours["peak_ratio_vs_fp32"] == round(
-        pyg["peak_bytes"] / (ours["peak_bytes"] + ours["graph_cache_bytes"]), 2) > 3
-    for row in (pyg, ours):
-        assert sum(nbytes for _, nbytes, _ in row["alive"]) == row["peak_bytes"]
+                      "3000", "--warmup", "1", "--top", "100", "--styles", "module",
+                      "functional", "pyg", "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["style"], r["bits"]) for r in rows] == [
+        (style, bits) for style in ("module", "functional", "pyg") for bits in (32, 2)]
+    for pyg, ours in zip(rows[::2], rows[1::2], strict=True):
+        # gnnact's graph cache (built in the warmup, outside the measured peak) is counted.
+        assert pyg["graph_cache_bytes"] == 0 < ours["graph_cache_bytes"]
+        assert ours["peak_ratio_vs_fp32"] == round(
+            pyg["peak_bytes"] / (ours["peak_bytes"] + ours["graph_cache_bytes"]), 2) > 3
+        for row in (pyg, ours):
+            assert sum(nbytes for _, nbytes, _ in row["alive"]) == row["peak_bytes"]
 
 
 def test_neighbor_loader_rows(tmp_path, capsys):

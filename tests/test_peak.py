@@ -218,6 +218,31 @@ def test_mask_op_forward_holds_its_output_and_packed_mask(op):
     assert meter.peak_bytes < 1.15 * x.nbytes
 
 
+@pytest.mark.parametrize("op", ["relu", "leaky_relu", "dropout"])
+def test_in_place_mask_op_writes_over_its_input(op):
+    """``inplace=True`` (``nn.ReLU(inplace=True)``, ``F.dropout(..., inplace=True)``) writes
+    the result over the input, as PyTorch's does: no full-size output beside it, only the
+    packed mask and a block (dropout: its boolean draw, a quarter); the same values and
+    gradient as out of place."""
+    base = torch.randn(ROWS, WIDTH, requires_grad=True)
+    kwargs = {"p": 0.5, "training": True} if op == "dropout" else {}
+    outs, grads = [], []
+    for inplace in (False, True):
+        x = base * 1.0  # a non-leaf, as an in-place op's input must be
+        torch.manual_seed(0)
+        with PeakMeter() as meter:
+            out = getattr(gnnact.ops, op)(x, inplace=inplace, **kwargs)
+        assert (out is x) == inplace
+        if inplace:
+            assert meter.peak_bytes < (0.35 if op == "dropout" else 0.15) * x.nbytes
+        else:
+            assert meter.peak_bytes > x.nbytes
+        (grad,) = torch.autograd.grad(out, base, torch.ones_like(out))
+        outs.append(out)
+        grads.append(grad)
+    assert torch.equal(outs[0], outs[1]) and torch.equal(grads[0], grads[1])
+
+
 def test_mean_aggregation_backward_scales_the_matrix_not_the_gradient():
     x = torch.randn(ROWS, WIDTH, requires_grad=True)
     edge_index = torch.randint(0, ROWS, (2, 4 * ROWS))

@@ -22,6 +22,13 @@ call                                                   kept for backward
                                                        (the generic pipeline)
 =====================================================  ===================================
 
+A call of ReLU, LeakyReLU or dropout whose input is a *temporary* (``F.relu(self.bn(x))``,
+``self.conv(x, edge_index).relu()``: a result no name, container, view or saved context
+refers to) writes over that input, as ``inplace=True`` would: the caller can never read it
+again, so the result is the same and one full-size tensor fewer is alive (PyG's examples nest
+these calls; in PyTorch each nesting keeps the inner result alive beside the outer one). What
+counts as a temporary is measured, not assumed: see :func:`temporary_counts`.
+
 A call is routed only when autograd records it (grad mode on, an input that needs a gradient)
 and its arguments are the plain kind gnnact's ops take; otherwise, and inside gnnact's own
 ops, PyTorch's function runs unchanged. Everything else saved in the pass goes through the
@@ -33,6 +40,8 @@ far the most sensitive context (GACT).
 
 from __future__ import annotations
 
+import functools
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -44,7 +53,7 @@ from torch.overrides import TorchFunctionMode
 from gnnact import ops
 from gnnact.config import Config
 
-__all__ = ["EXACT_FUNCTIONS", "FunctionalOps"]
+__all__ = ["EXACT_FUNCTIONS", "FunctionalOps", "temporary_counts"]
 
 #: Functions whose saved tensors stay exact (the loss head).
 EXACT_FUNCTIONS = frozenset({F.softmax, F.log_softmax, torch.softmax, torch.log_softmax,
@@ -133,6 +142,84 @@ HANDLERS: dict[Callable, Callable] = {
 }
 
 
+#: Calls whose handler can write over the input (``inplace=True``), with the ways a caller
+#: passes a temporary to each (``take()`` returns it, the call's only reference) and a named
+#: tensor (``t``, a local): :func:`temporary_counts` measures both.
+_IN_PLACE: dict[Callable, tuple[tuple[Callable, ...], tuple[Callable, ...]]] = {
+    F.relu: ((lambda take: F.relu(take()),), (lambda t: F.relu(t),)),
+    torch.relu: ((lambda take: torch.relu(take()),), (lambda t: torch.relu(t),)),
+    Tensor.relu: ((lambda take: take().relu(), lambda take: Tensor.relu(take())),
+                  (lambda t: t.relu(), lambda t: Tensor.relu(t))),
+    F.leaky_relu: ((lambda take: F.leaky_relu(take(), 0.2),), (lambda t: F.leaky_relu(t, 0.2),)),
+    F.dropout: ((lambda take: F.dropout(take(), 0.5, True),
+                 lambda take: F.dropout(take(), p=0.5, training=True)),
+                (lambda t: F.dropout(t, 0.5, True),)),
+}
+
+
+def _counts(t: Tensor) -> tuple[int, int]:
+    """``(references to t, references to its storage)``, read first thing in
+    :meth:`FunctionalOps.__torch_function__` (a view, a ``detach()``-ed alias or an output its
+    op saved for backward holds the storage; a name, a container or a pack hook holds ``t``)."""
+    return sys.getrefcount(t), torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+
+
+class _Probe:
+    """The tensor :func:`temporary_counts` passes, and the counts the mode saw for it."""
+
+    def __init__(self) -> None:
+        self.tensor: Tensor | None = None
+        self.id = 0
+        self.seen: list[tuple[int, int]] = []
+
+    def arm(self) -> None:
+        self.tensor = torch.zeros(8)
+        self.id = id(self.tensor)
+
+    def take(self) -> Tensor:
+        """The armed tensor, handed over: the caller's reference is then its only one."""
+        t, self.tensor = self.tensor, None
+        assert t is not None
+        return t
+
+
+@functools.cache
+def temporary_counts() -> dict[Callable, tuple[int, int]]:
+    """For each call that can write over its input: the most references, and the storage
+    references, that :class:`FunctionalOps` sees for an input the caller passed as a
+    temporary. Measured once per interpreter, by passing a tensor both ways through the same
+    path (every form of the call): a call is listed only if every named input is seen with
+    more references than any temporary. Empty where that cannot be told apart (an
+    interpreter that lends references from the stack: CPython 3.14's borrowed loads, or not
+    CPython), and then nothing is written over."""
+    if (sys.implementation.name != "cpython" or sys.version_info >= (3, 14)
+            or not hasattr(torch._C, "_storage_Use_Count")):
+        return {}
+    probe = _Probe()
+    mode = FunctionalOps(lambda role: Config(), [0])
+    mode.probe = probe
+    found = {}
+    with mode:
+        for func, (temporaries, named) in _IN_PLACE.items():
+            seen_temporary, seen_named = [], []
+            for form in temporaries:
+                probe.arm()
+                form(probe.take)
+                seen_temporary += probe.seen
+                probe.seen = []
+            for form in named:
+                probe.arm()
+                form(probe.take())
+                seen_named += probe.seen
+                probe.seen = []
+            refs = {r for r, _ in seen_temporary}
+            storages = {u for _, u in seen_temporary}
+            if (len(seen_temporary) == len(temporaries) and len(seen_named) == len(named)
+                    and len(storages) == 1 and max(refs) < min(r for r, _ in seen_named)):
+                found[func] = (max(refs), storages.pop())
+    return found
+
+
 class FunctionalOps(TorchFunctionMode):
     """Routes the functional calls of :data:`HANDLERS` to gnnact's ops (see the module
     docstring) and marks the calls of :data:`EXACT_FUNCTIONS`.
@@ -148,13 +235,24 @@ class FunctionalOps(TorchFunctionMode):
         super().__init__()
         self.config_for = config_for
         self.exact = exact
+        self.probe: _Probe | None = None  # set by temporary_counts only
 
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
+        # Counted before anything here refers to the input (temporary_counts counts here too).
+        counts = (_counts(args[0]) if func in _IN_PLACE and args and type(args[0]) is Tensor
+                  else None)
+        if counts is not None and self.probe is not None and id(args[0]) == self.probe.id:
+            self.probe.seen.append(counts)
+            return args[0]
         kwargs = kwargs or {}
         handler = HANDLERS.get(func)
         if handler is not None and torch.is_grad_enabled():
-            out = handler(self.config_for, *args, **kwargs)
+            given = kwargs
+            if counts is not None and not kwargs.get("inplace") and _temporary(func, args[0],
+                                                                                  counts):
+                given = {**kwargs, "inplace": True}
+            out = handler(self.config_for, *args, **given)
             if out is not NotImplemented:
                 return out
         if func in EXACT_FUNCTIONS:
@@ -164,3 +262,14 @@ class FunctionalOps(TorchFunctionMode):
             finally:
                 self.exact[0] -= 1
         return func(*args, **kwargs)
+
+
+def _temporary(func: Callable, x: Tensor, counts: tuple[int, int]) -> bool:
+    """Whether ``x``, the input of ``func`` seen with ``counts``, is a temporary that the call
+    may write over: referred to no more than a temporary is (:func:`temporary_counts`), its
+    storage its own, and an in-place op allowed on it (an autograd result, not a leaf,
+    contiguous, not a view)."""
+    known = temporary_counts().get(func)
+    return (known is not None and counts[0] <= known[0] and counts[1] == known[1]
+            and x.grad_fn is not None and x._base is None and x.is_contiguous()
+            and not torch.compiler.is_compiling())

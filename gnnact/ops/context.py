@@ -60,9 +60,9 @@ from gnnact.quant.packed import QUANT_BITS
 from gnnact.quant.reference import block_elements
 
 __all__ = ["alias_derived", "apply_mask", "cache_key", "cached", "controlled_noise", "derive",
-           "hold_parts", "independent_quantize", "input_bits", "load_context", "noise_generator",
-           "own_context", "per_node_quantize", "records_graph", "release", "remember",
-           "resident", "save_context", "shared_quantize", "transient"]
+           "derived_steps", "hold_parts", "independent_quantize", "input_bits", "load_context",
+           "noise_generator", "own_context", "per_node_quantize", "records_graph", "release",
+           "remember", "resident", "save_context", "shared_quantize", "transient"]
 
 def cache_key(x: Tensor) -> tuple[tuple, Tensor]:
     """The key of ``x`` and the object whose identity it rests on: the tensor ``x`` views
@@ -135,16 +135,21 @@ def _ref(t: Tensor | None) -> weakref.ref | None:
     return None if t is None else weakref.ref(t)
 
 
-def derive(out: Tensor, source: Tensor | None, kind: str, tensors: tuple, meta: tuple) -> None:
+def derive(out: Tensor, source: Tensor | None, kind: str, tensors: tuple, meta: tuple, *,
+           source_steps: tuple | None = None) -> None:
     """Record that ``out`` is step ``(kind, tensors, meta)`` applied to ``source`` (``None``:
-    a base step, which needs no source). Nothing is recorded if ``source`` is not derived."""
+    a base step, which needs no source). Nothing is recorded if ``source`` is not derived.
+    ``source_steps`` stands for ``source`` when an in-place op has overwritten it: its
+    :func:`derived_steps`, read before."""
     state = forward_state()
     steps: tuple = ()
-    if source is not None:
-        entry = _resolve(source)
-        if entry is None:
+    if source_steps is not None:
+        steps = source_steps
+    elif source is not None:
+        found = derived_steps(source)
+        if found is None:
             return
-        steps = state.derived[id(source)][2]
+        steps = found
     key = id(out)
     out_ref = weakref.ref(out, state.callback("forget_derived", key))
     chain = (*steps, (kind, tuple(map(_ref, tensors)), meta))
@@ -153,14 +158,22 @@ def derive(out: Tensor, source: Tensor | None, kind: str, tensors: tuple, meta: 
     state.keep(("derived", key), (r() for _, refs, _ in chain for r in refs if r is not None))
 
 
+def derived_steps(x: Tensor) -> tuple | None:
+    """The steps (weak references) that rebuild ``x`` as it is now, or ``None`` if ``x`` is
+    not derived: what an op that overwrites ``x`` reads first, to derive its result from."""
+    if _resolve(x) is None:
+        return None
+    return forward_state().derived[id(x)][2]
+
+
 def alias_derived(out: Tensor, source: Tensor) -> None:
     """Record ``out`` as rebuilt exactly as ``source`` is (``out`` holds ``source``'s values,
     e.g. an in-place op's result copied back into its input). Nothing if ``source`` is not
     derived."""
     state = forward_state()
-    if _resolve(source) is None:
+    chain = derived_steps(source)
+    if chain is None:
         return
-    chain = state.derived[id(source)][2]
     key = id(out)
     state.derived[key] = (weakref.ref(out, state.callback("forget_derived", key)), out._version,
                           chain)

@@ -44,6 +44,7 @@ from gnnact.ops.blocks import row_starts
 from gnnact.ops.context import (
     alias_derived,
     derive,
+    derived_steps,
     input_bits,
     load_context,
     load_packed_mask,
@@ -234,28 +235,34 @@ def batch_norm(x: Tensor, running_mean: Tensor | None, running_var: Tensor | Non
     return out
 
 
-def _record_derived(out: Tensor, source: Tensor | None, kind: str) -> None:
+def _record_derived(out: Tensor, source: Tensor | None, kind: str,
+                    source_steps: tuple | None = None) -> None:
     """Register ``out`` as derived from context its op keeps (the op left the pieces on its
-    ``ctx`` as ``gnnact_base``; they are dropped from there so the ``ctx`` holds no tensor)."""
+    ``ctx`` as ``gnnact_base``; they are dropped from there so the ``ctx`` holds no tensor).
+    ``source_steps``: ``source``'s steps read before an in-place op overwrote it."""
     ctx = out.grad_fn
     base = getattr(ctx, "gnnact_base", None)
     if base is not None:
         del ctx.gnnact_base
-        derive(out, source, kind, *base)
+        derive(out, source, kind, *base, source_steps=source_steps)
 
 
 class _Masked(torch.autograd.Function):
     r""":math:`Y = X \odot M / d + s X \odot (1 - M)` for a mask :math:`M` packed to 1 bit,
     which is what it keeps. ReLU is :math:`(d, s) = (1, 0)`, LeakyReLU :math:`(1, s)`, dropout
     :math:`(1 - p, 0)`. Each branch does what PyTorch's own kernel does, bit for bit, block by
-    block (no whole boolean mask beside the input and the output)."""
+    block (no whole boolean mask beside the input and the output). With ``inplace`` the
+    result is written over :math:`X` (marked dirty): no second full-size tensor."""
 
     @staticmethod
     def forward(ctx: Any, x: Tensor, packed: PackedMask, divisor: float,
-                slope: float) -> Tensor:
+                slope: float, inplace: bool) -> Tensor:
         save_context(ctx, _NO_QUANT, packed)
         ctx.divisor, ctx.slope = divisor, slope
         ctx.gnnact_base = ((packed.data,), (packed.shape, divisor, slope))
+        if inplace:
+            ctx.mark_dirty(x)
+            return masked_by_blocks(x, packed, divisor, slope, out=x)
         return masked_by_blocks(x, packed, divisor, slope)
 
     @staticmethod
@@ -279,7 +286,7 @@ class _Masked(torch.autograd.Function):
         # a graph leaf of its own gives that zero (no path to X) rather than an error.
         if torch.is_grad_enabled() and not out.requires_grad:
             out = out.detach().requires_grad_()
-        return out, None, None, None
+        return out, None, None, None, None
 
 
 def _mask_grad(grad: Tensor, mask: Tensor, divisor: float, slope: float,
@@ -293,9 +300,17 @@ def _mask_grad(grad: Tensor, mask: Tensor, divisor: float, slope: float,
     return torch.mul(grad, mask.to(grad.dtype).div_(divisor), out=out)
 
 
-def _masked(x: Tensor, packed: PackedMask, divisor: float, slope: float) -> Tensor:
-    out = _Masked.apply(x, packed, divisor, slope)
-    _record_derived(out, x, "mask")
+def _masked(x: Tensor, packed: PackedMask, divisor: float, slope: float,
+            inplace: bool = False) -> Tensor:
+    """:class:`_Masked`, derived from ``x``'s context; ``inplace`` writes over ``x`` where
+    autograd lets a function do so (contiguous, not a view: a view's base would need its
+    history rewritten), else computes beside it and copies back, as PyTorch's in-place ops
+    promise the same result either way."""
+    if inplace and not (x.is_contiguous() and x._base is None):
+        return _into(x, _masked(x, packed, divisor, slope))
+    steps = derived_steps(x) if inplace else None  # read before x is overwritten
+    out = _Masked.apply(x, packed, divisor, slope, inplace)
+    _record_derived(out, x, "mask", steps)
     return out
 
 
@@ -330,8 +345,7 @@ def relu(x: Tensor, inplace: bool = False) -> Tensor:
     """ReLU keeping a 1-bit mask :math:`[X > 0]`."""
     if not records_graph(x):
         return transient(F.relu(x, inplace=inplace))
-    out = _masked(x, packed_by_blocks(x, _positive), 1.0, 0.0)
-    return _into(x, out) if inplace else out
+    return _masked(x, packed_by_blocks(x, _positive), 1.0, 0.0, inplace)
 
 
 @eager_op
@@ -339,8 +353,7 @@ def leaky_relu(x: Tensor, negative_slope: float = 0.01, inplace: bool = False) -
     """LeakyReLU keeping a 1-bit mask :math:`[X > 0]`."""
     if not records_graph(x):
         return transient(F.leaky_relu(x, negative_slope, inplace=inplace))
-    out = _masked(x, packed_by_blocks(x, _positive), 1.0, float(negative_slope))
-    return _into(x, out) if inplace else out
+    return _masked(x, packed_by_blocks(x, _positive), 1.0, float(negative_slope), inplace)
 
 
 class _ELU(torch.autograd.Function):
@@ -408,5 +421,4 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True, inplace: bool = Fa
     # generator's stream does not depend on the dtype), without its full-size float copy.
     # Packed before the output is made (the whole draw is one call, as F.dropout's).
     keep = pack_mask(torch.empty_like(x, dtype=torch.bool).bernoulli_(1 - p))
-    out = _masked(x, keep, 1.0 - p, 0.0)
-    return _into(x, out) if inplace else out
+    return _masked(x, keep, 1.0 - p, 0.0, inplace)
