@@ -243,6 +243,22 @@ def test_in_place_mask_op_writes_over_its_input(op):
     assert torch.equal(outs[0], outs[1]) and torch.equal(grads[0], grads[1])
 
 
+def test_gat_backward_restores_one_copy_of_its_input_at_a_time():
+    """GAT's backward at 2 bits: the input gradient and one restored copy of the input (X^s,
+    then the independently rounded X~^s once X^s is read no more), with one head's slices
+    and per-edge values beside them: no head-major copies, no full-size products (they go
+    into the gradient in place, or are summed by row blocks)."""
+    heads, channels, n = 4, 64, ROWS // 4
+    xs = torch.randn(n, heads, channels, requires_grad=True)
+    att_src = torch.randn(1, heads, channels, requires_grad=True)
+    att_dst = torch.randn(1, heads, channels, requires_grad=True)
+    graph = gnnact.ops.graph_from(torch.randint(0, n, (2, 4 * n)), n, n)
+    out = gnnact.ops.gat_attention(xs, None, att_src, att_dst, graph, training=True,
+                                   config=gnnact.Config(bits=2))
+    meter = _metered_backward(out)
+    assert meter.peak_bytes < 3 * xs.nbytes  # (5.3 before)
+
+
 def test_mean_aggregation_backward_scales_the_matrix_not_the_gradient():
     x = torch.randn(ROWS, WIDTH, requires_grad=True)
     edge_index = torch.randint(0, ROWS, (2, 4 * ROWS))

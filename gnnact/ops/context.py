@@ -44,7 +44,7 @@ from __future__ import annotations
 import contextlib
 import weakref
 import zlib
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -515,12 +515,17 @@ def save_context(ctx: Any, config: Config, *items: Entry) -> None:
     ctx.gnnact_state = weakref.ref(state)
 
 
-def load_context(ctx: Any) -> list[Tensor | None]:
-    """What :func:`save_context` kept, in order: dequantized, unpacked or as is."""
+def load_context(ctx: Any, only: Container[int] | None = None) -> list[Tensor | None]:
+    """What :func:`save_context` kept, in order: dequantized, unpacked or as is. With ``only``,
+    just those items (the others come back as ``None``): a backward restores a full-size item
+    when it needs it, after what it no longer needs has gone, and each item once."""
     saved = ctx.saved_tensors
     state = ctx.gnnact_state()  # None once the pass that saved them is over: nothing to release
     out: list[Tensor | None] = []
-    for slot in ctx.gnnact_slots:
+    for index, slot in enumerate(ctx.gnnact_slots):
+        if only is not None and index not in only:
+            out.append(None)
+            continue
         if slot is not None and slot[0] == "derived":
             _, position, layout = slot
             steps = []

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gnnact.config import Config
-from gnnact.ops.blocks import row_starts
+from gnnact.ops.blocks import row_starts, sum_of_products
 from gnnact.ops.context import (
     alias_derived,
     derive,
@@ -167,7 +167,7 @@ class _BatchNorm(torch.autograd.Function):
         # zero and, being linear, keeps E[xn] unchanged.
         xn.sub_(xn.mean(dims, keepdim=True))
         sum_g = grad.sum(dims)
-        sum_gx = _sum_of_products(grad, xn, dims)
+        sum_gx = sum_of_products(grad, xn, dims)
         grad_x = None
         if ctx.needs_input_grad[0]:
             scale = invstd if weight is None else invstd * weight.view(shape)
@@ -186,22 +186,6 @@ class _BatchNorm(torch.autograd.Function):
         grad_w = sum_gx if ctx.has_weight and ctx.needs_input_grad[1] else None
         grad_b = sum_g if ctx.has_bias and ctx.needs_input_grad[2] else None
         return grad_x, grad_w, grad_b, None, None, None, None, None
-
-
-def _sum_of_products(a: Tensor, b: Tensor, dims: list[int]) -> Tensor:
-    """``(a * b).sum(dims)`` over row blocks (:func:`~gnnact.ops.blocks.row_starts`): the
-    product never exists whole (it would be a full-size temporary at the backward's peak).
-    Blocks are summed in at least float32, as torch sums a 16-bit tensor, and rounded once at
-    the end."""
-    dtype = torch.result_type(a, b)
-    starts = row_starts(a.size(0), a[:1].numel())
-    if len(starts) <= 2:
-        return (a * b).sum(dims)
-    acc = torch.float64 if dtype == torch.float64 else torch.float32
-    total = torch.zeros(a.size(1), dtype=acc, device=a.device)
-    for r0, r1 in itertools.pairwise(starts):
-        total += (a[r0:r1] * b[r0:r1]).sum(dims, dtype=acc)
-    return total.to(dtype)
 
 
 @eager_op

@@ -91,6 +91,7 @@ from torch import Tensor
 from torch_geometric.utils import softmax
 
 from gnnact.config import Config
+from gnnact.ops.blocks import sum_of_products
 from gnnact.ops.context import independent_quantize, load_context, records_graph, save_context
 from gnnact.ops.graph import Graph, csr_tensor
 from gnnact.ops.higher_order import first_order_only
@@ -109,6 +110,8 @@ _CSR_DTYPES = (torch.float32, torch.float64)
 
 # How the targets' features relate to the sources'.
 _SAME, _SEPARATE, _NONE = 0, 1, 2
+#: Where X~^s is among what forward keeps (save_context's items).
+_TILDE = 7
 
 
 def _to_csr(edge_tensor: Tensor, graph: Graph) -> Tensor:
@@ -146,14 +149,16 @@ def _aggregate(weights_t: Tensor, x: Tensor, graph: Graph, transpose: bool) -> T
     # features aggregates (and returns) float32.
     dtype = torch.promote_types(x.dtype, weights_t.dtype)
     if dtype in _CSR_DTYPES:
-        # One CSR x dense product per head: no [E, H, C] transient at all.
-        x_t = x.transpose(0, 1).to(dtype).contiguous()  # [H, N_in, C]
-        out = x_t.new_empty(heads, num_out, channels)
+        # One CSR x dense product per head: no [E, H, C] transient at all. One head's
+        # features at a time ([N, C], a 1/H share), written into its slice of the result:
+        # neither a head-major copy of the input nor one of the result exists whole.
+        out = x.new_empty(num_out, heads, channels, dtype=dtype)
         # A^T's index once for all heads (the parts the graph does not keep are made here).
         index = graph.transpose_index() if transpose else None
         for h in range(heads):
-            out[h] = graph.mm(x_t[h], weights_t[h], transpose=transpose, index=index)
-        return out.transpose(0, 1).contiguous()
+            out[:, h] = graph.mm(x[:, h].to(dtype).contiguous(), weights_t[h],
+                                 transpose=transpose, index=index)
+        return out
     out = x.new_zeros(num_out, heads, channels, dtype=dtype)
     gather, scatter = (graph.dst, graph.src) if transpose else (graph.src, graph.dst)
     weights = weights_t.t()
@@ -178,14 +183,13 @@ def _edge_dot(grad: Tensor, x: Tensor, graph: Graph) -> Tensor:
     if num_edges == 0:
         return x.new_zeros(0, heads)
     if x.dtype in _CSR_DTYPES:
-        g_t = grad.transpose(0, 1).contiguous()  # [H, N_dst, C]
-        x_t = x.transpose(0, 1).contiguous()  # [H, N_src, C]
         pattern = csr_tensor(graph.ptr, graph.src, x.new_zeros(num_edges),
                        (graph.num_dst, graph.num_src))
-        out = x.new_empty(heads, num_edges)
-        for h in range(heads):
-            out[h] = torch.sparse.sampled_addmm(pattern, g_t[h], x_t[h].t(), beta=0.0).values()
-        return out.t()
+        out = x.new_empty(num_edges, heads)
+        for h in range(heads):  # one head's [N, C] rows at a time (a 1/H share of each side)
+            out[:, h] = torch.sparse.sampled_addmm(pattern, grad[:, h].contiguous(),
+                                                   x[:, h].contiguous().t(), beta=0.0).values()
+        return out
     out = x.new_empty(num_edges, heads)
     step = max(1, CHUNK_ELEMENTS // max(1, heads * channels))
     src, dst = graph.src, graph.dst
@@ -273,7 +277,12 @@ class _GATAttention(torch.autograd.Function):
     @first_order_only("GAT attention (gnnact.ops.gat_attention)")
     def backward(ctx: Any, grad_out: Tensor | None, grad_alpha: Tensor | None = None) -> tuple:
         graph: Graph = ctx.graph
-        xs_hat, xd_hat, alpha_t, att_src, att_dst, positive, keep, xs_tilde = load_context(ctx)
+        # X~^s (when kept apart) is restored once X^s has gone: two full-size copies of the
+        # input never coexist.
+        tilde = _TILDE if ctx.gnnact_slots[_TILDE] is not None else None
+        xs_hat, xd_hat, alpha_t, att_src, att_dst, positive, keep, _ = load_context(
+            ctx, only=range(_TILDE))
+        xs_tilde = None
         # float16/bfloat16 in float32 (transients only; autograd rounds each gradient to its
         # input's dtype once): the softmax backward's difference of nearly equal terms lost
         # up to 15% of a 3-layer model's attention gradients in float16, PyG's own autograd
@@ -299,6 +308,12 @@ class _GATAttention(torch.autograd.Function):
 
         # d alpha~ = <G_i, X^_j>: re-gathered from the compressed X^s in chunks.
         grad_ad = _edge_dot(grad_out, xs_hat, graph)
+        if tilde is not None:  # X^s is read no more
+            del xs_hat
+            xs_tilde = load_context(ctx, only=(tilde,))[tilde].to(dtype)
+        else:
+            xs_tilde = xs_hat
+            del xs_hat
         if grad_alpha is not None:
             grad_ad = grad_ad + _to_csr(grad_alpha.to(dtype), graph)
         grad_a = grad_ad if scale is None else grad_ad * scale
@@ -308,25 +323,25 @@ class _GATAttention(torch.autograd.Function):
         grad_s = torch.where(positive, grad_s, grad_s * ctx.negative_slope)
 
         grad_a_src = grad_s.new_zeros(graph.num_src, heads).index_add_(0, graph.src, grad_s)
+        # (grad_xs is _aggregate's result, ours: the products go into it in place, and the
+        # attention vectors' gradients sum by row blocks; no full-size product is made.)
         if need_xs:
-            grad_xs = grad_xs + grad_a_src.unsqueeze(-1) * att_src
+            grad_xs.addcmul_(grad_a_src.unsqueeze(-1), att_src)
         # X~^s: rounded independently of the X^s that grad_s read (X^s itself at 16/32 bits).
-        xs_tilde = xs_hat if xs_tilde is None else xs_tilde
         if ctx.needs_input_grad[2]:
-            grad_att_src = (grad_a_src.unsqueeze(-1) * xs_tilde).sum(0, keepdim=True)
+            grad_att_src = sum_of_products(grad_a_src.unsqueeze(-1), xs_tilde, [0]).unsqueeze(0)
 
         if ctx.dst_mode != _NONE:
             grad_a_dst = _segment_sum(grad_s, graph)
-            need_xd = ctx.needs_input_grad[1] or (ctx.dst_mode == _SAME and need_xs)
-            if need_xd:
-                grad_xd = grad_a_dst.unsqueeze(-1) * att_dst
             if ctx.needs_input_grad[3]:
                 x_dst_hat = xs_tilde if ctx.dst_mode == _SAME else xd_hat
-                grad_att_dst = (grad_a_dst.unsqueeze(-1) * x_dst_hat).sum(0, keepdim=True)
-            if ctx.dst_mode == _SAME and grad_xd is not None:
+                grad_att_dst = sum_of_products(grad_a_dst.unsqueeze(-1), x_dst_hat,
+                                               [0]).unsqueeze(0)
+            if ctx.dst_mode == _SAME and need_xs:
                 # X^d is X^s: one input, one gradient.
-                grad_xs = grad_xd if grad_xs is None else grad_xs + grad_xd
-                grad_xd = None
+                grad_xs.addcmul_(grad_a_dst.unsqueeze(-1), att_dst)
+            elif ctx.needs_input_grad[1]:
+                grad_xd = grad_a_dst.unsqueeze(-1) * att_dst
 
         if ctx.has_edge and ctx.needs_input_grad[4]:
             grad_edge = _to_input(grad_s, graph)
