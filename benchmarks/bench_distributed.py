@@ -74,7 +74,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RESULTS, environment, finish
+from _common import RESULTS, data_root, environment, finish
 
 import gnnact
 from gnnact.data import SHAPES, load_dataset, synthetic_graph
@@ -266,8 +266,9 @@ def main(argv: list[str] | None = None) -> int:
                                help="single process against k ranks: test accuracy")
     accuracy_mode.add_argument("--graph", default="computers",
                                help="a name known to gnnact.data.load_dataset")
-    accuracy_mode.add_argument("--root", type=Path, default=Path("/work/shared/datasets"),
-                               help="datasets root (read-only: a copy is loaded)")
+    accuracy_mode.add_argument("--root", type=Path, default=data_root(),
+                               help="datasets root, read-only: a copy is loaded (default: "
+                                    "$GNNACT_DATA or ../shared/datasets)")
     accuracy_mode.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     accuracy_mode.add_argument("--epochs", type=int, default=50)
     args = parser.parse_args(argv)
