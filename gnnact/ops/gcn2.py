@@ -60,10 +60,12 @@ from torch import Tensor
 from gnnact.config import Config
 from gnnact.ops.blocks import row_starts
 from gnnact.ops.context import load_context, records_graph, save_context
+from gnnact.ops.graph import Graph
 from gnnact.ops.higher_order import first_order_only
+from gnnact.ops.spmm import aggregate, aggregate_grad, spmm
 from gnnact.ops.state import eager_op
 
-__all__ = ["gcn2_residual"]
+__all__ = ["gcn2_conv", "gcn2_residual"]
 
 
 def _identity_map_grad(grad: Tensor, weight: Tensor, beta: float) -> Tensor:
@@ -87,9 +89,20 @@ def _pad_rows(grad: Tensor, rows: int) -> Tensor:
 
 
 class _GCN2Residual(torch.autograd.Function):
+    r"""The residual and identity map of :func:`gcn2_residual`; with a ``graph``, the
+    aggregation :math:`\mathbf{P} = \hat{\mathbf{P}}\mathbf{H}` first, from the first input
+    :math:`\mathbf{H}` (:func:`gcn2_conv`): :math:`\mathbf{P}` is then this op's own, and
+    :math:`(1-\alpha)\mathbf{P}` is made in place (as PyG's ``x.mul_(1 - alpha)``), so the
+    forward never holds both."""
+
     @staticmethod
     def forward(ctx: Any, p: Tensor, x_0: Tensor, weight1: Tensor, weight2: Tensor | None,
-                alpha: float, beta: float, config: Config, record: bool) -> Tensor:
+                alpha: float, beta: float, config: Config, record: bool,
+                graph: Graph | None = None, value: Tensor | None = None) -> Tensor:
+        ctx.graph, ctx.value, ctx.feature_shape = graph, value, p.shape[1:]
+        own = graph is not None
+        if own:
+            p = aggregate(p, graph, value)
         m = p.size(0)
         # A view of the first M rows only for the arithmetic; what is kept below is x_0 itself,
         # so that every layer finds the same object in the shared quantization cache.
@@ -100,7 +113,8 @@ class _GCN2Residual(torch.autograd.Function):
         need_w2 = record and weight2 is not None and ctx.needs_input_grad[3]
         # The same operations in the same order as PyG (x.mul_(1 - alpha); alpha * x_0), so
         # that 32-bit results are PyG's to the last bit. alpha * h0 is a transient: never kept.
-        x = p * (1.0 - alpha)
+        x = p.mul_(1.0 - alpha) if own else p * (1.0 - alpha)
+        del p
         if weight2 is None:
             # x += alpha * h0 by row blocks: the same two roundings per element, without a
             # full-size alpha * h0 beside x at the forward's peak.
@@ -158,7 +172,10 @@ class _GCN2Residual(torch.autograd.Function):
             if need_h0:
                 grad_h0 = _pad_rows(_identity_map_grad(grad, weight2, beta).mul_(alpha),
                                     ctx.x0_rows)
-        return grad_p, grad_h0, grad_w1, grad_w2, None, None, None, None
+        if ctx.graph is not None and grad_p is not None:  # through the aggregation
+            del grad
+            grad_p = aggregate_grad(grad_p, ctx.graph, ctx.value, ctx.feature_shape)
+        return grad_p, grad_h0, grad_w1, grad_w2, None, None, None, None, None, None
 
 
 @eager_op
@@ -187,14 +204,55 @@ def gcn2_residual(p: Tensor, x_0: Tensor, weight1: Tensor, weight2: Tensor | Non
     Saved for backward: :math:`\mathbf{S}` (shared) or :math:`(1-\alpha)\mathbf{P}` and the
     shared copy of :math:`\mathbf{H}^{(0)}` (separate) at ``config.bits`` bits, and the weights.
     """
-    if p.dim() != 2 or x_0.dim() != 2:
-        raise ValueError(f"p and x_0 must be 2-D, got shapes {tuple(p.shape)} and "
-                         f"{tuple(x_0.shape)}")
-    if x_0.size(0) < p.size(0) or x_0.size(1) != p.size(1):
-        raise ValueError(f"x_0 {tuple(x_0.shape)} must have at least the {p.size(0)} rows and "
-                         f"exactly the {p.size(1)} columns of the aggregated features")
-    for name, w in (("weight1", weight1), ("weight2", weight2)):
-        if w is not None and tuple(w.shape) != (p.size(1), p.size(1)):
-            raise ValueError(f"{name} must be [{p.size(1)}, {p.size(1)}], got {tuple(w.shape)}")
+    _check("p", p, p.size(0), x_0, weight1, weight2)
     return _GCN2Residual.apply(p, x_0, weight1, weight2, float(alpha), float(beta),
                                config or Config(), records_graph(p, x_0, weight1, weight2))
+
+
+def _check(name: str, p: Tensor, rows: int, x_0: Tensor, weight1: Tensor,
+           weight2: Tensor | None) -> None:
+    """Shapes of :func:`gcn2_residual`'s (``p`` with ``rows`` aggregated rows) or
+    :func:`gcn2_conv`'s (``x``) arguments, each named in the error."""
+    if p.dim() != 2 or x_0.dim() != 2:
+        raise ValueError(f"{name} and x_0 must be 2-D, got shapes {tuple(p.shape)} and "
+                         f"{tuple(x_0.shape)}")
+    if x_0.size(0) < rows or x_0.size(1) != p.size(1):
+        raise ValueError(f"x_0 {tuple(x_0.shape)} must have at least the {rows} rows and "
+                         f"exactly the {p.size(1)} columns of the aggregated features")
+    for wname, w in (("weight1", weight1), ("weight2", weight2)):
+        if w is not None and tuple(w.shape) != (p.size(1), p.size(1)):
+            raise ValueError(f"{wname} must be [{p.size(1)}, {p.size(1)}], got "
+                             f"{tuple(w.shape)}")
+
+
+@eager_op
+def gcn2_conv(x: Tensor, x_0: Tensor, graph: Graph, weight1: Tensor,
+              weight2: Tensor | None = None, alpha: float = 0.1, beta: float = 1.0,
+              value: Tensor | None = None, config: Config | None = None) -> Tensor:
+    r"""A GCNII layer: :func:`gnnact.ops.spmm` (sum) and :func:`gcn2_residual` in one op,
+    :math:`\mathbf{P} = \hat{\mathbf{P}}\mathbf{X}` then the residual and identity map. The
+    same values and the same context as the two ops; :math:`\mathbf{P}` is scaled in place,
+    so the forward holds one full-size tensor fewer, and backward sends
+    :math:`(1-\alpha)\mathbf{G}_1` through :math:`\hat{\mathbf{P}}^\top` itself.
+
+    Args:
+        x (torch.Tensor): node features ``[N_src, F]``.
+        x_0 (torch.Tensor): initial features, as in :func:`gcn2_residual`.
+        graph (Graph): the normalised adjacency :math:`\hat{\mathbf{P}}`.
+        weight1, weight2, alpha, beta, config: as in :func:`gcn2_residual`.
+        value (torch.Tensor, optional): edge values in CSR order replacing the graph's own;
+            constant (one that needs a gradient takes the two ops, whose aggregation keeps
+            :math:`\mathbf{X}` for it).
+
+    Returns:
+        ``[N_dst, F]``.
+    """
+    if x.size(0) != graph.num_src:
+        raise ValueError(f"x has {x.size(0)} rows but the graph has {graph.num_src} source nodes")
+    if value is not None and value.requires_grad and torch.is_grad_enabled():
+        return gcn2_residual(spmm(x, graph, value, "sum", config), x_0, weight1, weight2,
+                             alpha, beta, config)
+    _check("x", x, graph.num_dst, x_0, weight1, weight2)
+    return _GCN2Residual.apply(x, x_0, weight1, weight2, float(alpha), float(beta),
+                               config or Config(), records_graph(x, x_0, weight1, weight2),
+                               graph, value)

@@ -61,6 +61,22 @@ def _aggregate(x: Tensor, graph: Graph, value: Tensor | None, mean: bool) -> Ten
     return y if x.dim() == 2 else y.view(graph.num_dst, *x.shape[1:])
 
 
+def aggregate(x: Tensor, graph: Graph, value: Tensor | None = None) -> Tensor:
+    """:math:`A X` (sum), a new tensor (what :func:`spmm` computes, outside autograd)."""
+    return _aggregate(x, graph, value, mean=False)
+
+
+def aggregate_grad(grad: Tensor, graph: Graph, value: Tensor | None,
+                   feature_shape: torch.Size) -> Tensor:
+    r""":math:`\nabla X = A^\top \nabla Y` of a sum :math:`Y = A X` with constant edge values
+    (the graph's own if ``value`` is ``None``); fp16/bf16 on the CPU in float32 (see
+    :meth:`~gnnact.ops.graph.Graph.mm`), rounded by autograd to the input's dtype."""
+    g = _rows(grad)
+    g = g.to(sparse_compute_dtype(g.dtype, g.device))
+    edge_value = graph.value if value is None else value
+    return graph.mm(g, edge_value, transpose=True).view(graph.num_src, *feature_shape)
+
+
 class _SpMM(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: Tensor, value: Tensor | None, graph: Graph, mean: bool,
@@ -95,8 +111,7 @@ class _SpMM(torch.autograd.Function):
         if ctx.mean:
             g = g * inv_degree(graph, g.dtype)[:, None]
         if ctx.needs_input_grad[0]:
-            grad_x = graph.mm(g, edge_value, transpose=True).view(graph.num_src,
-                                                                   *ctx.feature_shape)
+            grad_x = aggregate_grad(g, graph, value, ctx.feature_shape)
         if ctx.needs_input_grad[1]:
             # E x F transient (not kept): one gather of each side per edge.
             grad_value = (g.index_select(0, graph.dst)

@@ -12,7 +12,7 @@ from gnnact import ops
 from gnnact.config import Config
 from gnnact.nn.conv.base import CompressedConv
 from gnnact.nn.conv.gcn_cache import gcn_graph
-from gnnact.ops.gcn2 import gcn2_residual
+from gnnact.ops.gcn2 import gcn2_conv, gcn2_residual
 from gnnact.ops.graph import Graph, graph_cache_for
 
 __all__ = ["GCN2Conv"]
@@ -128,6 +128,9 @@ class GCN2Conv(CompressedConv, pyg_nn.GCN2Conv):
             return super().forward(x, x_0, edge_index, edge_weight)
         graph, value = gcn_graph(self, edge_index, edge_weight, x.size(self.node_dim), x.dtype,
                                  improved=False, cache=graph_cache_for(self))
+        if reduce in ("sum", "add"):  # the aggregation inside: P scaled in place
+            return gcn2_conv(x, x_0, graph, self.weight1, self.weight2, self.alpha, self.beta,
+                             value, self.config)
         p = ops.spmm(x, graph, value, reduce, self.config)
         return gcn2_residual(p, x_0, self.weight1, self.weight2, self.alpha, self.beta,
                              self.config)
