@@ -256,7 +256,8 @@ def test_residual_op_gradcheck():
 @pytest.mark.parametrize("bipartite", [False, True])
 def test_layer_op_is_the_two_ops(shared, bipartite):
     """gcn2_conv (the aggregation inside the residual op) gives the values and gradients of
-    spmm followed by gcn2_residual, at 32 bits and, with the same noise, at 2."""
+    spmm followed by gcn2_residual, at 32 bits and, with the same noise, at 2 (the input's
+    gradient up to rounding)."""
     from gnnact.ops import gcn2_conv, graph_from
 
     g = torch.Generator().manual_seed(1)
@@ -284,7 +285,10 @@ def test_layer_op_is_the_two_ops(shared, bipartite):
             results.append((out.detach(), [t.grad for t in leaves]))
         (a, grads_a), (b, grads_b) = results
         assert torch.equal(a, b)
-        for u, v in zip(grads_a, grads_b, strict=True):
+        # The input's gradient is scaled after the transposed product (not before): equal up
+        # to rounding; the others bit for bit.
+        torch.testing.assert_close(grads_a[0], grads_b[0], rtol=1e-12, atol=1e-12)
+        for u, v in zip(grads_a[1:], grads_b[1:], strict=True):
             assert (u is None and v is None) or torch.equal(u, v)
     with pytest.raises(ValueError, match="x has 5 rows"):
         gcn2_conv(torch.randn(5, f), x_0, graph, w1)
@@ -292,28 +296,38 @@ def test_layer_op_is_the_two_ops(shared, bipartite):
         gcn2_conv(x, x_0[:3], graph, w1)
 
 
-def test_layer_op_scales_its_aggregate_in_place():
-    """The aggregate is the op's own, scaled in place and let go once the support is made:
-    one full-size tensor fewer at the forward's peak than spmm then gcn2_residual, whose
-    aggregate the caller holds throughout."""
+@pytest.mark.parametrize("shared", [True, False])
+def test_layer_op_holds_one_full_size_tensor_fewer(shared):
+    """Forward: the aggregate is the op's own, scaled in place and let go once the support is
+    made, where spmm's result is held by the caller throughout. Backward: the input's gradient
+    is the transposed product of G_1, scaled in place, not of a scaled copy of G_1. Each holds
+    one full-size tensor fewer than spmm then gcn2_residual."""
     from gnnact.ops import gcn2_conv, graph_from
     from gnnact.peak import PeakMeter
 
     n, f = 65_536, 64
     graph = graph_from(torch.randint(0, n, (2, 4 * n)), n, n)
-    x = torch.randn(n, f, requires_grad=True)
-    x_0 = torch.randn(n, f)
-    w1 = torch.randn(f, f, requires_grad=True)
-    peaks = []
+    config = Config(bits=2)
+    peaks = {}
     for fused in (True, False):
-        with PeakMeter() as meter:
+        x = torch.randn(n, f, requires_grad=True)
+        x_0 = torch.randn(n, f, requires_grad=True)
+        w1 = torch.randn(f, f, requires_grad=True)
+        w2 = None if shared else torch.randn(f, f, requires_grad=True)
+        with PeakMeter() as forward:
             if fused:
-                gcn2_conv(x, x_0, graph, w1, alpha=0.1, beta=0.5, config=Config(bits=2))
+                out = gcn2_conv(x, x_0, graph, w1, w2, 0.1, 0.5, config=config)
             else:
-                gcn2_residual(ops.spmm(x, graph, config=Config(bits=2)), x_0, w1, None, 0.1,
-                              0.5, Config(bits=2))
-        peaks.append(meter.peak_bytes)
-    assert peaks[1] - peaks[0] > 0.9 * x.nbytes
+                out = gcn2_residual(ops.spmm(x, graph, config=config), x_0, w1, w2, 0.1, 0.5,
+                                    config)
+        grad = torch.randn_like(out)
+        with PeakMeter() as backward:
+            out.backward(grad)
+        peaks[fused] = (forward.peak_bytes, backward.peak_bytes)
+    full = n * f * 4
+    assert peaks[False][0] - peaks[True][0] > 0.9 * full
+    assert peaks[False][1] - peaks[True][1] > 0.9 * full
+    assert peaks[True][1] < 2.2 * full  # the input's and x_0's gradients, and G_1
 
 
 # ----------------------------------------------------------------------------- memory

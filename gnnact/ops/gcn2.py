@@ -149,16 +149,16 @@ class _GCN2Residual(torch.autograd.Function):
         grad = grad.to(ctx.dtype)
         if ctx.shared:
             s_hat, weight1 = _cast(load_context(ctx), ctx.dtype)
-            # The restored S is let go before the input gradients are made, and the last of
-            # them is G_1 scaled in place: the gradient G, G_1 and (alpha G_1) at most, where
+            # The restored S is let go before the input gradients are made, and G_1 is scaled
+            # in place last: the gradient G, G_1 and one more full-size tensor at most, where
             # S, G_1 and both scaled copies would coexist.
             if need_w1:
                 grad_w1 = (s_hat.t() @ grad).mul_(beta)
             del s_hat
             if need_p or need_h0:
                 g1 = _identity_map_grad(grad, weight1, beta)
-                grad_h0 = _pad_rows(g1 * alpha, ctx.x0_rows) if need_h0 else None
-                grad_p = g1.mul_(1.0 - alpha) if need_p else None
+                grad_p = _grad_p(ctx, g1, alpha, last=not need_h0) if need_p else None
+                grad_h0 = _pad_rows(g1.mul_(alpha), ctx.x0_rows) if need_h0 else None
         else:
             x_hat, h0_hat, weight1, weight2 = _cast(load_context(ctx), ctx.dtype)
             if need_w1:
@@ -168,14 +168,21 @@ class _GCN2Residual(torch.autograd.Function):
                 grad_w2 = (h0_hat.t() @ grad).mul_(alpha * beta)
             del x_hat, h0_hat  # before the input gradients are made
             if need_p:
-                grad_p = _identity_map_grad(grad, weight1, beta).mul_(1.0 - alpha)
+                grad_p = _grad_p(ctx, _identity_map_grad(grad, weight1, beta), alpha, last=True)
             if need_h0:
                 grad_h0 = _pad_rows(_identity_map_grad(grad, weight2, beta).mul_(alpha),
                                     ctx.x0_rows)
-        if ctx.graph is not None and grad_p is not None:  # through the aggregation
-            del grad
-            grad_p = aggregate_grad(grad_p, ctx.graph, ctx.value, ctx.feature_shape)
         return grad_p, grad_h0, grad_w1, grad_w2, None, None, None, None, None, None
+
+
+def _grad_p(ctx: Any, g1: Tensor, alpha: float, last: bool) -> Tensor:
+    r""":math:`\nabla\mathbf{P} = (1-\alpha)\mathbf{G}_1`, or with the aggregation inside
+    (:func:`gcn2_conv`) the input's :math:`(1-\alpha)\hat{\mathbf{P}}^\top\mathbf{G}_1`: the
+    product first and scaled in place, so that no scaled copy of :math:`\mathbf{G}_1` sits
+    beside it. ``last``: nothing reads ``g1`` after this, which may then be scaled itself."""
+    if ctx.graph is None:
+        return g1.mul_(1.0 - alpha) if last else g1 * (1.0 - alpha)
+    return aggregate_grad(g1, ctx.graph, ctx.value, ctx.feature_shape).mul_(1.0 - alpha)
 
 
 @eager_op
@@ -231,9 +238,11 @@ def gcn2_conv(x: Tensor, x_0: Tensor, graph: Graph, weight1: Tensor,
               value: Tensor | None = None, config: Config | None = None) -> Tensor:
     r"""A GCNII layer: :func:`gnnact.ops.spmm` (sum) and :func:`gcn2_residual` in one op,
     :math:`\mathbf{P} = \hat{\mathbf{P}}\mathbf{X}` then the residual and identity map. The
-    same values and the same context as the two ops; :math:`\mathbf{P}` is scaled in place,
-    so the forward holds one full-size tensor fewer, and backward sends
-    :math:`(1-\alpha)\mathbf{G}_1` through :math:`\hat{\mathbf{P}}^\top` itself.
+    same values, context and weight gradients as the two ops. :math:`\mathbf{P}` is the op's
+    own, scaled in place and let go once the support is made, so the forward holds one
+    full-size tensor fewer; backward computes :math:`\nabla\mathbf{X} = (1-\alpha)
+    \hat{\mathbf{P}}^\top\mathbf{G}_1` as the product first, scaled in place (equal to the
+    two ops' up to rounding), so no scaled copy of :math:`\mathbf{G}_1` is made either.
 
     Args:
         x (torch.Tensor): node features ``[N_src, F]``.
