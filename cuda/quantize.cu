@@ -18,48 +18,10 @@
 // contract a multiply and an add into an FMA, which would round differently from torch.
 // CuPy compiles with -ftz=true, so denormal inputs (|x| < 1.2e-38) are flushed to zero here.
 //
-// No headers: half and bfloat16 are handled as raw 16-bit words converted with PTX cvt, which
-// avoids NVRTC's fragile cuda_fp16.h.
+// No system headers: half and bfloat16 are handled as raw 16-bit words converted with PTX cvt
+// (dtypes.cuh), which avoids NVRTC's fragile cuda_fp16.h.
 
-typedef unsigned char u8;
-typedef unsigned short u16;
-typedef unsigned int u32;
-typedef long long i64;
-typedef unsigned long long u64;
-
-// ---- element types: load as float, store from float (round to nearest even) ----
-struct F32 {
-    typedef float T;
-    static __device__ __forceinline__ float load(T v) { return v; }
-    static __device__ __forceinline__ T store(float v) { return v; }
-};
-struct F64 {
-    typedef double T;
-    static __device__ __forceinline__ float load(T v) { return __double2float_rn(v); }
-    static __device__ __forceinline__ T store(float v) { return (double)v; }
-};
-struct F16 {
-    typedef u16 T;
-    static __device__ __forceinline__ float load(T v) {
-        float f;
-        asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v));
-        return f;
-    }
-    static __device__ __forceinline__ T store(float v) {
-        u16 h;
-        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
-        return h;
-    }
-};
-struct BF16 {
-    typedef u16 T;
-    static __device__ __forceinline__ float load(T v) { return __uint_as_float(((u32)v) << 16); }
-    static __device__ __forceinline__ T store(float v) {
-        u16 h;
-        asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
-        return h;
-    }
-};
+#include "dtypes.cuh"
 
 // ---- counter-based noise, identical to gnnact/quant/rng.py ----
 __device__ __forceinline__ u32 mix32(u32 x) {

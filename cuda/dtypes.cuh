@@ -1,0 +1,60 @@
+// gnnact: the integer and element types every kernel source shares. Not compiled on its own:
+// gnnact.kernels._cupy.kernel_source (and tools/check_kernels.py) put it in place of the
+// `#include "dtypes.cuh"` line of a source, so NVRTC gets one self-contained program.
+
+#pragma once
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef long long i64;
+typedef unsigned long long u64;
+
+// ---- element types ----
+// load/store: as float, from float (round to nearest even), what quantization computes in.
+// Op, op_load, op_store: the type PyTorch computes an elementwise op in ("opmath": float for
+// float, half and bfloat16, double for double) and the exact conversions to and from it.
+struct F32 {
+    typedef float T;
+    typedef float Op;
+    static __device__ __forceinline__ float load(T v) { return v; }
+    static __device__ __forceinline__ T store(float v) { return v; }
+    static __device__ __forceinline__ Op op_load(T v) { return v; }
+    static __device__ __forceinline__ T op_store(Op v) { return v; }
+};
+struct F64 {
+    typedef double T;
+    typedef double Op;
+    static __device__ __forceinline__ float load(T v) { return __double2float_rn(v); }
+    static __device__ __forceinline__ T store(float v) { return (double)v; }
+    static __device__ __forceinline__ Op op_load(T v) { return v; }
+    static __device__ __forceinline__ T op_store(Op v) { return v; }
+};
+struct F16 {
+    typedef u16 T;
+    typedef float Op;
+    static __device__ __forceinline__ float load(T v) {
+        float f;
+        asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v));
+        return f;
+    }
+    static __device__ __forceinline__ T store(float v) {
+        u16 h;
+        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+        return h;
+    }
+    static __device__ __forceinline__ Op op_load(T v) { return load(v); }
+    static __device__ __forceinline__ T op_store(Op v) { return store(v); }
+};
+struct BF16 {
+    typedef u16 T;
+    typedef float Op;
+    static __device__ __forceinline__ float load(T v) { return __uint_as_float(((u32)v) << 16); }
+    static __device__ __forceinline__ T store(float v) {
+        u16 h;
+        asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
+        return h;
+    }
+    static __device__ __forceinline__ Op op_load(T v) { return load(v); }
+    static __device__ __forceinline__ T op_store(Op v) { return store(v); }
+};
