@@ -6,6 +6,11 @@ Throughput counts the bytes each operation must move: quantize reads the input
 a copy of the input reads and writes :math:`n \\cdot` itemsize each. ``frac_of_copy`` is the op's
 GB/s over the copy's GB/s measured in the same run (DESIGN.md target on a GPU: >= 0.70).
 
+The mask ops (rows ``bench: mask_throughput``) are ReLU's forward (``sign_mask``: reads
+:math:`X`, writes the output and the packed :math:`[X > 0]`) and applying a packed mask
+(``apply_packed_mask``: dropout's forward and every mask op's backward: reads :math:`X` and
+the mask, writes the output): the CUDA kernels (one pass) against the torch path (by blocks).
+
 Usage::
 
     python benchmarks/bench_quantize.py [--device cpu|cuda|all] [--numel N] [--smoke]
@@ -28,6 +33,7 @@ from _common import RESULTS, environment, finish, median_time
 
 import gnnact
 from gnnact.kernels import cupy_available
+from gnnact.quant import DEFAULT_GROUP_SIZE
 
 
 def _ops(x: torch.Tensor, bits: int, group_size: int, backend: str):
@@ -68,6 +74,38 @@ def bench_device(device: torch.device, numel: int, bits_list: list[int], dtype: 
                 print(f"{env['device_name'][:40]:40s} {op:10s} {backend:5s} {bits}b "
                       f"{seconds * 1e3:9.3f} ms {gbps:8.2f} GB/s  copy {copy_gbps:8.2f} GB/s "
                       f"-> {gbps / copy_gbps:6.1%}")
+    return rows + mask_rows(x, env, copy_gbps, backends, repeats)
+
+
+def mask_rows(x: torch.Tensor, env: dict, copy_gbps: float, backends: list[str],
+              repeats: int) -> list[dict]:
+    """Throughput of ``sign_mask`` and ``apply_packed_mask`` (ReLU's forward mode) per backend
+    (``cupy``: the kernels; ``torch``: :mod:`gnnact.quant.reference`)."""
+    from gnnact.quant import reference
+
+    impls = {"torch": reference}
+    if "cupy" in backends:
+        from gnnact.kernels import quantize as kernels
+
+        impls = {"cupy": kernels, **impls}
+    flat, out = x.view(-1), torch.empty_like(x).view(-1)
+    data = reference.sign_mask(flat, out, reference.MASK_MUL, 1.0)
+    moved = 2 * flat.numel() * flat.element_size() + data.numel()
+    rows = []
+    for backend, impl in impls.items():
+        for op, fn in (("sign_mask", lambda impl=impl: impl.sign_mask(
+                           flat, out, reference.MASK_MUL, 1.0)),
+                       ("apply_packed_mask", lambda impl=impl: impl.apply_packed_mask(
+                           flat, data, out, reference.MASK_MUL, 1.0))):
+            seconds = median_time(fn, x.device, repeats=repeats)
+            gbps = moved / seconds / 1e9
+            rows.append({"bench": "mask_throughput", **env, "op": op, "backend": backend,
+                         "numel": flat.numel(), "dtype": str(x.dtype).replace("torch.", ""),
+                         "time_ms": round(seconds * 1e3, 4), "gbps": round(gbps, 3),
+                         "copy_gbps": round(copy_gbps, 3),
+                         "frac_of_copy": round(gbps / copy_gbps, 4)})
+            print(f"{env['device_name'][:40]:40s} {op:17s} {backend:5s} {seconds * 1e3:9.3f} ms "
+                  f"{gbps:8.2f} GB/s  copy {copy_gbps:8.2f} GB/s -> {gbps / copy_gbps:6.1%}")
     return rows
 
 
@@ -78,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="elements (default 2^26 on a GPU, 2^22 on the CPU)")
     parser.add_argument("--bits", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32")
-    parser.add_argument("--group-size", type=int, default=gnnact.quant.DEFAULT_GROUP_SIZE)
+    parser.add_argument("--group-size", type=int, default=DEFAULT_GROUP_SIZE)
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, no result file")
     parser.add_argument("--out", type=Path, default=RESULTS / "quantize.jsonl")

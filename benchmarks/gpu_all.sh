@@ -14,7 +14,7 @@
 # H100 on 2026-11-23: tests 11 s; train 1.5 min; generic under 3 min; swap under 2 min;
 # largest about 2 min; suite over 3.5 min for GCN alone (run GCN and SAGE in separate calls if
 # the call is short).
-#   tests      CUDA tests (pytest -m cuda) and quantize/dequantize throughput
+#   tests      CUDA tests (pytest -m cuda), quantize/dequantize and fused mask-op throughput
 #   train      training step time and memory, PyG fp32 vs gnnact 2/4 bits, arxiv-shaped graph,
 #              all four models
 #   products   the same on the ogbn-products-shaped graph (GCN, SAGE; PyG may run out of memory)

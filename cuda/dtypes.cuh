@@ -2,8 +2,6 @@
 // gnnact.kernels._cupy.kernel_source (and tools/check_kernels.py) put it in place of the
 // `#include "dtypes.cuh"` line of a source, so NVRTC gets one self-contained program.
 
-#pragma once
-
 typedef unsigned char u8;
 typedef unsigned short u16;
 typedef unsigned int u32;

@@ -1,11 +1,11 @@
-// gnnact: 1-bit masks (ReLU / LeakyReLU sign, dropout keep mask).
+// gnnact: 1-bit masks (ReLU / LeakyReLU sign, dropout keep mask), and the mask ops built on
+// them in one pass each.
 //
 // Layout (gnnact/quant/reference.py, pack_mask_bits): element i of the flat mask is bit i % 8
 // of byte i / 8; unused bits of the last byte are 0. torch.bool stores one byte per element,
 // so packing keeps 8x less. Compiled by CuPy (NVRTC) from gnnact/kernels/quantize.py.
 
-typedef unsigned char u8;
-typedef long long i64;
+#include "dtypes.cuh"
 
 // One thread per output byte: reads 8 consecutive bool bytes (a warp reads 256 contiguous
 // bytes) and writes one byte, so no atomics are needed.
@@ -31,3 +31,88 @@ extern "C" __global__ void unpack_mask(const u8* __restrict__ packed, u8* __rest
         out[i] = (packed[i >> 3] >> (i & 7)) & 1;
     }
 }
+
+// ---- mask ops: gnnact.quant.reference.sign_mask / apply_packed_mask, bit for bit ----
+// How a value v meets its mask bit m (gnnact.quant.reference.MASK_*), each the branch
+// PyTorch's own op takes, computed in PyTorch's opmath type (D::Op) with one rounding:
+//   MASK_MUL     v * (m ? s : 0)   ReLU forward (s = 1), dropout forward and backward
+//   MASK_ZERO    m ? v : +0        ReLU backward
+//   MASK_SELECT  m ? v : v * s     LeakyReLU forward and backward
+// CuPy compiles with -ftz=true: a product with a subnormal float input or result is flushed
+// to zero here (v * 1 is v itself, never a product).
+#define MASK_MUL 0
+#define MASK_ZERO 1
+#define MASK_SELECT 2
+
+__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
+
+template <class D>
+__device__ __forceinline__ typename D::T combine(typename D::T v, bool m, int mode,
+                                                 typename D::Op s) {
+    typedef typename D::Op Op;
+    if (mode == MASK_ZERO) return m ? v : D::op_store((Op)0);
+    if (mode == MASK_SELECT) return m ? v : D::op_store(mul_rn(D::op_load(v), s));
+    if (m && s == (Op)1) return v;
+    return D::op_store(mul_rn(D::op_load(v), m ? s : (Op)0));
+}
+
+// One warp per 32 consecutive elements at a time (coalesced loads and stores): each lane
+// tests and writes its element, __ballot_sync gathers the 32 tests in lane order, which is
+// the packed layout (the word's little-endian bytes), and lanes 0-3 store its bytes. y may be
+// x (in place): each element is read before the same lane writes it.
+template <class D>
+__device__ __forceinline__ void sign_mask_impl(const typename D::T* x, typename D::T* y,
+                                               u8* __restrict__ packed, i64 n, int mode,
+                                               double s) {
+    typedef typename D::Op Op;
+    const int lane = threadIdx.x & 31;
+    const i64 warp = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const i64 warps = ((i64)gridDim.x * blockDim.x) >> 5;
+    const i64 nbytes = (n + 7) >> 3;
+    const Op so = (Op)s;
+    for (i64 base = warp << 5; base < n; base += warps << 5) {
+        const i64 i = base + lane;
+        bool m = false;
+        if (i < n) {
+            const typename D::T v = x[i];
+            m = D::op_load(v) > (Op)0;
+            y[i] = combine<D>(v, m, mode, so);
+        }
+        const u32 word = __ballot_sync(0xffffffffu, m);
+        const i64 b = (base >> 3) + lane;
+        if (lane < 4 && b < nbytes) packed[b] = (u8)(word >> (8 * lane));
+    }
+}
+
+// One thread per element; the 8 lanes that share a mask byte read it once (broadcast).
+template <class D>
+__device__ __forceinline__ void apply_packed_mask_impl(const typename D::T* x,
+                                                       const u8* __restrict__ packed,
+                                                       typename D::T* y, i64 n, int mode,
+                                                       double s) {
+    const i64 stride = (i64)gridDim.x * blockDim.x;
+    const typename D::Op so = (typename D::Op)s;
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        const bool m = (packed[i >> 3] >> (i & 7)) & 1;
+        y[i] = combine<D>(x[i], m, mode, so);
+    }
+}
+
+// ---- extern "C" entry points: sign_mask_<dtype>, apply_packed_mask_<dtype> ----
+#define GNNACT_MASK_OPS(NAME, D)                                                              \
+    extern "C" __global__ void sign_mask_##NAME(const D::T* x, D::T* y,                     \
+                                                u8* __restrict__ packed, i64 n, int mode,    \
+                                                double s) {                                  \
+        sign_mask_impl<D>(x, y, packed, n, mode, s);                                         \
+    }                                                                                        \
+    extern "C" __global__ void apply_packed_mask_##NAME(const D::T* x,                      \
+                                                        const u8* __restrict__ packed,       \
+                                                        D::T* y, i64 n, int mode, double s) { \
+        apply_packed_mask_impl<D>(x, packed, y, n, mode, s);                                 \
+    }
+
+GNNACT_MASK_OPS(f32, F32)
+GNNACT_MASK_OPS(f64, F64)
+GNNACT_MASK_OPS(f16, F16)
+GNNACT_MASK_OPS(bf16, BF16)

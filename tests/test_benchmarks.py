@@ -285,6 +285,18 @@ def test_profile_peak_replays_the_allocator_trace():
         peak.main(["--device", "meta"])
 
 
+def test_quantize_throughput_runs_from_its_command_line():
+    """bench_quantize.py as gpu_all.sh runs it (its argument defaults read gnnact's constants),
+    quantizers and mask ops alike."""
+    import subprocess
+
+    # A process of its own, as gpu_all.sh starts it: only what the script imports is loaded.
+    run = subprocess.run([sys.executable, str(BENCH / "bench_quantize.py"), "--device", "cpu",
+                          "--smoke", "--bits", "2"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert all(op in run.stdout for op in ("quantize", "sign_mask", "apply_packed_mask"))
+
+
 def test_profile_peak_counts_on_the_cpu(tmp_path):
     """On the CPU the step runs under gnnact.peak.PeakMeter: a PyG row and a 2-bit row with
     the sites alive at the peak adding up to it, for the model as gnnact.models writes it, as

@@ -179,3 +179,68 @@ def test_unpacking_reads_every_element_once_as_the_reference_unpacks(bits, n, gr
 def test_the_grid_takes_every_group_once(num_groups):
     taken = _groups_by_warp(num_groups)
     assert sorted(taken) == list(range(num_groups))
+
+
+# ----------------------------------------------------------------------------- cuda/mask.cu
+
+# sign_mask_impl's loop and stores, as they read in cuda/mask.cu.
+MASK_LINES = (
+    "const int lane = threadIdx.x & 31;",
+    "const i64 warp = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;",
+    "const i64 warps = ((i64)gridDim.x * blockDim.x) >> 5;",
+    "const i64 nbytes = (n + 7) >> 3;",
+    "for (i64 base = warp << 5; base < n; base += warps << 5) {",
+    "const i64 i = base + lane;",
+    "const u32 word = __ballot_sync(0xffffffffu, m);",
+    "const i64 b = (base >> 3) + lane;",
+    "if (lane < 4 && b < nbytes) packed[b] = (u8)(word >> (8 * lane));",
+    "const bool m = (packed[i >> 3] >> (i & 7)) & 1;",
+)
+
+
+def test_the_emulated_mask_lines_are_the_kernels():
+    source = (kernel_source_dir() / "mask.cu").read_text()
+    missing = [line for line in MASK_LINES if line not in source]
+    assert not missing, f"cuda/mask.cu changed; update this emulation: {missing}"
+
+
+def emulate_sign_mask(mask: np.ndarray, blocks: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """sign_mask_impl's stores for the tests ``mask`` (one per element) on ``blocks`` blocks
+    of _THREADS threads: ``(packed, byte_writes, element_writes)``."""
+    n = mask.size
+    nbytes = (n + 7) >> 3
+    packed = np.full(nbytes, 0xAB, dtype=np.int64)
+    byte_writes = np.zeros(nbytes, dtype=np.int64)
+    element_writes = np.zeros(n, dtype=np.int64)
+    warps = (blocks * _THREADS) >> 5
+    for warp in range(warps):
+        base = warp << 5
+        while base < n:
+            word = 0
+            for lane in range(WARP):  # __ballot_sync: bit `lane` of every lane's test
+                i = base + lane
+                m = bool(mask[i]) if i < n else False
+                if i < n:
+                    element_writes[i] += 1
+                word |= int(m) << lane
+            for lane in range(WARP):
+                b = (base >> 3) + lane
+                if lane < 4 and b < nbytes:
+                    packed[b] = (word >> (8 * lane)) & 0xFF
+                    byte_writes[b] += 1
+            base += warps << 5
+    return packed, byte_writes, element_writes
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 31, 32, 33, 1000, 70_001])
+@pytest.mark.parametrize("blocks", [1, 3, None])
+def test_ballot_packing_writes_each_byte_once_in_pack_mask_layout(n, blocks):
+    """The launcher's grid (None) and smaller ones (the loop strides): every element is
+    written by one lane, every byte of the packed mask by one lane, in pack_mask's layout."""
+    from gnnact.kernels.quantize import _elementwise_grid
+
+    mask = torch.rand(n, generator=torch.Generator().manual_seed(n)) > 0.4
+    packed, byte_writes, element_writes = emulate_sign_mask(
+        mask.numpy(), _elementwise_grid(n) if blocks is None else blocks)
+    assert (element_writes == 1).all() and (byte_writes == 1).all()
+    assert np.array_equal(packed, reference.pack_mask_bits(mask).numpy().astype(np.int64))

@@ -23,9 +23,26 @@ def test_kernel_sources_are_found_and_declare_their_entry_points():
     for filename, names in KERNEL_NAMES.items():
         source = (folder / filename).read_text()
         for name in names:
-            # quantize_<dt>_<bits> come from a macro; the others are spelled out.
-            stem = name.rsplit("_", 2)[0] if name.startswith(("quantize_", "dequantize_")) else name
+            # quantize_<dt>_<bits> and the mask ops' <op>_<dt> come from macros (NAME##_...);
+            # the others are spelled out.
+            if name.startswith(("quantize_", "dequantize_")):
+                stem = name.rsplit("_", 2)[0]
+            elif name.startswith(("sign_mask_", "apply_packed_mask_")):
+                stem = name.rsplit("_", 1)[0]
+            else:
+                stem = name
             assert stem in source
+
+
+def test_kernel_sources_read_with_their_includes():
+    """A source's ``#include "x.cuh"`` lines are replaced by those files' text: what NVRTC
+    compiles is one self-contained program."""
+    from gnnact.kernels._cupy import kernel_source
+
+    for filename in KERNEL_NAMES:
+        text = kernel_source(filename)
+        assert not [line for line in text.splitlines() if line.startswith("#include")]
+        assert "struct F16" in text and "typedef long long i64" in text
 
 
 def test_auto_backend_on_cpu_uses_reference_without_importing_cupy():
@@ -184,3 +201,119 @@ def test_kernel_statistics_unbiased():
         total += gnnact.dequantize(p, backend="cupy").double()
     step = p.scales.repeat_interleave(512).double()
     assert ((total / draws - x.double()).abs() <= 5 * step / (2 * draws**0.5) + 1e-6).all()
+
+
+# ----------------------------------------------------------------------------- mask ops
+
+_MASK_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+
+
+def _specials(n: int, dtype: torch.dtype, device: str = "cpu") -> torch.Tensor:
+    x = torch.randn(n, generator=torch.Generator().manual_seed(n)).to(device, dtype)
+    x[:min(n, 6)] = torch.tensor([float("nan"), 0.0, -0.0, float("inf"), -float("inf"),
+                                  -1.5])[:min(n, 6)].to(device, dtype)
+    return x
+
+
+def _same_values(a: torch.Tensor, b: torch.Tensor) -> None:
+    torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+    keep = ~a.isnan()
+    assert torch.equal(a[keep].signbit(), b[keep].signbit())  # -0.0 stays -0.0
+
+
+def _pytorch_forward(x: torch.Tensor, op: str, keep: torch.Tensor | None) -> torch.Tensor:
+    """PyTorch's own forward of ``op`` (dropout: F.dropout's arithmetic with mask ``keep``,
+    p = 0.25)."""
+    if op == "relu":
+        return x * (x > 0)  # torch.relu's result, the sign of x * 0 included
+    if op == "leaky_relu":
+        return torch.nn.functional.leaky_relu(x, 0.2)
+    return x * (keep.to(x.dtype) / 0.75)
+
+
+@pytest.mark.parametrize("dtype", _MASK_DTYPES)
+@pytest.mark.parametrize("n", [1, 31, 33, 1000, 70_001])
+@pytest.mark.parametrize("inplace", [False, True])
+def test_mask_ops_torch_path_is_pytorch(dtype, n, inplace):
+    """gnnact.quant.reference.sign_mask / apply_packed_mask (the torch path every kernel is
+    checked against): [x > 0] packed as pack_mask packs it, and each mode bit for bit what
+    PyTorch's ReLU, LeakyReLU and dropout compute, forward and backward, NaN and -0.0
+    included."""
+    from gnnact.ops.context import mask_mode
+    from gnnact.quant import reference as ref
+
+    x = _specials(n, dtype)
+    for op, slope, divisor in (("relu", 0.0, 1.0), ("leaky_relu", 0.2, 1.0)):
+        mode, s = mask_mode(divisor, slope, dtype)
+        out = x.clone() if inplace else torch.empty_like(x)
+        data = ref.sign_mask(out if inplace else x, out, mode, s)
+        assert torch.equal(data, gnnact.pack_mask(x > 0).data)
+        _same_values(out, _pytorch_forward(x, op, None))
+    keep = torch.rand(n, generator=torch.Generator().manual_seed(1)) > 0.25
+    data = gnnact.pack_mask(keep).data
+    grad = _specials(n, dtype).flip(0)
+    for op, slope, divisor in (("relu", 0.0, 1.0), ("leaky_relu", 0.2, 1.0),
+                               ("dropout", 0.0, 0.75)):
+        mask = (x > 0) if op != "dropout" else keep
+        packed = gnnact.pack_mask(mask).data
+        if op == "dropout":
+            mode, s = mask_mode(divisor, slope, dtype)
+            out = x.clone() if inplace else torch.empty_like(x)
+            ref.apply_packed_mask(out if inplace else x, data, out, mode, s)
+            _same_values(out, _pytorch_forward(x, op, keep))
+        # Backward: what PyTorch's backward of each op gives for the incoming gradient.
+        want = {"relu": torch.where(mask, grad, 0.0),
+                "leaky_relu": torch.where(mask, grad, grad * 0.2),
+                "dropout": grad * (mask.to(dtype) / 0.75)}[op]
+        mode, s = mask_mode(divisor, slope, dtype, backward=True)
+        out = grad.clone() if inplace else torch.empty_like(grad)
+        ref.apply_packed_mask(out if inplace else grad, packed, out, mode, s)
+        _same_values(out, want)
+
+
+@cuda
+@pytest.mark.parametrize("dtype", _MASK_DTYPES)
+@pytest.mark.parametrize("n", [1, 31, 33, 1000, 1_000_003])
+@pytest.mark.parametrize("inplace", [False, True])
+def test_mask_kernels_equal_the_torch_path(dtype, n, inplace):
+    """cuda/mask.cu's sign_mask and apply_packed_mask against the torch path on the same
+    GPU, every mode, in place and not (mask_kernels_agree checks the same before "auto" uses
+    them)."""
+    from gnnact.kernels import quantize as kernels
+    from gnnact.quant import reference as ref
+    from gnnact.quant.core import mask_kernels_agree
+
+    assert mask_kernels_agree(0)
+    x = _specials(n, dtype, "cuda")
+    for mode, s in ((ref.MASK_MUL, 1.0), (ref.MASK_MUL, 4.0 / 3.0), (ref.MASK_ZERO, 1.0),
+                    (ref.MASK_SELECT, 0.2)):
+        want = torch.empty_like(x)
+        want_bits = ref.sign_mask(x, want, mode, s)
+        got = x.clone() if inplace else torch.empty_like(x)
+        got_bits = kernels.sign_mask(got if inplace else x, got, mode, s)
+        assert torch.equal(got_bits, want_bits)
+        _same_values(got, want)
+        want = ref.apply_packed_mask(x, want_bits, torch.empty_like(x), mode, s)
+        got = x.clone() if inplace else torch.empty_like(x)
+        kernels.apply_packed_mask(got if inplace else x, want_bits, got, mode, s)
+        _same_values(got, want)
+
+
+@cuda
+def test_mask_ops_on_a_gpu_take_the_kernels_and_equal_pytorch():
+    """ReLU, LeakyReLU and dropout on a GPU: "auto" sends them to the fused kernels, and the
+    results and gradients are PyTorch's (dropout with its own mask)."""
+    from gnnact.quant import core
+
+    x = torch.randn(4096, 64, device="cuda", requires_grad=True)
+    assert core.mask_backend(x.detach()) is not core.reference
+    for op in (gnnact.ops.relu, lambda t: gnnact.ops.leaky_relu(t, 0.2)):
+        g = torch.randn(4096, 64, device="cuda")
+        ours = op(x * 1.0)
+        (ours_grad,) = torch.autograd.grad(ours, x, g)
+        ref = torch.relu(x) if op is gnnact.ops.relu else torch.nn.functional.leaky_relu(x, 0.2)
+        (ref_grad,) = torch.autograd.grad(ref, x, g)
+        assert torch.equal(ours, ref) and torch.equal(ours_grad, ref_grad)
+    out = gnnact.ops.dropout(x * 1.0, 0.5, training=True)
+    kept = out != 0
+    torch.testing.assert_close(out[kept], (x * 2.0)[kept], rtol=0, atol=0)

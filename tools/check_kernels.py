@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from gnnact.env import git_commit  # noqa: E402
+from gnnact.kernels._cupy import kernel_source  # noqa: E402
 from gnnact.kernels.quantize import COMPILE_OPTIONS, KERNEL_NAMES  # noqa: E402
 
 
@@ -184,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     failures = 0
     for src in sources:
-        code = src.read_text()
+        code = kernel_source(src.name, src.parent)  # its #include "x.cuh" in place
         expected = KERNEL_NAMES.get(src.name, ())
         for arch in args.arch:
             base = [*COMPILE_OPTIONS, "-ftz=true"]

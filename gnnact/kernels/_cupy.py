@@ -16,6 +16,7 @@ Rules this module enforces (see prior-art.md §5 for why each matters):
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -24,8 +25,8 @@ import torch
 
 from gnnact.env import cuda_index
 
-__all__ = ["cupy_available", "device_ptr", "get_function", "kernel_source_dir", "launch",
-           "require_cupy"]
+__all__ = ["cupy_available", "device_ptr", "get_function", "kernel_source", "kernel_source_dir",
+           "launch", "require_cupy"]
 
 #: NVRTC options for every module (CuPy appends ``-ftz=true`` itself).
 COMPILE_OPTIONS: tuple[str, ...] = ("--std=c++17",)
@@ -64,10 +65,22 @@ def kernel_source_dir() -> Path:
                             f"{package.parent / 'cuda'}")
 
 
+_INCLUDE = re.compile(r'^#include "([\w.]+)"[^\n]*$', re.MULTILINE)
+
+
+def kernel_source(filename: str, folder: Path | None = None) -> str:
+    """The text of ``cuda/<filename>`` (or ``folder/<filename>``) with each local
+    ``#include "name.cuh"`` replaced by that file's text: NVRTC compiles one self-contained
+    program, with nothing to find on an include path."""
+    folder = kernel_source_dir() if folder is None else folder
+    text = (folder / filename).read_text()
+    return _INCLUDE.sub(lambda m: kernel_source(m.group(1), folder), text)
+
+
 @functools.cache
 def _module(filename: str, device_index: int) -> Any:
     cupy = require_cupy()
-    source = (kernel_source_dir() / filename).read_text()
+    source = kernel_source(filename)
     with cupy.cuda.Device(device_index):
         return cupy.RawModule(code=source, options=COMPILE_OPTIONS)
 

@@ -14,8 +14,9 @@ from gnnact.kernels._cupy import COMPILE_OPTIONS, device_ptr, launch
 from gnnact.quant.packed import QUANT_BITS, packed_code_bytes
 from gnnact.quant.rng import split_seed
 
-__all__ = ["COMPILE_OPTIONS", "KERNEL_BITS", "KERNEL_NAMES", "dequantize_groups",
-           "pack_mask_bits", "quantize_groups", "unpack_mask_bits"]
+__all__ = ["COMPILE_OPTIONS", "KERNEL_BITS", "KERNEL_NAMES", "apply_packed_mask",
+           "dequantize_groups", "pack_mask_bits", "quantize_groups", "sign_mask",
+           "unpack_mask_bits"]
 
 _DTYPE_NAMES = {torch.float32: "f32", torch.float64: "f64", torch.float16: "f16",
                 torch.bfloat16: "bf16"}
@@ -30,7 +31,9 @@ KERNEL_BITS = QUANT_BITS
 KERNEL_NAMES: dict[str, tuple[str, ...]] = {
     "quantize.cu": tuple(f"{op}_{dt}_{b}" for op in ("quantize", "dequantize")
                          for dt in _DTYPE_NAMES.values() for b in KERNEL_BITS),
-    "mask.cu": ("pack_mask", "unpack_mask"),
+    "mask.cu": ("pack_mask", "unpack_mask",
+                *(f"{op}_{dt}" for op in ("sign_mask", "apply_packed_mask")
+                  for dt in _DTYPE_NAMES.values())),
 }
 
 _WARPS_PER_BLOCK = 8
@@ -98,4 +101,29 @@ def unpack_mask_bits(data: Tensor, numel: int) -> Tensor:
     out = torch.empty(numel, dtype=torch.bool, device=data.device)
     launch("mask.cu", "unpack_mask", data.device, max(1, -(-numel // _THREADS)), _THREADS,
            (device_ptr(data.contiguous()), device_ptr(out), np.int64(numel)))
+    return out
+
+
+def _elementwise_grid(n: int) -> int:
+    return max(1, -(-n // _THREADS))
+
+
+def sign_mask(x: Tensor, out: Tensor, mode: int, s: float) -> Tensor:
+    """Kernel twin of :func:`gnnact.quant.reference.sign_mask`: one pass over ``x``, the mask
+    packed by warp ballots."""
+    n = x.numel()
+    data = torch.empty((n + 7) // 8, dtype=torch.uint8, device=x.device)
+    launch("mask.cu", f"sign_mask_{_dtype_name(x.dtype)}", x.device, _elementwise_grid(n),
+           _THREADS, (device_ptr(x), device_ptr(out), device_ptr(data), np.int64(n),
+                      np.int32(mode), np.float64(s)))
+    return data
+
+
+def apply_packed_mask(x: Tensor, data: Tensor, out: Tensor, mode: int, s: float) -> Tensor:
+    """Kernel twin of :func:`gnnact.quant.reference.apply_packed_mask`: one pass."""
+    n = x.numel()
+    launch("mask.cu", f"apply_packed_mask_{_dtype_name(x.dtype)}", x.device,
+           _elementwise_grid(n), _THREADS,
+           (device_ptr(x), device_ptr(data.contiguous()), device_ptr(out), np.int64(n),
+            np.int32(mode), np.float64(s)))
     return out

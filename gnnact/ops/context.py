@@ -55,14 +55,15 @@ from torch import Tensor
 from gnnact.config import Config
 from gnnact.ops.state import ForwardState, forward_state
 from gnnact.quant import PackedMask, PackedTensor, pack_mask, quantize, unpack_mask
+from gnnact.quant.core import mask_backend
 from gnnact.quant.mixed import MixedPackedTensor, allocate_rows, quantize_rows
 from gnnact.quant.packed import QUANT_BITS
-from gnnact.quant.reference import block_elements
+from gnnact.quant.reference import MASK_MUL, MASK_SELECT, MASK_ZERO, combine_mask
 
 __all__ = ["alias_derived", "apply_mask", "cache_key", "cached", "controlled_noise", "derive",
            "derived_steps", "hold_parts", "independent_quantize", "input_bits", "load_context",
-           "noise_generator", "own_context", "per_node_quantize", "records_graph", "release",
-           "remember", "resident", "save_context", "shared_quantize", "transient"]
+           "mask_mode", "noise_generator", "own_context", "per_node_quantize", "records_graph",
+           "release", "remember", "resident", "save_context", "shared_quantize", "transient"]
 
 def cache_key(x: Tensor) -> tuple[tuple, Tensor]:
     """The key of ``x`` and the object whose identity it rests on: the tensor ``x`` views
@@ -195,20 +196,27 @@ def _resolve(x: Tensor) -> list[tuple] | None:
     return steps
 
 
+def mask_mode(divisor: float, slope: float, dtype: torch.dtype, *,
+              backward: bool = False) -> tuple[int, float]:
+    r"""The ``gnnact.quant.reference.MASK_*`` mode and its :math:`s` that compute
+    :math:`Y = X \odot M / d + s X \odot (1 - M)` as PyTorch's ReLU (:math:`(d, s) = (1, 0)`),
+    LeakyReLU (:math:`(1, s)`) and dropout (:math:`(1 - p, 0)`) do, or with ``backward`` its
+    gradient as their backward does. Dropout's :math:`s` is F.dropout's scale, a value of
+    ``dtype``."""
+    if slope != 0.0:
+        return MASK_SELECT, slope
+    if divisor == 1.0:
+        return (MASK_ZERO if backward else MASK_MUL), 1.0
+    return MASK_MUL, torch.ones((), dtype=dtype).div_(divisor).item()
+
+
 def apply_mask(x: Tensor, mask: Tensor, divisor: float, slope: float,
                inplace: bool = False, out: Tensor | None = None) -> Tensor:
-    r""":math:`X \odot M / d + s X \odot (1 - M)`, as ReLU, LeakyReLU and dropout compute it.
-    With ``inplace`` (and no slope) the product is written into ``x``, which nothing else may
+    r""":math:`X \odot M / d + s X \odot (1 - M)`, as ReLU, LeakyReLU and dropout compute it,
+    for a whole boolean mask; with ``inplace`` written into ``x``, which nothing else may
     read; with ``out``, into ``out``."""
-    if slope != 0.0:
-        return torch.where(mask, x, x * slope, out=out)
-    # F.dropout's x * (M / d), without its full-size scale: x * 1 is exact, and x * 0 * s keeps
-    # the sign of x * 0 since s > 0, where s, the scale's nonzero entry, comes from the same
-    # division. (Not where(): a NaN input must stay NaN, as in torch.relu.)
-    out = x.mul_(mask) if inplace else torch.mul(x, mask, out=out)
-    if divisor != 1.0:
-        out.mul_(torch.ones((), dtype=out.dtype, device=out.device).div_(divisor))
-    return out
+    mode, s = mask_mode(divisor, slope, x.dtype)
+    return combine_mask(x, mask, mode, s, out=x if inplace else out)
 
 
 def _rebuild(steps: list[tuple], state: ForwardState | None) -> Tensor:
@@ -552,37 +560,33 @@ def load_context(ctx: Any, only: Container[int] | None = None) -> list[Tensor | 
     return out
 
 
-def _element_blocks(n: int) -> Iterator[slice]:
-    """Consecutive slices of ``n`` elements, ``gnnact.quant.reference.block_elements(n)``
-    each (a multiple of 8: every block starts on a whole byte of a packed mask)."""
-    step = block_elements(n)
-    for lo in range(0, n, step):
-        yield slice(lo, min(n, lo + step))
-
-
-def packed_by_blocks(x: Tensor, predicate: Any) -> PackedMask:
-    """``pack_mask(predicate(x))``, made block by block (:func:`unpacked_blocks`' blocks): the
-    whole boolean mask never exists."""
+def sign_masked(x: Tensor, slope: float, out: Tensor | None = None
+                ) -> tuple[PackedMask, Tensor]:
+    """``[x > 0]`` packed, and ReLU's (``slope`` 0) or LeakyReLU's output into ``out`` (a new
+    tensor by default; ``x`` itself writes over it): one pass on a GPU
+    (:func:`gnnact.quant.core.mask_backend`), block by block on the torch path, so the whole
+    boolean mask never exists beside the output."""
     if not x.is_contiguous():
-        return pack_mask(predicate(x))
-    flat = x.view(-1)
-    data = torch.empty((flat.numel() + 7) // 8, dtype=torch.uint8, device=x.device)
-    for block in _element_blocks(flat.numel()):
-        data[block.start // 8:(block.stop + 7) // 8] = pack_mask(predicate(flat[block])).data
-    return PackedMask(data, x.shape)
+        mask = x > 0
+        return pack_mask(mask), apply_mask(x, mask, 1.0, slope, out=out)
+    out = torch.empty_like(x) if out is None else out
+    mode, s = mask_mode(1.0, slope, x.dtype)
+    data = mask_backend(x).sign_mask(x.view(-1), out.view(-1), mode, s)
+    return PackedMask(data, x.shape), out
 
 
 def masked_by_blocks(x: Tensor, packed: PackedMask, divisor: float, slope: float,
-                     out: Tensor | None = None) -> Tensor:
-    """:func:`apply_mask` of a packed mask to ``x``, block by block, into ``out`` (a new tensor
-    by default; ``out=x`` writes over ``x``, which nothing else may read): the same bits as the
-    whole-tensor expression, without the whole boolean mask."""
+                     out: Tensor | None = None, *, backward: bool = False) -> Tensor:
+    """:func:`apply_mask` of a packed mask to ``x`` (with ``backward``, its gradient's
+    formula, ``x`` the incoming gradient) into ``out`` (a new tensor by default; ``out=x``
+    writes over ``x``, which nothing else may read): one pass on a GPU
+    (:func:`gnnact.quant.core.mask_backend`), block by block on the torch path, without the
+    whole boolean mask."""
+    mode, s = mask_mode(divisor, slope, x.dtype, backward=backward)
     if not x.is_contiguous():
-        return apply_mask(x, unpack_mask(packed), divisor, slope, inplace=out is x)
+        return combine_mask(x, unpack_mask(packed), mode, s, out=out)
     out = torch.empty_like(x) if out is None else out
-    flat, out_flat = x.view(-1), out.view(-1)
-    for block, mask in unpacked_blocks(packed):
-        apply_mask(flat[block], mask, divisor, slope, out=out_flat[block])
+    mask_backend(x).apply_packed_mask(x.view(-1), packed.data, out.view(-1), mode, s)
     return out
 
 
@@ -593,15 +597,6 @@ def load_packed_mask(ctx: Any, index: int = 0) -> PackedMask:
     if slot is None or slot[0] != "mask":
         raise TypeError(f"context item {index} is not a packed mask: {slot!r}")
     return PackedMask(ctx.saved_tensors[slot[1]], slot[2])
-
-
-def unpacked_blocks(packed: PackedMask) -> Iterator[tuple[slice, Tensor]]:
-    """``(elements, mask)`` by blocks of ``gnnact.quant.reference.block_elements``
-    consecutive elements (row-major): each block's slice of the flat tensor and its unpacked
-    boolean mask. Blocks start on whole bytes of the packed data."""
-    for block in _element_blocks(packed.numel):
-        data = packed.data[block.start // 8:(block.stop + 7) // 8]
-        yield block, unpack_mask(PackedMask(data, torch.Size([block.stop - block.start])))
 
 
 def writable(ctx: Any, t: Tensor) -> bool:

@@ -48,19 +48,20 @@ from gnnact.ops.context import (
     input_bits,
     load_context,
     load_packed_mask,
+    mask_mode,
     masked_by_blocks,
-    packed_by_blocks,
     records_graph,
     remember,
     save_context,
     shared_quantize,
+    sign_masked,
     transient,
-    unpacked_blocks,
     writable,
 )
 from gnnact.ops.higher_order import first_order_only
 from gnnact.ops.state import eager_op
 from gnnact.quant import PackedMask, pack_mask
+from gnnact.quant.reference import combine_mask
 
 __all__ = ["batch_norm", "dropout", "elu", "leaky_relu", "linear", "relu"]
 
@@ -239,30 +240,33 @@ class _Masked(torch.autograd.Function):
     result is written over :math:`X` (marked dirty): no second full-size tensor."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, packed: PackedMask, divisor: float,
+    def forward(ctx: Any, x: Tensor, packed: PackedMask | None, divisor: float,
                 slope: float, inplace: bool) -> Tensor:
+        out = x if inplace else None
+        if packed is None:  # the sign of X, made with the output (one pass on a GPU)
+            packed, out = sign_masked(x, slope, out)
+        else:
+            out = masked_by_blocks(x, packed, divisor, slope, out=out)
+        if inplace:
+            ctx.mark_dirty(x)
         save_context(ctx, _NO_QUANT, packed)
         ctx.divisor, ctx.slope = divisor, slope
         ctx.gnnact_base = ((packed.data,), (packed.shape, divisor, slope))
-        if inplace:
-            ctx.mark_dirty(x)
-            return masked_by_blocks(x, packed, divisor, slope, out=x)
-        return masked_by_blocks(x, packed, divisor, slope)
+        return out
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple:
         if torch.is_grad_enabled() or grad.dim() == 0 or not grad.is_contiguous():
             # Double backward (and the odd layout): as written, with the whole mask.
             (mask,) = load_context(ctx)
-            out = _mask_grad(grad, mask, ctx.divisor, ctx.slope)
+            out = combine_mask(grad, mask, *mask_mode(ctx.divisor, ctx.slope, grad.dtype,
+                                                      backward=True))
         else:
-            # The same values by blocks, each with its own slice of the unpacked mask:
-            # neither the boolean mask nor a float copy of it is ever a full-size temporary
-            # at the backward's peak.
-            out = torch.empty_like(grad)
-            flat, out_flat = grad.view(-1), out.view(-1)
-            for block, mask in unpacked_blocks(load_packed_mask(ctx)):
-                _mask_grad(flat[block], mask, ctx.divisor, ctx.slope, out=out_flat[block])
+            # The same values in one pass on a GPU, by blocks on the torch path: neither the
+            # boolean mask nor a float copy of it is ever a full-size temporary at the
+            # backward's peak.
+            out = masked_by_blocks(grad, load_packed_mask(ctx), ctx.divisor, ctx.slope,
+                                   backward=True)
         # Double backward (create_graph=True) is exact as written at every width: this is
         # linear in the gradient, the mask is exact, and d/dX of it is 0 almost everywhere. With
         # a constant incoming gradient nothing here is recorded, though, where PyTorch's ReLU
@@ -273,20 +277,10 @@ class _Masked(torch.autograd.Function):
         return out, None, None, None, None
 
 
-def _mask_grad(grad: Tensor, mask: Tensor, divisor: float, slope: float,
-               out: Tensor | None = None) -> Tensor:
-    r"""The gradient through :math:`Y = X \odot M / d + s X \odot (1 - M)`, as PyTorch's own
-    backward of each op computes it (into ``out`` if given)."""
-    if slope != 0.0:
-        return torch.where(mask, grad, grad * slope, out=out)
-    if divisor == 1.0:
-        return torch.where(mask, grad, grad.new_zeros(()), out=out)
-    return torch.mul(grad, mask.to(grad.dtype).div_(divisor), out=out)
-
-
-def _masked(x: Tensor, packed: PackedMask, divisor: float, slope: float,
+def _masked(x: Tensor, packed: PackedMask | None, divisor: float, slope: float,
             inplace: bool = False) -> Tensor:
-    """:class:`_Masked`, derived from ``x``'s context; ``inplace`` writes over ``x`` where
+    """:class:`_Masked` (``packed`` ``None``: the sign of ``x``), derived from ``x``'s
+    context; ``inplace`` writes over ``x`` where
     autograd lets a function do so (contiguous, not a view: a view's base would need its
     history rewritten), else computes beside it and copies back, as PyTorch's in-place ops
     promise the same result either way."""
@@ -320,16 +314,12 @@ def _into(x: Tensor, out: Tensor) -> Tensor:
     return x
 
 
-def _positive(x: Tensor) -> Tensor:
-    return x > 0
-
-
 @eager_op
 def relu(x: Tensor, inplace: bool = False) -> Tensor:
     """ReLU keeping a 1-bit mask :math:`[X > 0]`."""
     if not records_graph(x):
         return transient(F.relu(x, inplace=inplace))
-    return _masked(x, packed_by_blocks(x, _positive), 1.0, 0.0, inplace)
+    return _masked(x, None, 1.0, 0.0, inplace)
 
 
 @eager_op
@@ -337,7 +327,7 @@ def leaky_relu(x: Tensor, negative_slope: float = 0.01, inplace: bool = False) -
     """LeakyReLU keeping a 1-bit mask :math:`[X > 0]`."""
     if not records_graph(x):
         return transient(F.leaky_relu(x, negative_slope, inplace=inplace))
-    return _masked(x, packed_by_blocks(x, _positive), 1.0, float(negative_slope), inplace)
+    return _masked(x, None, 1.0, float(negative_slope), inplace)
 
 
 class _ELU(torch.autograd.Function):

@@ -100,6 +100,76 @@ def kernel_agrees(device_index: int, bits: int) -> bool:
     return agree
 
 
+def mask_backend(x: Tensor) -> ModuleType:
+    """The module implementing ``sign_mask`` and ``apply_packed_mask`` for ``x``: the CUDA
+    kernels (one pass each) on a GPU with CuPy once :func:`mask_kernels_agree` has checked them
+    there, else the torch path (:mod:`gnnact.quant.reference`, block by block)."""
+    from gnnact.kernels import cupy_available
+
+    if (x.device.type != "cuda" or x.dtype not in _MASK_DTYPES or not cupy_available()
+            or not mask_kernels_agree(cuda_index(x.device))):
+        return reference
+    from gnnact.kernels import quantize as kernels
+
+    return kernels
+
+
+_MASK_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
+def _same_values(a: Tensor, b: Tensor) -> bool:
+    """Equal values, the sign of zeros included, and NaN where NaN."""
+    nan = a.isnan()
+    return (torch.equal(nan, b.isnan()) and torch.equal(a[~nan], b[~nan])
+            and torch.equal(a[~nan].signbit(), b[~nan].signbit()))
+
+
+@functools.cache
+def mask_kernels_agree(device_index: int) -> bool:
+    """Whether the fused mask kernels (``cuda/mask.cu``: ``sign_mask``, ``apply_packed_mask``)
+    reproduce the torch path on GPU ``device_index`` for every dtype and mode, in place and
+    not (values with NaN, infinities and signed zeros, a length that is no multiple of 32):
+    checked once per device in a process. Where they do not, the mask ops stay on the torch
+    path there, with a warning naming why.
+
+    Example:
+        >>> from gnnact.quant.core import mask_kernels_agree
+        >>> mask_kernels_agree(0)  # doctest: +SKIP
+        True
+    """
+    from gnnact.kernels import quantize as kernels
+
+    device = torch.device("cuda", device_index)
+    base = torch.randn(1000 + 37, generator=torch.Generator().manual_seed(0))
+    base[:6] = torch.tensor([float("nan"), 0.0, -0.0, float("inf"), -float("inf"), 1.0])
+    modes = ((reference.MASK_MUL, 1.0), (reference.MASK_MUL, 2.0),
+             (reference.MASK_ZERO, 1.0), (reference.MASK_SELECT, 0.2))
+    agree, why = True, "its results differ from the torch path"
+    try:
+        for dtype in _MASK_DTYPES:
+            x = base.to(device, dtype)
+            for mode, s in modes:
+                want = torch.empty_like(x)
+                want_bits = reference.sign_mask(x, want, mode, s)
+                got = torch.empty_like(x)
+                got_bits = kernels.sign_mask(x, got, mode, s)
+                in_place = x.clone()
+                kernels.sign_mask(in_place, in_place, mode, s)
+                applied = kernels.apply_packed_mask(x, want_bits, torch.empty_like(x), mode, s)
+                want_applied = reference.apply_packed_mask(x, want_bits, torch.empty_like(x),
+                                                           mode, s)
+                agree = agree and torch.equal(got_bits, want_bits) and all(
+                    _same_values(a, b) for a, b in ((got, want), (in_place, want),
+                                                    (applied, want_applied)))
+    except Exception as e:  # a kernel that fails to compile or launch: say so, keep going
+        agree, why = False, f"it failed: {type(e).__name__}: {e}"
+    if not agree:
+        warnings.warn(f"gnnact: the fused mask kernels are not used on cuda:{device_index}: "
+                      f"{why}; ReLU, LeakyReLU and dropout run on the torch path there (same "
+                      f"results, more passes)", RuntimeWarning, stacklevel=3)
+    return agree
+
+
 def _check_int(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")

@@ -29,6 +29,7 @@ dequantization multiply then add), which the CUDA kernel reproduces with ``__fsu
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor
@@ -36,9 +37,23 @@ from torch import Tensor
 from gnnact.quant.packed import packed_code_bytes
 from gnnact.quant.rng import uniform_stream
 
-__all__ = ["BLOCKS", "CHUNK_ELEMENTS", "MIN_BLOCK_ELEMENTS", "block_elements",
-           "dequantize_groups", "pack_codes", "pack_mask_bits", "quantize_groups",
-           "unpack_mask_bits"]
+__all__ = [
+    "BLOCKS",
+    "CHUNK_ELEMENTS",
+    "MASK_MUL",
+    "MASK_SELECT",
+    "MASK_ZERO",
+    "MIN_BLOCK_ELEMENTS",
+    "apply_packed_mask",
+    "block_elements",
+    "combine_mask",
+    "dequantize_groups",
+    "pack_codes",
+    "pack_mask_bits",
+    "quantize_groups",
+    "sign_mask",
+    "unpack_mask_bits",
+]
 
 #: The most elements per chunk of :func:`quantize_groups` and :func:`dequantize_groups`
 #: (rounded to whole groups), and per block of gnnact's by-block loops: their float32
@@ -293,3 +308,59 @@ def unpack_mask_bits(data: Tensor, numel: int) -> Tensor:
     (one gather from a 256-entry table of each byte's bits)."""
     table = _byte_codes(1, data.device, torch.bool)
     return table.index_select(0, data.to(torch.int32)).view(-1)[:numel]
+
+
+#: How a mask op meets a value :math:`v` with its mask bit :math:`m`; each is the branch
+#: PyTorch's own op takes, bit for bit:
+#:
+#: - ``MASK_MUL``: :math:`v \cdot (m\,?\,s : 0)`, ReLU's forward (:math:`s = 1`) and
+#:   dropout's forward and backward (:math:`s` the dtype's :math:`1/(1-p)`);
+#: - ``MASK_ZERO``: :math:`m\,?\,v : +0`, ReLU's backward (``torch.where(mask, grad, 0)``);
+#: - ``MASK_SELECT``: :math:`m\,?\,v : v s`, LeakyReLU's forward and backward (:math:`s` the
+#:   slope).
+MASK_MUL, MASK_ZERO, MASK_SELECT = 0, 1, 2
+
+
+def _mask_blocks(n: int) -> Iterator[slice]:
+    """Consecutive slices of ``n`` elements, :func:`block_elements` each (a multiple of 8:
+    every block starts on a whole byte of a packed mask)."""
+    step = block_elements(n)
+    for lo in range(0, n, step):
+        yield slice(lo, min(n, lo + step))
+
+
+def combine_mask(v: Tensor, m: Tensor, mode: int, s: float, out: Tensor | None = None) -> Tensor:
+    """``mode``'s combination of ``v`` with the boolean mask ``m`` (same shape), into ``out``
+    (which may be ``v``) if given."""
+    if mode == MASK_SELECT:
+        return torch.where(m, v, v * s, out=out)
+    if mode == MASK_ZERO:
+        return torch.where(m, v, v.new_zeros(()), out=out)
+    # v * 1 is exact, and v * 0 * s keeps the sign of v * 0 since s > 0. (Not where(): a NaN
+    # input must stay NaN, as in torch.relu; s is a value of v's dtype, as F.dropout's scale.)
+    out = torch.mul(v, m, out=out)
+    return out if s == 1.0 else out.mul_(s)
+
+
+def sign_mask(x: Tensor, out: Tensor, mode: int, s: float) -> Tensor:
+    """Pack :math:`[x > 0]` (``x`` flat and contiguous) and write ``mode``'s combination of ``x``
+    with it into ``out`` (flat, ``x`` itself for in place), block by block: neither the whole
+    boolean mask nor a second output exists. Returns the packed mask, ``uint8 [ceil(n/8)]``
+    (:func:`pack_mask_bits`' layout)."""
+    n = x.numel()
+    data = torch.empty((n + 7) // 8, dtype=torch.uint8, device=x.device)
+    for block in _mask_blocks(n):
+        m = x[block] > 0
+        data[block.start // 8:(block.stop + 7) // 8] = pack_mask_bits(m)
+        combine_mask(x[block], m, mode, s, out=out[block])
+    return data
+
+
+def apply_packed_mask(x: Tensor, data: Tensor, out: Tensor, mode: int, s: float) -> Tensor:
+    """``mode``'s combination of ``x`` (flat, contiguous) with the packed mask ``data`` into
+    ``out`` (flat, ``x`` itself for in place), block by block; returns ``out``."""
+    n = x.numel()
+    for block in _mask_blocks(n):
+        m = unpack_mask_bits(data[block.start // 8:(block.stop + 7) // 8], block.stop - block.start)
+        combine_mask(x[block], m, mode, s, out=out[block])
+    return out
