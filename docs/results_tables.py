@@ -446,8 +446,9 @@ def _main_job(results: Path) -> list[str]:
 def _quantize(results: Path) -> list[str]:
     """Quantizer throughput: GB/s per width, and its share of a plain copy of the same bytes."""
     name = "quantize.jsonl"
-    best = _newest(_rows(results, name), lambda r: (r["device"], r["dtype"], r["backend"],
-                                                     r["op"], r["bits"]))
+    rows = [r for r in _rows(results, name) if r.get("bench", "quantize_throughput")
+            == "quantize_throughput"]
+    best = _newest(rows, lambda r: (r["device"], r["dtype"], r["backend"], r["op"], r["bits"]))
     widths = sorted({k[-1] for k in best})
     keys = list(dict.fromkeys(k[:-1] for k in best))
     body = []
@@ -462,6 +463,21 @@ def _quantize(results: Path) -> list[str]:
                      f"{some['copy_gbps']:,.0f}", *cells])
     header = ["device", "dtype", "backend", "op", "values", "copy GB/s",
               *[f"{b} bits GB/s (of copy)" for b in widths]]
+    return [*_source(name, best.values()), *_list_table([header, *body])]
+
+
+def _mask_ops(results: Path) -> list[str]:
+    """The mask ops' throughput (ReLU's forward; a packed mask applied), kernels against the
+    torch path, per device and dtype: GB/s and its share of a plain copy."""
+    name = "quantize.jsonl"
+    rows = [r for r in _rows(results, name) if r.get("bench") == "mask_throughput"]
+    if not rows:
+        return ["No rows yet: ``bench_quantize.py`` writes them (``bench: mask_throughput``); "
+                "the kernels' first rows await a GPU (``benchmarks/gpu_all.sh tests``)."]
+    best = _newest(rows, lambda r: (r["device"], r["dtype"], r["backend"], r["op"]))
+    body = [[r["device_name"], k[1], k[2], k[3], f"{r['numel']:,}",
+             f"{r['gbps']:,.1f} ({100 * r['frac_of_copy']:.0f} %)"] for k, r in best.items()]
+    header = ["device", "dtype", "backend", "op", "values", "GB/s (of copy)"]
     return [*_source(name, best.values()), *_list_table([header, *body])]
 
 
@@ -651,6 +667,7 @@ RESULTS = {
     "suite_gpu_arxiv": lambda results: _suite(results, "synthetic-arxiv", "cuda"),
     "main_job": _main_job,
     "quantize": _quantize,
+    "mask_ops": _mask_ops,
     "generic": _generic,
     "train": _train,
     "swap": _swap,
