@@ -103,7 +103,7 @@ def kernel_agrees(device_index: int, bits: int) -> bool:
 def mask_backend(x: Tensor) -> ModuleType:
     """The module implementing ``sign_mask`` and ``apply_packed_mask`` for ``x``: the CUDA
     kernels (one pass each) on a GPU with CuPy once :func:`mask_kernels_agree` has checked them
-    there, else the torch path (:mod:`gnnact.quant.reference`, block by block)."""
+    there, else the torch path (``gnnact.quant.reference``, block by block)."""
     from gnnact.kernels import cupy_available
 
     if (x.device.type != "cuda" or x.dtype not in _MASK_DTYPES or not cupy_available()
