@@ -21,6 +21,7 @@ from torch_geometric.nn import (
     ChebConv,
     GCN2Conv,
     GINConv,
+    GINEConv,
     GraphConv,
     PointNetConv,
     TransformerConv,
@@ -55,7 +56,17 @@ KINDS = ("gcn", "gcn_improved", "gcn_twin", "gcn_batch_norm", "gcn_batch_norm_tw
          "sage_twin", "gat", "gcnii",
          # Convs without a dedicated path: run on (source, target) pairs.
          "gin_batch_norm", "gin_batch_norm_twin", "gatv2", "gatv2_twin", "transformer",
-         "graphconv_functional", "graphconv_functional_twin")
+         "graphconv_functional", "graphconv_functional_twin",
+         # Given the shard's edge attributes: weights (GCN normalises with global weighted
+         # degrees), features of the edges (GAT's, GINE's and TransformerConv's edge_dim).
+         "gcn_weighted", "gcn_weighted_improved", "gcn_weighted_twin", "gat_edge_attr",
+         "gat_edge_attr_twin", "gine", "transformer_edge")
+#: The edge attribute each kind is called with (the others take x and edge_index only).
+EDGE_ARG = {"gcn_weighted": "edge_weight", "gcn_weighted_improved": "edge_weight",
+            "gcn_weighted_twin": "edge_weight", "gat_edge_attr": "edge_attr",
+            "gat_edge_attr_twin": "edge_attr", "gine": "edge_attr",
+            "transformer_edge": "edge_attr"}
+EDGE_DIM = 2
 LR, STEPS = 0.3, 2
 EPOCHS = 4  # of the partitioned training loop
 
@@ -63,7 +74,18 @@ EPOCHS = 4  # of the partitioned training loop
 def make_data() -> Data:
     data = synthetic_graph(NUM_NODES, 4.0, FEATURES, CLASSES, seed=0)
     data.x = data.x.double()
+    gen = torch.Generator().manual_seed(2)
+    num_edges = data.edge_index.size(1)
+    data.edge_weight = torch.rand(num_edges, generator=gen, dtype=torch.float64) + 0.5
+    data.edge_attr = torch.randn(num_edges, EDGE_DIM, generator=gen, dtype=torch.float64)
     return data
+
+
+def edge_kwargs(kind: str, source) -> dict:
+    """``{name: source.name}`` of the edge attribute ``kind`` is called with (``source`` the
+    whole graph or a shard)."""
+    name = EDGE_ARG.get(kind)
+    return {} if name is None else {name: getattr(source, name)}
 
 
 class GCNII(nn.Module):
@@ -97,29 +119,52 @@ class FunctionalGraphConv(nn.Module):
 
 
 class Transformer(nn.Module):
+    def __init__(self, edge_dim: int | None = None) -> None:
+        super().__init__()
+        self.conv1 = TransformerConv(FEATURES, 4, heads=2, edge_dim=edge_dim)
+        self.conv2 = TransformerConv(8, CLASSES, heads=2, concat=False, beta=True,
+                                     edge_dim=edge_dim)
+
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor,
+                edge_attr: torch.Tensor | None = None) -> torch.Tensor:
+        x = self.conv1(x, edge_index, edge_attr).relu()
+        return self.conv2(x, edge_index, edge_attr)
+
+
+class GINE(nn.Module):
+    """GINEConv layers, whose messages read the edges' features."""
+
     def __init__(self) -> None:
         super().__init__()
-        self.conv1 = TransformerConv(FEATURES, 4, heads=2)
-        self.conv2 = TransformerConv(8, CLASSES, heads=2, concat=False, beta=True)
+        self.conv1 = GINEConv(nn.Sequential(nn.Linear(FEATURES, 8), nn.ReLU(), nn.Linear(8, 8)),
+                              edge_dim=EDGE_DIM)
+        self.conv2 = GINEConv(nn.Linear(8, CLASSES), edge_dim=EDGE_DIM)
 
-    def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
-        return self.conv2(self.conv1(x, edge_index).relu(), edge_index)
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor,
+                edge_attr: torch.Tensor) -> torch.Tensor:
+        return self.conv2(self.conv1(x, edge_index, edge_attr).relu(), edge_index, edge_attr)
 
 
 def make_model(kind: str) -> nn.Module:
     torch.manual_seed(0)
     if kind == "gcnii":
         model = GCNII()
-    elif kind.startswith("gin"):  # batch norm inside each GINConv's MLP and after it
+    elif kind.startswith("gin_"):  # batch norm inside each GINConv's MLP and after it
         model = GIN(FEATURES, 8, 2, CLASSES, norm="batch_norm")
     elif kind.startswith("gatv2"):
         model = GAT(FEATURES, 4, 2, CLASSES, heads=2, v2=True)
     elif kind == "transformer":
         model = Transformer()
+    elif kind == "transformer_edge":
+        model = Transformer(edge_dim=EDGE_DIM)
+    elif kind == "gine":
+        model = GINE()
+    elif kind.startswith("gat_edge_attr"):
+        model = GAT(FEATURES, 4, 2, CLASSES, heads=2, edge_dim=EDGE_DIM)
     elif kind.startswith("graphconv"):
         model = FunctionalGraphConv()
     elif kind.startswith("gcn"):
-        model = GCN(FEATURES, 8, 2, CLASSES, improved=kind == "gcn_improved",
+        model = GCN(FEATURES, 8, 2, CLASSES, improved=kind.endswith("improved"),
                     norm="batch_norm" if "batch_norm" in kind else None)
     elif kind.startswith("sage"):
         model = GraphSAGE(FEATURES, 8, 2, CLASSES)
@@ -130,15 +175,16 @@ def make_model(kind: str) -> nn.Module:
     return model.double()
 
 
-def train(model: nn.Module, x, edge_index, y, mask, count, after_backward=lambda: None):
+def train(model: nn.Module, x, edge_index, y, mask, count, after_backward=lambda: None,
+          edge: dict | None = None):
     """Loss, output and gradients of the first step, parameters and buffers after STEPS SGD
     steps; the loss is the sum over ``mask`` divided by ``count`` (the global number of
-    nodes)."""
+    nodes); ``edge``: the edge attributes the model is called with."""
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     first = None
     for _ in range(STEPS):
         opt.zero_grad()
-        out = model(x, edge_index)
+        out = model(x, edge_index, **(edge or {}))
         loss = F.cross_entropy(out[mask], y[mask], reduction="sum") / count
         loss.backward()
         after_backward()
@@ -157,7 +203,8 @@ def _exact(shard, group) -> dict:
         model = DistributedGNN(make_model(kind), shard, group)
         mask = shard.train_mask
         loss, out, grads, params = train(model, shard.x, shard.edge_index, shard.y, mask,
-                                         model.global_count(mask), model.all_reduce_gradients)
+                                         model.global_count(mask), model.all_reduce_gradients,
+                                         edge_kwargs(kind, shard))
         results[kind] = {"loss": model.all_reduce(loss), "out": out,
                          "grads": {n.removeprefix("module."): g for n, g in grads.items()},
                          "params": {n.removeprefix("module."): p for n, p in params.items()}}
@@ -268,6 +315,10 @@ def _errors(shard, group) -> dict:
         model(shard.x, shard.edge_index.clone())
     except ValueError as error:
         messages["edge_index"] = str(error)
+    try:  # weights, but not the shard's own (a copy: nothing says it is in local order)
+        model(shard.x, shard.edge_index, edge_weight=shard.edge_weight.clone())
+    except ValueError as error:
+        messages["edge_weight"] = str(error)
     model = DistributedGNN(PointNetConv(nn.Linear(FEATURES + 2, 8)).double(), shard)
     try:
         model(shard.x, shard.x[:, :2], shard.edge_index)
@@ -367,6 +418,9 @@ def test_shards_cover_the_graph_exactly(data, k):
         edges |= set(zip(src.tolist(), dst.tolist(), strict=True))
         # The halo is exactly the remote sources of edges into owned nodes, by owner then id.
         into = parts[data.edge_index[1]] == s.rank
+        # The edge attributes follow the local edges, in the original order.
+        for name in ("edge_weight", "edge_attr"):
+            assert torch.equal(getattr(s, name), data[name][into])
         remote = data.edge_index[0][into][parts[data.edge_index[0][into]] != s.rank]
         assert torch.equal(s.halo.sort().values, remote.unique())
         owners = parts[s.halo]
@@ -439,7 +493,8 @@ def test_argument_errors(data):
 def _reference(data: Data, kind: str):
     model = make_model(kind)
     mask = data.train_mask
-    return train(model, data.x, data.edge_index, data.y, mask, int(mask.sum()))
+    return train(model, data.x, data.edge_index, data.y, mask, int(mask.sum()),
+                 edge=edge_kwargs(kind, data))
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -606,6 +661,10 @@ def test_errors_in_the_ranks(ranks2):
     for rank in ranks2:
         messages = rank["errors"]
         assert "edge_index must be shard.edge_index itself" in messages["edge_index"]
+        assert messages["edge_weight"].startswith(
+            "DistributedGNN: convs.0 (GCNConv): edge_weight must be one of the shard's edge "
+            "attributes itself, the values of its local edges in shard.edge_index's order "
+            "(shard.edge_weight, shard.edge_attr), got (")
         assert messages["pos"] == ("DistributedGNN: <model> (PointNetConv): only x and "
                                    "edge_index are exchanged, got the tensor argument(s) pos")
         assert messages["removed"]  # remove() leaves the model as it was

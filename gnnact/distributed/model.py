@@ -6,7 +6,8 @@ owned rows (``shard.x``) and its local edges (``shard.edge_index``); hooks on ev
 1. replace the conv's input :math:`X_{O_r}` by ``[owned; halo]`` rows through the
    :class:`~gnnact.distributed.HaloExchange` (point-to-point, with the peers only),
 2. for ``GCNConv``/``GCN2Conv`` with ``normalize=True``, pass the global symmetric
-   normalisation as ``edge_weight`` and run the conv with ``normalize=False`` for that call
+   normalisation (of the given ``edge_weight``, if any) as ``edge_weight`` and run the conv
+   with ``normalize=False`` for that call
    (:class:`~gnnact.distributed.norm.GlobalGCNNorm`: exact, the single-process weights),
    and give ``GCN2Conv``'s :math:`X^{(0)}` zero halo rows (its term is per target node),
 3. keep the owned rows of the output, :math:`[\,\cdot\,]_{O_r}`.
@@ -20,7 +21,9 @@ its batch norm) sees the owned rows only. A per-target aggregation over the inco
 which every such conv computes, then equals the single-process one. Convs that take no pair
 (``ChebConv``, ``APPNP``, ``SGConv``, …, whose propagation spans several hops or normalises
 by source degrees), that aggregate along outgoing edges (``flow="target_to_source"``) or that
-take other tensors than ``x`` and ``edge_index`` are refused, with their name.
+take other tensors than ``x``, ``edge_index`` and the shard's edge attributes
+(``edge_weight``, ``edge_attr``: the values of the local edges, which are every edge into an
+owned node, in order) are refused, with their name.
 
 Every other layer of the model (linear, activation, dropout, a per-row norm) acts row by row
 and needs nothing, except batch norm, whose statistics span all nodes: each ``BatchNorm1d``
@@ -72,6 +75,8 @@ __all__ = ["DistributedGNN", "sum_gradients_hook"]
 # Most specific first: every gnnact twin subclasses its PyG class.
 _KINDS: tuple[tuple[type, str], ...] = ((pyg_nn.GCN2Conv, "gcn2"), (pyg_nn.GCNConv, "gcn"),
                                         (pyg_nn.SAGEConv, "sage"), (pyg_nn.GATConv, "gat"))
+# Per-edge arguments a conv may take: the shard's own edge attributes (local edges' values).
+_EDGE_ARGS = ("edge_weight", "edge_attr")
 # PyG norms whose statistics span all nodes in every mode.
 _GRAPH_NORMS = tuple(getattr(pyg_nn, name) for name in
                      ("GraphNorm", "InstanceNorm", "PairNorm", "MeanSubtractionNorm",
@@ -145,8 +150,10 @@ class DistributedGNN(nn.Module):
     Supported convs: PyG's ``GCNConv``, ``GCN2Conv``, ``SAGEConv``, ``GATConv`` and gnnact's
     twins, and every other conv whose ``x`` may be a ``(source, target)`` pair (``GINConv``,
     ``GraphConv``, ``GATv2Conv``, ``TransformerConv``, …; module docstring), before or after
-    :func:`gnnact.convert`; homogeneous input (``x`` a tensor), no ``edge_weight``/
-    ``edge_attr`` and no ``return_attention_weights``. Any other conv is refused at
+    :func:`gnnact.convert`; homogeneous input (``x`` a tensor), ``edge_weight`` and
+    ``edge_attr`` only as the shard's own edge attributes (``shard.edge_weight``: the values of
+    its local edges; GCN's normalisation then uses the global weighted degrees), no
+    ``return_attention_weights``. Any other conv is refused at
     construction, with its name and why, as are PyG's norms over all nodes (``GraphNorm``,
     ``PairNorm``, ``InstanceNorm``, ``LayerNorm(mode="graph")``, …); batch norms run
     synchronised (:func:`~gnnact.distributed.sync_batch_norm`) until :meth:`remove`.
@@ -208,12 +215,16 @@ class DistributedGNN(nn.Module):
         self.shard, self.group = shard, group
         self.exchange = HaloExchange(shard, group, bits=exchange_bits, grad_bits=grad_bits,
                                      group_size=group_size)
-        self._norms: dict[tuple[bool, bool], GlobalGCNNorm] = {}
+        self._norms: dict[tuple[bool, bool, int | None], GlobalGCNNorm] = {}
+        # One per (improved, self-loops) and edge weights a GCN conv may be given: none, or
+        # any one-value-per-edge attribute of the shard (collective: the same on every rank).
+        weights = [None, *(t for t in shard.edge_attrs.values() if t.dim() == 1)]
         for _, module, kind in convs:
-            key = self._norm_key(module, kind)
-            if key is not None and key not in self._norms:
-                self._norms[key] = GlobalGCNNorm(self.exchange, improved=key[0],
-                                                 add_self_loops=key[1])
+            for weight in weights:
+                key = self._norm_key(module, kind, weight)
+                if key is not None and key not in self._norms:
+                    self._norms[key] = GlobalGCNNorm(self.exchange, improved=key[0],
+                                                     add_self_loops=key[1], edge_weight=weight)
         self.exchange.reset_stats()  # the degrees are set-up, not per-step traffic
         self._suspended: list[nn.Module] = []  # convs running with normalize=False right now
         self._handles = []
@@ -233,10 +244,12 @@ class DistributedGNN(nn.Module):
                 dist.broadcast(tensor.data, src=src, group=group)
 
     @staticmethod
-    def _norm_key(module: nn.Module, kind: str) -> tuple[bool, bool] | None:
+    def _norm_key(module: nn.Module, kind: str, edge_weight: Tensor | None = None
+                  ) -> tuple[bool, bool, int | None] | None:
         if kind not in ("gcn", "gcn2") or not module.normalize:
             return None
-        return (kind == "gcn" and module.improved, bool(module.add_self_loops))
+        return (kind == "gcn" and module.improved, bool(module.add_self_loops),
+                None if edge_weight is None else id(edge_weight))
 
     def remove(self) -> None:
         """Take the hooks off the model and give its batch norms their own forward back (the
@@ -280,12 +293,25 @@ class DistributedGNN(nn.Module):
         if a["edge_index"] is not shard.edge_index:
             raise ValueError(f"{where}: edge_index must be shard.edge_index itself (the local "
                              f"edges the exchange and the normalisation are built for)")
-        for arg in ("edge_weight", "edge_attr", "size", "return_attention_weights"):
+        for arg in ("size", "return_attention_weights"):
             if a.get(arg) not in (None, False):
                 raise ValueError(f"{where}: {arg} is not supported, got {a[arg]!r}")
+        edge_values = {}
+        for arg in _EDGE_ARGS:
+            value = a.get(arg)
+            if value is None:
+                continue
+            if not any(value is t for t in shard.edge_attrs.values()):
+                shape = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
+                names = (", ".join(f"shard.{k}" for k in shard.edge_attrs)
+                         or f"it has none: shard a Data with {arg}")
+                raise ValueError(f"{where}: {arg} must be one of the shard's edge attributes "
+                                 f"itself, the values of its local edges in shard.edge_index's "
+                                 f"order ({names}), got {shape}")
+            edge_values[arg] = value
         if kind == "pair":
             extra = [k for k, v in a.items() if isinstance(v, Tensor)
-                     and k not in ("x", "edge_index")]
+                     and k not in ("x", "edge_index", *edge_values)]
             if extra:
                 raise ValueError(f"{where}: only x and edge_index are exchanged, got the "
                                  f"tensor argument(s) {', '.join(extra)}")
@@ -299,7 +325,7 @@ class DistributedGNN(nn.Module):
                 raise ValueError(f"{where}: x_0 must have the shape of x, {tuple(x.shape)}")
             # alpha * x_0 is added per target row: the halo rows' outputs are dropped anyway.
             a["x_0"] = torch.cat([x_0, x_0.new_zeros(shard.num_halo, x_0.size(1))])
-        key = self._norm_key(module, kind)
+        key = self._norm_key(module, kind, edge_values.get("edge_weight"))
         if key is not None:
             norm = self._norms[key]
             a["edge_index"], a["edge_weight"] = norm.edge_index, norm.edge_weight(x.dtype)

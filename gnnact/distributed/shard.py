@@ -13,7 +13,8 @@ With parts :math:`p(i)` (:func:`~gnnact.distributed.partition_nodes`) and edges
   :math:`|O_r| \dots |O_r| + |H_r| - 1`: every message an owned node aggregates comes from
   :math:`O_r \cup H_r`;
 * the local edges :math:`\{j \to i : i \in O_r\}` (every edge into an owned node, in their
-  original order) over local ids;
+  original order) over local ids, with the edge attributes of the ``Data`` (``edge_weight``,
+  ``edge_attr``, …) sliced to them in the same order;
 * the receive plan: :math:`H_r` is the concatenation, peer by peer, of
   :math:`H_{r \leftarrow q} = H_r \cap O_q` (``recv_counts[q]`` rows);
 * the send plan: ``send_index[q]`` is the local ids of :math:`H_{q \leftarrow r}`, in the
@@ -45,7 +46,9 @@ class GraphShard:
     module docstring for what each field holds).
 
     Node attributes of the original ``Data`` (``x``, ``y``, ``train_mask``, …) are read as
-    attributes: ``shard.x`` is ``node_attrs["x"]``, the owned rows only.
+    attributes: ``shard.x`` is ``node_attrs["x"]``, the owned rows only; so are its edge
+    attributes: ``shard.edge_weight`` is ``edge_attrs["edge_weight"]``, the values of the local
+    edges in :attr:`edge_index`'s order.
 
     Args:
         rank (int): the part this shard holds.
@@ -57,6 +60,7 @@ class GraphShard:
         recv_counts (dict[int, int]): halo rows per peer (peers with none left out).
         send_index (dict[int, torch.Tensor]): local owned ids to send each peer.
         node_attrs (dict[str, torch.Tensor]): the node attributes, owned rows.
+        edge_attrs (dict[str, torch.Tensor]): the edge attributes, local edges.
 
     Example:
         >>> from torch_geometric.data import Data
@@ -79,6 +83,7 @@ class GraphShard:
     recv_counts: dict[int, int]
     send_index: dict[int, Tensor]
     node_attrs: dict[str, Tensor] = field(default_factory=dict)
+    edge_attrs: dict[str, Tensor] = field(default_factory=dict)
 
     @property
     def num_owned(self) -> int:
@@ -107,15 +112,20 @@ class GraphShard:
             self, owned=self.owned.to(device), halo=self.halo.to(device),
             edge_index=self.edge_index.to(device),
             send_index={q: i.to(device) for q, i in self.send_index.items()},
-            node_attrs={k: v.to(device) for k, v in self.node_attrs.items()})
+            node_attrs={k: v.to(device) for k, v in self.node_attrs.items()},
+            edge_attrs={k: v.to(device) for k, v in self.edge_attrs.items()})
 
     def __getattr__(self, name: str) -> Tensor:
-        # Only called when normal lookup fails: node attributes read like Data's.
-        attrs = self.__dict__.get("node_attrs", {})
-        if name in attrs:
-            return attrs[name]
+        # Only called when normal lookup fails: node and edge attributes read like Data's.
+        nodes = self.__dict__.get("node_attrs", {})
+        edges = self.__dict__.get("edge_attrs", {})
+        if name in nodes:
+            return nodes[name]
+        if name in edges:
+            return edges[name]
         raise AttributeError(f"GraphShard has no attribute or node attribute {name!r} "
-                             f"(node attributes: {sorted(attrs)})")
+                             f"(node attributes: {sorted(nodes)}; edge attributes: "
+                             f"{sorted(edges)})")
 
     def __repr__(self) -> str:
         return (f"GraphShard(rank={self.rank}/{self.world_size}, owned={self.num_owned}, "
@@ -178,8 +188,10 @@ def build_shard(data: Data, parts: Tensor, rank: int) -> GraphShard:
 
     node_attrs = {name: data[name][owned] for name in data.node_attrs()
                   if isinstance(data[name], Tensor) and name != "edge_index"}
+    edge_attrs = {name: data[name][into] for name in data.edge_attrs()
+                  if isinstance(data[name], Tensor) and name != "edge_index"}
     return GraphShard(rank, world_size, n, owned, halo, edge_index, recv_counts, send_index,
-                      node_attrs)
+                      node_attrs, edge_attrs)
 
 
 def shard_graph(data: Data, group: dist.ProcessGroup | None = None, method: str = "metis",
