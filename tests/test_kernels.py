@@ -317,3 +317,20 @@ def test_mask_ops_on_a_gpu_take_the_kernels_and_equal_pytorch():
     out = gnnact.ops.dropout(x * 1.0, 0.5, training=True)
     kept = out != 0
     torch.testing.assert_close(out[kept], (x * 2.0)[kept], rtol=0, atol=0)
+
+
+def test_a_kernel_that_disagrees_or_fails_is_named_and_left_unused():
+    """The self-check behind kernel_agrees and mask_kernels_agree: a kernel that differs from
+    the torch path, or fails to compile or launch, is not used, with a warning saying why."""
+    from gnnact.quant.core import _self_check
+
+    assert _self_check(lambda: True, "unused", "instead")
+    with pytest.warns(RuntimeWarning, match="gnnact: k is not used: its results differ from "
+                      "the torch path; t runs instead"):
+        assert not _self_check(lambda: False, "k is not used", "t runs instead")
+
+    def broken() -> bool:
+        raise RuntimeError("no kernel image")
+
+    with pytest.warns(RuntimeWarning, match="it failed: RuntimeError: no kernel image"):
+        assert not _self_check(broken, "k is not used", "t runs instead")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+from collections.abc import Callable
 from types import ModuleType
 from typing import Literal
 
@@ -84,19 +85,29 @@ def kernel_agrees(device_index: int, bits: int) -> bool:
     x = torch.randn(4 * 64 + 37, generator=generator)
     noise = torch.rand(x.numel(), generator=generator)
     want = reference.quantize_groups(x, bits, 64, noise=noise)
-    try:
+
+    def check() -> bool:
         got = kernels.quantize_groups(x.to(device), bits, 64, noise=noise.to(device))
         back = kernels.dequantize_groups(*got, bits, 64, x.numel(), torch.float32)
-        agree = (all(torch.equal(a, b.cpu()) for a, b in zip(want, got, strict=True))
-                 and torch.equal(back.cpu(), reference.dequantize_groups(
-                     *want, bits, 64, x.numel(), torch.float32)))
-        why = "its results differ from the reference"
-    except Exception as e:  # a kernel that fails to compile or launch: say so, keep going
+        return (all(torch.equal(a, b.cpu()) for a, b in zip(want, got, strict=True))
+                and torch.equal(back.cpu(), reference.dequantize_groups(
+                    *want, bits, 64, x.numel(), torch.float32)))
+
+    return _self_check(check, f"the {bits}-bit CUDA kernel is not used on cuda:{device_index}",
+                       f"{bits}-bit quantization runs on the torch path there (same format, "
+                       f"slower)")
+
+
+def _self_check(check: Callable[[], bool], unused: str, instead: str) -> bool:
+    """``check()``'s verdict on a kernel; when it disagrees or fails (a kernel that does not
+    compile or launch), a warning saying ``unused``, why, and what runs ``instead``."""
+    try:
+        agree = check()
+        why = "its results differ from the torch path"
+    except Exception as e:  # say so, keep going on the torch path
         agree, why = False, f"it failed: {type(e).__name__}: {e}"
     if not agree:
-        warnings.warn(f"gnnact: the {bits}-bit CUDA kernel is not used on cuda:{device_index}: "
-                      f"{why}; {bits}-bit quantization runs on the torch path there (same "
-                      f"format, slower)", RuntimeWarning, stacklevel=3)
+        warnings.warn(f"gnnact: {unused}: {why}; {instead}", RuntimeWarning, stacklevel=4)
     return agree
 
 
@@ -144,8 +155,8 @@ def mask_kernels_agree(device_index: int) -> bool:
     base[:6] = torch.tensor([float("nan"), 0.0, -0.0, float("inf"), -float("inf"), 1.0])
     modes = ((reference.MASK_MUL, 1.0), (reference.MASK_MUL, 2.0),
              (reference.MASK_ZERO, 1.0), (reference.MASK_SELECT, 0.2))
-    agree, why = True, "its results differ from the torch path"
-    try:
+
+    def check() -> bool:
         for dtype in _MASK_DTYPES:
             x = base.to(device, dtype)
             for mode, s in modes:
@@ -158,16 +169,15 @@ def mask_kernels_agree(device_index: int) -> bool:
                 applied = kernels.apply_packed_mask(x, want_bits, torch.empty_like(x), mode, s)
                 want_applied = reference.apply_packed_mask(x, want_bits, torch.empty_like(x),
                                                            mode, s)
-                agree = agree and torch.equal(got_bits, want_bits) and all(
-                    _same_values(a, b) for a, b in ((got, want), (in_place, want),
-                                                    (applied, want_applied)))
-    except Exception as e:  # a kernel that fails to compile or launch: say so, keep going
-        agree, why = False, f"it failed: {type(e).__name__}: {e}"
-    if not agree:
-        warnings.warn(f"gnnact: the fused mask kernels are not used on cuda:{device_index}: "
-                      f"{why}; ReLU, LeakyReLU and dropout run on the torch path there (same "
-                      f"results, more passes)", RuntimeWarning, stacklevel=3)
-    return agree
+                if not (torch.equal(got_bits, want_bits) and all(
+                        _same_values(a, b) for a, b in ((got, want), (in_place, want),
+                                                        (applied, want_applied)))):
+                    return False
+        return True
+
+    return _self_check(check, f"the fused mask kernels are not used on cuda:{device_index}",
+                       "ReLU, LeakyReLU and dropout run on the torch path there (same results, "
+                       "more passes)")
 
 
 def _check_int(name: str, value: object) -> int:
