@@ -664,7 +664,7 @@ def test_errors_in_the_ranks(ranks2):
         assert messages["edge_weight"].startswith(
             "DistributedGNN: convs.0 (GCNConv): edge_weight must be one of the shard's edge "
             "attributes itself, the values of its local edges in shard.edge_index's order "
-            "(shard.edge_weight, shard.edge_attr), got (")
+            "(shard.edge_attr, shard.edge_weight), got (")
         assert messages["pos"] == ("DistributedGNN: <model> (PointNetConv): only x and "
                                    "edge_index are exchanged, got the tensor argument(s) pos")
         assert messages["removed"]  # remove() leaves the model as it was

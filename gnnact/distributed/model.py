@@ -218,7 +218,8 @@ class DistributedGNN(nn.Module):
         self._norms: dict[tuple[bool, bool, int | None], GlobalGCNNorm] = {}
         # One per (improved, self-loops) and edge weights a GCN conv may be given: none, or
         # any one-value-per-edge attribute of the shard (collective: the same on every rank).
-        weights = [None, *(t for t in shard.edge_attrs.values() if t.dim() == 1)]
+        weights = [None, *(shard.edge_attrs[k] for k in sorted(shard.edge_attrs)
+                           if shard.edge_attrs[k].dim() == 1)]
         for _, module, kind in convs:
             for weight in weights:
                 key = self._norm_key(module, kind, weight)
@@ -303,7 +304,7 @@ class DistributedGNN(nn.Module):
                 continue
             if not any(value is t for t in shard.edge_attrs.values()):
                 shape = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
-                names = (", ".join(f"shard.{k}" for k in shard.edge_attrs)
+                names = (", ".join(f"shard.{k}" for k in sorted(shard.edge_attrs))
                          or f"it has none: shard a Data with {arg}")
                 raise ValueError(f"{where}: {arg} must be one of the shard's edge attributes "
                                  f"itself, the values of its local edges in shard.edge_index's "

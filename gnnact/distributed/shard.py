@@ -186,9 +186,12 @@ def build_shard(data: Data, parts: Tensor, rank: int) -> GraphShard:
     peer, node = key // n, key % n
     send_index = {q: local[node[peer == q]] for q in torch.unique(peer).tolist()}
 
-    node_attrs = {name: data[name][owned] for name in data.node_attrs()
+    # By name: PyG lists a Data's attributes from a set, whose order depends on the process's
+    # string hashing, and the ranks must agree on it (DistributedGNN exchanges degrees per
+    # edge weight, in this order).
+    node_attrs = {name: data[name][owned] for name in sorted(data.node_attrs())
                   if isinstance(data[name], Tensor) and name != "edge_index"}
-    edge_attrs = {name: data[name][into] for name in data.edge_attrs()
+    edge_attrs = {name: data[name][into] for name in sorted(data.edge_attrs())
                   if isinstance(data[name], Tensor) and name != "edge_index"}
     return GraphShard(rank, world_size, n, owned, halo, edge_index, recv_counts, send_index,
                       node_attrs, edge_attrs)
