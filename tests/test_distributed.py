@@ -418,7 +418,10 @@ def test_shards_cover_the_graph_exactly(data, k):
         edges |= set(zip(src.tolist(), dst.tolist(), strict=True))
         # The halo is exactly the remote sources of edges into owned nodes, by owner then id.
         into = parts[data.edge_index[1]] == s.rank
-        # The edge attributes follow the local edges, in the original order.
+        # The edge attributes follow the local edges, in the original order; the attributes
+        # are listed by name (every rank in the same order, whatever its string hashing).
+        assert list(s.edge_attrs) == ["edge_attr", "edge_weight"]
+        assert list(s.node_attrs) == sorted(s.node_attrs)
         for name in ("edge_weight", "edge_attr"):
             assert torch.equal(getattr(s, name), data[name][into])
         remote = data.edge_index[0][into][parts[data.edge_index[0][into]] != s.rank]
