@@ -157,7 +157,7 @@ def test_each_functional_call_is_exact_at_32_bits_and_compressed_at_2(call):
 
 
 _ACTS = {"F.relu": F.relu, "x.relu": torch.Tensor.relu, "torch.relu": torch.relu,
-         "leaky": lambda h: F.leaky_relu(h, 0.1),
+         "leaky": lambda h: F.leaky_relu(h, 0.1), "elu": F.elu,
          "dropout": lambda h: F.dropout(h, 0.5, training=True)}
 
 
@@ -186,6 +186,8 @@ class _Nested(nn.Module):
             y = torch.relu(self.bn(self.lin(x)))
         elif self.act == "leaky":
             y = F.leaky_relu(self.bn(self.lin(x)), 0.1)
+        elif self.act == "elu":
+            y = F.elu(self.bn(self.lin(x)))
         else:
             y = F.dropout(self.bn(self.lin(x)), 0.5, training=True)
         return self.out(y)

@@ -22,7 +22,8 @@ call                                                   kept for backward
                                                        (the generic pipeline)
 =====================================================  ===================================
 
-A call of ReLU, LeakyReLU or dropout whose input is a *temporary* (``F.relu(self.bn(x))``,
+A call of ReLU, LeakyReLU, ELU or dropout whose input is a *temporary*
+(``F.relu(self.bn(x))``, ``F.elu(self.conv1(x, edge_index))``,
 ``self.conv(x, edge_index).relu()``: a result no name, container, view or saved context
 refers to) writes over that input, as ``inplace=True`` would: the caller can never read it
 again, so the result is the same and one full-size tensor fewer is alive (PyG's examples nest
@@ -151,6 +152,7 @@ _IN_PLACE: dict[Callable, tuple[tuple[Callable, ...], tuple[Callable, ...]]] = {
     Tensor.relu: ((lambda take: take().relu(), lambda take: Tensor.relu(take())),
                   (lambda t: t.relu(), lambda t: Tensor.relu(t))),
     F.leaky_relu: ((lambda take: F.leaky_relu(take(), 0.2),), (lambda t: F.leaky_relu(t, 0.2),)),
+    F.elu: ((lambda take: F.elu(take()),), (lambda t: F.elu(t),)),
     F.dropout: ((lambda take: F.dropout(take(), 0.5, True),
                  lambda take: F.dropout(take(), p=0.5, training=True)),
                 (lambda t: F.dropout(t, 0.5, True),)),

@@ -332,9 +332,14 @@ def leaky_relu(x: Tensor, negative_slope: float = 0.01, inplace: bool = False) -
 
 class _ELU(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, x: Tensor, alpha: float, config: Config, role: str) -> Tensor:
-        out = F.elu(x, alpha)
+    def forward(ctx: Any, x: Tensor, alpha: float, config: Config, role: str,
+                inplace: bool) -> Tensor:
         mask = pack_mask(x > 0)
+        if inplace:  # written over X (marked dirty): no second full-size tensor
+            ctx.mark_dirty(x)
+            out = F.elu(x, alpha, inplace=True)
+        else:
+            out = F.elu(x, alpha)
         ctx.alpha = alpha
         packed = shared_quantize(out, config.bits, config, role)
         ctx.packed = not (packed.is_passthrough and packed.codes is out)
@@ -354,7 +359,7 @@ class _ELU(torch.autograd.Function):
         # gradient stays unbiased with Y rounded.
         # (A restored copy is ours to overwrite; the output itself is not.)
         slope = out_hat.add_(ctx.alpha) if ctx.packed else out_hat + ctx.alpha
-        return torch.where(mask, grad, grad * slope), None, None, None
+        return torch.where(mask, grad, grad * slope), None, None, None, None
 
 
 @eager_op
@@ -366,8 +371,11 @@ def elu(x: Tensor, alpha: float = 1.0, inplace: bool = False, config: Config | N
     mask op on :math:`Y` (dropout) leaves a tensor that op rebuilds instead of keeping."""
     if not records_graph(x):
         return transient(F.elu(x, alpha, inplace=inplace))
+    if inplace and not (x.is_contiguous() and x._base is None):
+        # As _masked: a view (or odd layout) gets the result beside it, copied back.
+        return _into(x, elu(x, alpha, False, config, role))
     config = config or Config()
-    out = _ELU.apply(x, float(alpha), config, role)
+    out = _ELU.apply(x, float(alpha), config, role, inplace)
     base = getattr(out.grad_fn, "gnnact_base", None)
     if base is not None:
         del out.grad_fn.gnnact_base
@@ -375,7 +383,7 @@ def elu(x: Tensor, alpha: float = 1.0, inplace: bool = False, config: Config | N
         derive(out, None, "packed", tensors, meta)
         remember(out, (config.bits, config.group_size, config.per_row, config.per_node,
                        config.backend), packed)
-    return _into(x, out) if inplace else out
+    return out
 
 
 @eager_op
