@@ -14,12 +14,14 @@ from gnnact.kernels._cupy import COMPILE_OPTIONS, device_ptr, launch
 from gnnact.quant.packed import QUANT_BITS, packed_code_bytes
 from gnnact.quant.rng import split_seed
 
-__all__ = ["COMPILE_OPTIONS", "KERNEL_BITS", "KERNEL_NAMES", "apply_packed_mask",
-           "dequantize_groups", "pack_mask_bits", "quantize_groups", "sign_mask",
-           "unpack_mask_bits"]
+__all__ = ["COMPILE_OPTIONS", "KERNEL_BITS", "KERNEL_DTYPES", "KERNEL_NAMES",
+           "apply_packed_mask", "dequantize_groups", "pack_mask_bits", "quantize_groups",
+           "sign_mask", "unpack_mask_bits"]
 
 _DTYPE_NAMES = {torch.float32: "f32", torch.float64: "f64", torch.float16: "f16",
                 torch.bfloat16: "bf16"}
+#: The dtypes every kernel is built for.
+KERNEL_DTYPES = tuple(_DTYPE_NAMES)
 
 #: The widths ``cuda/quantize.cu`` implements: all of them. ``backend="cupy"`` sends every
 #: width here; ``"auto"`` sends a width here once :func:`gnnact.quant.core.kernel_agrees` has

@@ -53,6 +53,7 @@ from torch.overrides import TorchFunctionMode
 
 from gnnact import ops
 from gnnact.config import Config
+from gnnact.ops.context import overwritable
 
 __all__ = ["EXACT_FUNCTIONS", "FunctionalOps", "temporary_counts"]
 
@@ -273,5 +274,4 @@ def _temporary(func: Callable, x: Tensor, counts: tuple[int, int]) -> bool:
     contiguous, not a view)."""
     known = temporary_counts().get(func)
     return (known is not None and counts[0] <= known[0] and counts[1] == known[1]
-            and x.grad_fn is not None and x._base is None and x.is_contiguous()
-            and not torch.compiler.is_compiling())
+            and x.grad_fn is not None and overwritable(x) and not torch.compiler.is_compiling())

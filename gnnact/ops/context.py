@@ -62,8 +62,9 @@ from gnnact.quant.reference import MASK_MUL, MASK_SELECT, MASK_ZERO, combine_mas
 
 __all__ = ["alias_derived", "apply_mask", "cache_key", "cached", "controlled_noise", "derive",
            "derived_steps", "hold_parts", "independent_quantize", "input_bits", "load_context",
-           "mask_mode", "noise_generator", "own_context", "per_node_quantize", "records_graph",
-           "release", "remember", "resident", "save_context", "shared_quantize", "transient"]
+           "mask_mode", "noise_generator", "overwritable", "own_context", "per_node_quantize",
+           "records_graph", "release", "remember", "resident", "save_context",
+           "shared_quantize", "transient"]
 
 def cache_key(x: Tensor) -> tuple[tuple, Tensor]:
     """The key of ``x`` and the object whose identity it rests on: the tensor ``x`` views
@@ -566,11 +567,11 @@ def sign_masked(x: Tensor, slope: float, out: Tensor | None = None
     tensor by default; ``x`` itself writes over it): one pass on a GPU
     (:func:`gnnact.quant.core.mask_backend`), block by block on the torch path, so the whole
     boolean mask never exists beside the output."""
+    mode, s = mask_mode(1.0, slope, x.dtype)
     if not x.is_contiguous():
         mask = x > 0
-        return pack_mask(mask), apply_mask(x, mask, 1.0, slope, out=out)
+        return pack_mask(mask), combine_mask(x, mask, mode, s, out=out)
     out = torch.empty_like(x) if out is None else out
-    mode, s = mask_mode(1.0, slope, x.dtype)
     data = mask_backend(x).sign_mask(x.view(-1), out.view(-1), mode, s)
     return PackedMask(data, x.shape), out
 
@@ -597,6 +598,13 @@ def load_packed_mask(ctx: Any, index: int = 0) -> PackedMask:
     if slot is None or slot[0] != "mask":
         raise TypeError(f"context item {index} is not a packed mask: {slot!r}")
     return PackedMask(ctx.saved_tensors[slot[1]], slot[2])
+
+
+def overwritable(x: Tensor) -> bool:
+    """Whether an op may write its result over ``x`` itself, as autograd lets a function do
+    (``mark_dirty``): contiguous, and not a view, whose base would need its history rewritten.
+    (Whether anybody else still reads ``x`` is the caller's to know.)"""
+    return x.is_contiguous() and x._base is None
 
 
 def writable(ctx: Any, t: Tensor) -> bool:

@@ -50,6 +50,7 @@ from gnnact.ops.context import (
     load_packed_mask,
     mask_mode,
     masked_by_blocks,
+    overwritable,
     records_graph,
     remember,
     save_context,
@@ -284,7 +285,7 @@ def _masked(x: Tensor, packed: PackedMask | None, divisor: float, slope: float,
     autograd lets a function do so (contiguous, not a view: a view's base would need its
     history rewritten), else computes beside it and copies back, as PyTorch's in-place ops
     promise the same result either way."""
-    if inplace and not (x.is_contiguous() and x._base is None):
+    if inplace and not overwritable(x):
         return _into(x, _masked(x, packed, divisor, slope))
     steps = derived_steps(x) if inplace else None  # read before x is overwritten
     out = _Masked.apply(x, packed, divisor, slope, inplace)
@@ -371,7 +372,7 @@ def elu(x: Tensor, alpha: float = 1.0, inplace: bool = False, config: Config | N
     mask op on :math:`Y` (dropout) leaves a tensor that op rebuilds instead of keeping."""
     if not records_graph(x):
         return transient(F.elu(x, alpha, inplace=inplace))
-    if inplace and not (x.is_contiguous() and x._base is None):
+    if inplace and not overwritable(x):
         # As _masked: a view (or odd layout) gets the result beside it, copied back.
         return _into(x, elu(x, alpha, False, config, role))
     config = config or Config()

@@ -279,17 +279,16 @@ class _GATAttention(torch.autograd.Function):
         graph: Graph = ctx.graph
         # X~^s (when kept apart) is restored once X^s has gone: two full-size copies of the
         # input never coexist.
-        tilde = _TILDE if ctx.gnnact_slots[_TILDE] is not None else None
+        tilde_kept = ctx.gnnact_slots[_TILDE] is not None
         xs_hat, xd_hat, alpha_t, att_src, att_dst, positive, keep, _ = load_context(
             ctx, only=range(_TILDE))
-        xs_tilde = None
         # float16/bfloat16 in float32 (transients only; autograd rounds each gradient to its
         # input's dtype once): the softmax backward's difference of nearly equal terms lost
         # up to 15% of a 3-layer model's attention gradients in float16, PyG's own autograd
         # under 1% (tests/test_mixed_precision.py).
         dtype = torch.promote_types(xs_hat.dtype, torch.float32)
-        xs_hat, xd_hat, xs_tilde, alpha_t = (None if t is None else t.to(dtype)
-                                             for t in (xs_hat, xd_hat, xs_tilde, alpha_t))
+        xs_hat, xd_hat, alpha_t = (None if t is None else t.to(dtype)
+                                   for t in (xs_hat, xd_hat, alpha_t))
         alpha = alpha_t.t()  # [E, H]
         heads = alpha.size(1)
         if grad_out is None:  # only the returned attention weights were used
@@ -308,12 +307,11 @@ class _GATAttention(torch.autograd.Function):
 
         # d alpha~ = <G_i, X^_j>: re-gathered from the compressed X^s in chunks.
         grad_ad = _edge_dot(grad_out, xs_hat, graph)
-        if tilde is not None:  # X^s is read no more
-            del xs_hat
-            xs_tilde = load_context(ctx, only=(tilde,))[tilde].to(dtype)
-        else:
-            xs_tilde = xs_hat
-            del xs_hat
+        # X^s is read no more: X~^s is X^s itself, or its own copy restored now.
+        xs_tilde = None if tilde_kept else xs_hat
+        del xs_hat
+        if xs_tilde is None:
+            xs_tilde = load_context(ctx, only=(_TILDE,))[_TILDE].to(dtype)
         if grad_alpha is not None:
             grad_ad = grad_ad + _to_csr(grad_alpha.to(dtype), graph)
         grad_a = grad_ad if scale is None else grad_ad * scale

@@ -117,15 +117,13 @@ def mask_backend(x: Tensor) -> ModuleType:
     there, else the torch path (``gnnact.quant.reference``, block by block)."""
     from gnnact.kernels import cupy_available
 
-    if (x.device.type != "cuda" or x.dtype not in _MASK_DTYPES or not cupy_available()
-            or not mask_kernels_agree(cuda_index(x.device))):
+    if x.device.type != "cuda" or not cupy_available():
         return reference
     from gnnact.kernels import quantize as kernels
 
+    if x.dtype not in kernels.KERNEL_DTYPES or not mask_kernels_agree(cuda_index(x.device)):
+        return reference
     return kernels
-
-
-_MASK_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
 def _same_values(a: Tensor, b: Tensor) -> bool:
@@ -157,7 +155,7 @@ def mask_kernels_agree(device_index: int) -> bool:
              (reference.MASK_ZERO, 1.0), (reference.MASK_SELECT, 0.2))
 
     def check() -> bool:
-        for dtype in _MASK_DTYPES:
+        for dtype in kernels.KERNEL_DTYPES:
             x = base.to(device, dtype)
             for mode, s in modes:
                 want = torch.empty_like(x)
