@@ -66,11 +66,13 @@ def data_root() -> Path:
 
 
 def out_of_memory(error: BaseException) -> bool:
-    """Whether ``error`` says memory ran out: the caching allocator's ``OutOfMemoryError``, or
-    a CUDA runtime error from a pinned host allocation (``cudaHostAlloc``, as in
-    ``save_on_cpu``), which PyTorch raises as a plain runtime error."""
+    """Whether ``error`` says memory ran out: the caching allocator's ``OutOfMemoryError``, a
+    CUDA runtime error from a pinned host allocation (``cudaHostAlloc``, as in
+    ``save_on_cpu``), which PyTorch raises as a plain runtime error, or the CPU allocator's
+    "can't allocate memory" (a process limit reached)."""
     return isinstance(error, torch.OutOfMemoryError) or (
-        isinstance(error, RuntimeError) and "out of memory" in str(error))
+        isinstance(error, RuntimeError)
+        and any(s in str(error) for s in ("out of memory", "can't allocate memory")))
 
 
 def append_rows(path: Path, rows: list[dict]) -> None:

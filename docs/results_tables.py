@@ -550,14 +550,24 @@ def _swap(results: Path) -> list[str]:
 
 
 def _largest(results: Path) -> list[str]:
+    """Newest row per device, model, method and cap; "vs PyG" against PyG's row of the same
+    device, model and cap. A GPU's cap is its allocator's; the CPU's is counted (the
+    step's :class:`~gnnact.peak.PeakMeter` peak)."""
     name = "largest.jsonl"
-    best = _newest(_rows(results, name), lambda r: (r["model"], r["method"], r["cap_bytes"]))
-    base = {k[0]: r["largest_nodes"] for k, r in best.items() if k[1] == "pyg"}
-    body = [[_LABEL.get(k[0], k[0]), k[1], f"{k[2] / 2**30:g}", f"{r['largest_nodes']:,}",
-             _x1(r["largest_nodes"] / base[k[0]]) if k[0] in base else "",
-             _mib(r.get("peak_bytes_at_largest"))] for k, r in best.items()]
-    header = ["model", "method", "cap (GiB)", "largest graph (nodes)", "vs PyG",
-              "peak there (MiB)"]
+    best = _newest(_rows(results, name),
+                   lambda r: (r["device_name"], r["model"], r["method"], r["cap_bytes"]))
+    base = {(k[0], k[1], k[3]): r["largest_nodes"] for k, r in best.items() if k[2] == "pyg"}
+    body = []
+    for (device, model, method, cap), r in best.items():
+        pyg = base.get((device, model, cap))
+        how = "counted" if r.get("cap_by") == "meter" else "allocator"
+        products = ("–" if "products_peak_bytes" not in r  # not measured
+                    else _mib(r["products_peak_bytes"]) or "out of memory")
+        body.append([device, _LABEL.get(model, model), method, f"{cap / 2**30:g} ({how})",
+                     f"{r['largest_nodes']:,}", _x1(r["largest_nodes"] / pyg) if pyg else "",
+                     _mib(r.get("peak_bytes_at_largest")), products])
+    header = ["device", "model", "method", "cap (GiB)", "largest graph (nodes)", "vs PyG",
+              "peak there (MiB)", "peak at products' size (MiB)"]
     return [*_source(name, best.values()), *_list_table([header, *body])]
 
 

@@ -16,18 +16,26 @@ __all__ = ["cuda_index", "device_name", "environment", "git_commit"]
 _ROOT = Path(__file__).resolve().parent.parent
 
 
-def git_commit(short: bool = True) -> str | None:
-    """HEAD of the checkout this package runs from (``-dirty`` if tracked files changed), or
-    ``None`` outside a git checkout; ``$GNNACT_COMMIT`` when set, for a copy of the tree whose
-    ``.git`` is not its own (a GPU machine's copy of a checkout can carry an older one)."""
+#: Paths whose changes do not make a checkout ``-dirty``: what the benchmarks and the docs build
+#: write (result rows, the tables generated from them), not what computes them. A benchmark that
+#: appends its rows would otherwise mark every later run of the session dirty.
+OUTPUTS = ("benchmarks/results", "docs/_generated")
+
+
+def git_commit(short: bool = True, root: Path = _ROOT) -> str | None:
+    """HEAD of the checkout at ``root`` (this package's), with ``-dirty`` if tracked files
+    other than the :data:`OUTPUTS` changed, or ``None`` outside a git checkout;
+    ``$GNNACT_COMMIT`` when set, for a copy of the tree whose ``.git`` is not its own (a GPU
+    machine's copy of a checkout can carry an older one)."""
     if os.environ.get("GNNACT_COMMIT"):
         return os.environ["GNNACT_COMMIT"]
     try:
         args = ["git", "rev-parse", *(["--short"] if short else []), "HEAD"]
-        head = subprocess.run(args, cwd=_ROOT, check=True, capture_output=True, text=True,
+        head = subprocess.run(args, cwd=root, check=True, capture_output=True, text=True,
                               timeout=5).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               cwd=_ROOT, capture_output=True, text=True, timeout=5).stdout
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--",
+                                ".", *(f":(exclude){path}" for path in OUTPUTS)],
+                               cwd=root, capture_output=True, text=True, timeout=5).stdout
     except (OSError, subprocess.SubprocessError):
         return None
     return head + ("-dirty" if dirty.strip() else "") if head else None

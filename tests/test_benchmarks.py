@@ -265,6 +265,33 @@ def test_swap_and_largest_smoke(capsys):
     assert row["copy_hidden_share_with_prefetch"] == 0.875
 
 
+def test_largest_under_a_counted_cap_on_the_cpu(tmp_path, capsys):
+    largest = _script("bench_largest")
+    out = tmp_path / "largest.jsonl"
+    cap = 0.03  # GiB: a few hundred nodes for PyG fp32, thousands at 2 bits
+    assert largest.main(["--device", "cpu", "--cap-gb", str(cap), "--lo", "100",
+                         "--no-products", "--out", str(out)]) == 0
+    rows = {r["method"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert set(rows) == {"pyg", "gnnact2"}  # swap is a GPU measurement
+    for row in rows.values():
+        assert row["cap_by"] == "meter" and row["cap_bytes"] == int(cap * 2**30)
+        assert 0 < row["peak_bytes_at_largest"] <= row["cap_bytes"]
+        assert "products_peak_bytes" not in row
+    assert rows["gnnact2"]["largest_nodes"] > 5 * rows["pyg"]["largest_nodes"]
+    with pytest.raises(SystemExit):
+        largest.main(["--device", "cpu", "--methods", "gnnact2_swap"])
+
+
+def test_address_space_limit_stops_an_allocation_and_is_lifted():
+    torch = pytest.importorskip("torch")
+    largest = _script("bench_largest")
+    common = _script("_common")
+    with pytest.raises(RuntimeError) as error, largest.address_space_limit(2**28):
+        torch.empty(2**31, dtype=torch.uint8)
+    assert common.out_of_memory(error.value)
+    assert torch.empty(2**29, dtype=torch.uint8).numel() == 2**29  # the limit is gone
+
+
 def test_profile_peak_replays_the_allocator_trace():
     peak = _script("profile_peak")
     frame = {"filename": "/x/site-packages/gnnact/ops/context.py", "line": 7, "name": "f"}

@@ -33,3 +33,33 @@ def test_import_without_cupy_or_torch_sparse():
             "p = gnnact.quantize(torch.randn(64), bits=4); assert p.nbytes == 40; "
             "assert gnnact.dequantize(p).shape == (64,)")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_result_rows_do_not_make_the_commit_dirty(tmp_path, monkeypatch):
+    # A benchmark appends its rows to a tracked file: the next run of the same code must still
+    # record the clean commit; a change to code must not.
+    from gnnact.env import git_commit
+
+    monkeypatch.delenv("GNNACT_COMMIT", raising=False)
+
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                       cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    rows, table = tmp_path / "benchmarks/results/x.jsonl", tmp_path / "docs/_generated/t.rst"
+    code = tmp_path / "gnnact/ops.py"
+    for path in (rows, table, code):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("first\n")
+    git("add", ".")
+    git("commit", "-q", "-m", "c")
+    head = git_commit(root=tmp_path)
+    assert head and not head.endswith("-dirty")
+    rows.write_text("first\nsecond\n")
+    table.write_text("regenerated\n")
+    assert git_commit(root=tmp_path) == head
+    code.write_text("changed\n")
+    assert git_commit(root=tmp_path) == f"{head}-dirty"
+    monkeypatch.setenv("GNNACT_COMMIT", "abc1234")
+    assert git_commit(root=tmp_path) == "abc1234"
