@@ -14,7 +14,7 @@ import math
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -28,8 +28,8 @@ from tqdm import tqdm
 
 from gnnact.memory import saved_bytes
 
-__all__ = ["RunResult", "adjacency", "evaluate", "loss_of", "metric_of", "roc_auc",
-           "train_full_batch", "with_layout"]
+__all__ = ["RunResult", "adjacency", "evaluate", "loss_of", "metric_of", "model_inputs",
+           "roc_auc", "train_full_batch", "with_layout"]
 
 
 @dataclass
@@ -96,6 +96,53 @@ def adjacency(data: Data) -> Any:
     return adj_t if adj_t is not None else data.edge_index
 
 
+def model_inputs(data: Any, edge_attrs: Sequence[str] = ()) -> tuple[tuple, dict[str, Tensor]]:
+    r"""What the training loops call a model with on ``data``: ``(data.x, adjacency(data))``,
+    and each edge attribute named in ``edge_attrs`` by keyword, as PyG's examples pass them
+    (``model(x, edge_index, edge_weight=data.edge_weight)``; PyG's model classes take
+    ``edge_weight`` and ``edge_attr`` so).
+
+    Args:
+        data (torch_geometric.data.Data): the graph (or a
+            :class:`~gnnact.distributed.Shard`, whose edge attributes are its local edges').
+        edge_attrs (sequence of str, optional): names of per-edge tensors of ``data`` to pass,
+            one row per edge of ``data.edge_index``. (default: :obj:`()`)
+
+    Returns:
+        tuple[tuple, dict]: positional and keyword arguments.
+
+    Raises:
+        ValueError: a name that is not a per-edge tensor of ``data``, or edge attributes beside
+            a sparse ``adj_t`` (whose values are the edge values).
+
+    Example:
+        >>> from gnnact.data import synthetic_graph
+        >>> from gnnact.training import model_inputs
+        >>> data = synthetic_graph(500, 8, 16, 4, seed=0)
+        >>> data.edge_weight = torch.rand(data.num_edges)
+        >>> args, kwargs = model_inputs(data, ["edge_weight"])
+        >>> args[1] is data.edge_index, kwargs["edge_weight"] is data.edge_weight
+        (True, True)
+    """
+    if isinstance(edge_attrs, str):
+        raise TypeError(f"edge_attrs must be a sequence of names, got the string "
+                        f"{edge_attrs!r} (write ({edge_attrs!r},))")
+    adj = adjacency(data)
+    kwargs: dict[str, Tensor] = {}
+    for name in edge_attrs:
+        if adj is not getattr(data, "edge_index", None):
+            raise ValueError(f"edge_attrs={list(edge_attrs)!r} with a sparse adj_t: its values "
+                             f"are the edge values; keep edge_index to pass {name!r}")
+        value = getattr(data, name, None) if isinstance(name, str) else None
+        if not isinstance(value, Tensor) or value.dim() == 0 or value.size(0) != adj.size(1):
+            got = (f"{type(value).__name__}" if not isinstance(value, Tensor)
+                   else f"a tensor of shape {tuple(value.shape)}")
+            raise ValueError(f"edge_attrs: {name!r} must name a tensor of data with one row per "
+                             f"edge ({adj.size(1)}), got {got}")
+        kwargs[name] = value
+    return (data.x, adj), kwargs
+
+
 def with_layout(data: Data, *, adj: str = "edge_index", features: str = "dense") -> Data:
     r"""``data`` with the graph and features laid out for training.
 
@@ -128,7 +175,7 @@ def with_layout(data: Data, *, adj: str = "edge_index", features: str = "dense")
     return data
 
 
-def loss_of(model: nn.Module, data: Data) -> Tensor:
+def loss_of(model: nn.Module, data: Data, edge_attrs: Sequence[str] = ()) -> Tensor:
     r"""Cross-entropy on the training nodes; binary cross-entropy per task if ``y`` is
     ``[N, T]`` (multi-label: ogbn-proteins, Yelp).
 
@@ -143,10 +190,13 @@ def loss_of(model: nn.Module, data: Data) -> Tensor:
 
     Args:
         model (torch.nn.Module): called as ``model(data.x, adjacency(data))``
-            (:func:`adjacency`: ``data.adj_t`` if present, else ``data.edge_index``), returning
-            logits of shape ``[N, C]`` (or ``[N, T]``).
+            (:func:`adjacency`: ``data.adj_t`` if present, else ``data.edge_index``), with the
+            ``edge_attrs`` by keyword (:func:`model_inputs`), returning logits of shape
+            ``[N, C]`` (or ``[N, T]``).
         data (torch_geometric.data.Data): with ``x``, ``edge_index`` or ``adj_t``, ``y``
             (``[N]`` class indices, or ``[N, T]`` binary targets) and ``train_mask``.
+        edge_attrs (sequence of str, optional): edge attributes of ``data`` passed to the
+            model by keyword, e.g. ``("edge_weight",)``. (default: :obj:`()`)
 
     Returns:
         torch.Tensor: the 0-d loss, with its autograd graph.
@@ -162,7 +212,8 @@ def loss_of(model: nn.Module, data: Data) -> Tensor:
         torch.Size([])
         >>> loss.backward()
     """
-    out = model(data.x, adjacency(data))[data.train_mask]
+    args, kwargs = model_inputs(data, edge_attrs)
+    out = model(*args, **kwargs)[data.train_mask]
     if data.y.dim() == 2:
         return F.binary_cross_entropy_with_logits(out, data.y[data.train_mask].float())
     return F.cross_entropy(out, data.y[data.train_mask])
@@ -250,17 +301,21 @@ def metric_of(data: Data) -> Callable[[Tensor, Tensor], float]:
 
 @torch.no_grad()
 def evaluate(model: nn.Module, data: Data,
-             metric: Callable[[Tensor, Tensor], float] | None = None) -> tuple[float, float]:
+             metric: Callable[[Tensor, Tensor], float] | None = None,
+             edge_attrs: Sequence[str] = ()) -> tuple[float, float]:
     """Validation and test metric (:func:`metric_of`: accuracy, mean ROC-AUC over tasks, or
     OGB's Evaluator for OGB datasets). Runs one forward pass under :func:`torch.no_grad` and
     leaves ``model`` in evaluation mode.
 
     Args:
-        model (torch.nn.Module): called as ``model(data.x, adjacency(data))``.
+        model (torch.nn.Module): called as ``model(data.x, adjacency(data))``, with the
+            ``edge_attrs`` by keyword.
         data (torch_geometric.data.Data): with ``x``, ``edge_index`` or ``adj_t``, ``y``,
             ``val_mask`` and ``test_mask``.
         metric (callable, optional): ``(out, y) -> float``; :obj:`None`:
             ``metric_of(data)``. (default: :obj:`None`)
+        edge_attrs (sequence of str, optional): edge attributes of ``data`` passed to the
+            model by keyword (:func:`model_inputs`). (default: :obj:`()`)
 
     Returns:
         tuple[float, float]: ``(validation metric, test metric)``, each in [0, 1].
@@ -276,7 +331,8 @@ def evaluate(model: nn.Module, data: Data,
     """
     metric = metric or metric_of(data)
     model.eval()
-    out = model(data.x, adjacency(data))
+    args, kwargs = model_inputs(data, edge_attrs)
+    out = model(*args, **kwargs)
     return (metric(out[data.val_mask], data.y[data.val_mask]),
             metric(out[data.test_mask], data.y[data.test_mask]))
 
@@ -337,7 +393,8 @@ def train_full_batch(model: nn.Module, data: Data, *, epochs: int, lr: float = 0
                      weight_decay: float = 0.0,
                      step_context: Callable[[], AbstractContextManager] | None = None,
                      before_step: Callable[[], object] | None = None,
-                     measure_saved: bool = True, progress: str | None = None) -> RunResult:
+                     measure_saved: bool = True, progress: str | None = None,
+                     edge_attrs: Sequence[str] = ()) -> RunResult:
     """Train ``model`` on ``data`` (both on one device) with Adam for ``epochs`` epochs.
 
     Each epoch: one training step on the whole graph (:func:`loss_of`, backward, optimizer
@@ -345,7 +402,8 @@ def train_full_batch(model: nn.Module, data: Data, *, epochs: int, lr: float = 0
     (the first of equals; ``nan`` if no validation metric was a number).
 
     Args:
-        model (torch.nn.Module): called as ``model(data.x, adjacency(data))``.
+        model (torch.nn.Module): called as ``model(data.x, adjacency(data))``, with the
+            ``edge_attrs`` by keyword.
         data (torch_geometric.data.Data): the graph, as :func:`gnnact.data.load_dataset`
             returns it.
         epochs (int): number of epochs.
@@ -362,6 +420,10 @@ def train_full_batch(model: nn.Module, data: Data, *, epochs: int, lr: float = 0
             unpacked outside backward, such as checkpointing). (default: :obj:`True`)
         progress (str, optional): show a progress bar with this description; :obj:`None`:
             no bar. (default: :obj:`None`)
+        edge_attrs (sequence of str, optional): edge attributes of ``data`` passed to the
+            model by keyword, e.g. ``("edge_weight",)`` for a model written
+            ``forward(self, x, edge_index, edge_weight)`` (:func:`model_inputs`); they stay
+            resident like ``data.x``. (default: :obj:`()`)
 
     Returns:
         RunResult: what the run measured.
@@ -379,7 +441,8 @@ def train_full_batch(model: nn.Module, data: Data, *, epochs: int, lr: float = 0
     device = data.x.device
     cuda = device.type == "cuda"
     optimizer = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
-    resident = [model, data.x, data.y, adjacency(data)]
+    edges = model_inputs(data, edge_attrs)[1]  # checked before the first epoch
+    resident = [model, data.x, data.y, adjacency(data), *edges.values()]
     context = step_context or contextlib.nullcontext
     metric = metric_of(data)  # once: OGB's Evaluator reads its table of datasets
     # A NaN validation metric never wins; if every one is NaN, both results are NaN rather than
@@ -401,7 +464,7 @@ def train_full_batch(model: nn.Module, data: Data, *, epochs: int, lr: float = 0
             base = torch.cuda.memory_allocated(device)
         start = time.perf_counter()
         with context():
-            loss = loss_of(model, data)
+            loss = loss_of(model, data, edge_attrs)
         if measure_saved and epoch == 0:
             pause = time.perf_counter()
             measured = saved_bytes(loss, exclude=resident)
@@ -414,7 +477,7 @@ def train_full_batch(model: nn.Module, data: Data, *, epochs: int, lr: float = 0
             peak = step_peak if peak is None else max(peak, step_peak)
         times.append(time.perf_counter() - start)
 
-        val, test = evaluate(model, data, metric)
+        val, test = evaluate(model, data, metric, edge_attrs)
         if val > best_val:
             best_val, test_at_best = val, test
         bar.set_postfix(loss=f"{loss.item():.3f}", val=f"{val:.3f}")

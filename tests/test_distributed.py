@@ -333,12 +333,22 @@ def make_stack() -> nn.Module:
     return build("gcn", FEATURES, CLASSES, hidden=8, layers=3, dropout=0.0).double()
 
 
+def make_weighted() -> nn.Module:
+    """PyG's GCN class, which takes ``edge_weight`` by keyword, converted."""
+    torch.manual_seed(0)
+    return gnnact.convert(GCN(FEATURES, 8, 2, CLASSES).double(), gnnact.Config(bits=32))
+
+
 def _train(shard, group) -> dict:
-    model = DistributedGNN(make_stack(), shard, group)
-    result = train_partitioned(model, epochs=EPOCHS, lr=LR)
-    params = {n.removeprefix("module."): p for n, p in model.state_dict().items()}
-    model.remove()
-    return {"result": result, "params": params}
+    out = {}
+    for name, make, edge_attrs in (("stack", make_stack, ()),
+                                   ("weighted", make_weighted, ("edge_weight",))):
+        model = DistributedGNN(make(), shard, group)
+        result = train_partitioned(model, epochs=EPOCHS, lr=LR, edge_attrs=edge_attrs)
+        params = {n.removeprefix("module."): p for n, p in model.state_dict().items()}
+        model.remove()
+        out[name] = {"result": result, "params": params}
+    return out
 
 
 def _worker(rank: int, world_size: int, data: Data, tasks: tuple[str, ...]) -> dict:
@@ -627,19 +637,29 @@ def test_ddp_recipe_keeps_ranks_identical(ranks2):
         assert rank["ddp"]["bytes"].backward_bytes > 0  # the halo gradients travelled
 
 
-def test_train_partitioned_is_train_full_batch(data, ranks2):
-    model = make_stack()
-    ref = train_full_batch(model, data, epochs=EPOCHS, lr=LR)
+@pytest.mark.parametrize("name", ["stack", "weighted"])
+def test_train_partitioned_is_train_full_batch(data, ranks2, name):
+    # weighted: the model is called with the shard's edge weights (edge_attrs), as the whole
+    # graph's run is with the graph's: the same run at 32 bits.
+    make, edge_attrs = {"stack": (make_stack, ()),
+                        "weighted": (make_weighted, ("edge_weight",))}[name]
+    model = make()
+    ref = train_full_batch(model, data, epochs=EPOCHS, lr=LR, edge_attrs=edge_attrs)
     for rank in ranks2:
-        got = rank["train"]["result"]
+        got = rank["train"][name]["result"]
         # The whole graph's metrics from the gathered rows: the single-process numbers.
         assert (got.test_acc, got.best_val_acc) == (ref.test_acc, ref.best_val_acc)
         assert got.world_size == 2 and got.exchanged_bytes > 0 and got.saved_bytes > 0
         # BatchNorm's running stats included. atol: a conv bias before BatchNorm has a zero
         # gradient up to round-off, which Adam scales by 1 / (sqrt(v) + 1e-8) into ~1e-8 steps.
-        for name, value in model.state_dict().items():
-            torch.testing.assert_close(rank["train"]["params"][name], value, rtol=1e-10,
+        for key, value in model.state_dict().items():
+            torch.testing.assert_close(rank["train"][name]["params"][key], value, rtol=1e-10,
                                        atol=1e-6)
+    if edge_attrs:  # the weights did count: without them the run differs
+        unweighted = make()
+        train_full_batch(unweighted, data, epochs=EPOCHS, lr=LR)
+        assert not all(torch.allclose(a, b) for a, b in zip(
+            unweighted.state_dict().values(), model.state_dict().values(), strict=True))
 
 
 def test_train_partitioned_errors(data):

@@ -93,3 +93,67 @@ def test_metric_without_data_metric_follows_the_target_shape():
     assert metric_of(data)(logits, torch.tensor([0, 0, 0])) == pytest.approx(2 / 3)  # accuracy
     data.y = torch.zeros(50, 2)
     assert metric_of(data)(logits, torch.tensor([[1, 0], [0, 1], [0, 0]])) == 0.625  # ROC-AUC
+
+
+class _Weighted(torch.nn.Module):
+    """Written as PyG's examples write a weighted GCN: ``forward(x, edge_index, edge_weight)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from torch_geometric.nn import GCNConv
+
+        self.conv1, self.conv2 = GCNConv(8, 16), GCNConv(16, 3)
+
+    def forward(self, x, edge_index, edge_weight=None):
+        x = torch.nn.functional.relu(self.conv1(x, edge_index, edge_weight))
+        return self.conv2(x, edge_index, edge_weight)
+
+
+def test_training_loops_pass_edge_attributes_by_keyword():
+    import copy
+
+    import gnnact
+    from gnnact.memory import saved_bytes
+    from gnnact.training import loss_of
+
+    data = synthetic_graph(200, 4, 8, 3, seed=0)
+    data.edge_weight = torch.rand(data.num_edges, generator=torch.Generator().manual_seed(1))
+    torch.manual_seed(0)
+    model = gnnact.convert(_Weighted(), gnnact.Config(bits=32))
+    mask = data.train_mask
+    want = torch.nn.functional.cross_entropy(
+        model(data.x, data.edge_index, edge_weight=data.edge_weight)[mask], data.y[mask])
+    got = loss_of(model, data, ("edge_weight",))
+    assert torch.equal(got, want)
+    assert not torch.equal(loss_of(model, data), want)  # the weights change the loss
+    out = model.eval()(data.x, data.edge_index, edge_weight=data.edge_weight)
+    acc = (out.argmax(-1) == data.y).float()
+    assert evaluate(model, data, edge_attrs=["edge_weight"]) == (
+        acc[data.val_mask].mean().item(), acc[data.test_mask].mean().item())
+    # The weights stay resident like x: not counted as saved context.
+    trained = copy.deepcopy(model)
+    result = train_full_batch(trained, data, epochs=2, edge_attrs=("edge_weight",))
+    fresh = copy.deepcopy(model).train()
+    loss = loss_of(fresh, data, ("edge_weight",))
+    assert result.saved_bytes == saved_bytes(
+        loss, exclude=[fresh, data.x, data.y, data.edge_index, data.edge_weight])
+
+
+def test_edge_attributes_bad_names_are_named():
+    from gnnact.training import model_inputs, with_layout
+
+    data = synthetic_graph(50, 4, 8, 3, seed=0)
+    data.edge_weight = torch.rand(data.num_edges)
+    data.node_weight = torch.rand(data.num_nodes)
+    with pytest.raises(TypeError, match=r"edge_attrs must be a sequence of names, got the "
+                                        r"string 'edge_weight' \(write \('edge_weight',\)\)"):
+        model_inputs(data, "edge_weight")
+    with pytest.raises(ValueError, match=r"'edge_attr' must name a tensor of data with one row "
+                                         r"per edge \(\d+\), got NoneType"):
+        model_inputs(data, ["edge_attr"])
+    with pytest.raises(ValueError, match=r"'node_weight' must name a tensor of data with one "
+                                         r"row per edge \(\d+\), got a tensor of shape \(50,\)"):
+        model_inputs(data, ["node_weight"])
+    with pytest.raises(ValueError, match="with a sparse adj_t: its values are the edge values"):
+        model_inputs(with_layout(data, adj="csr"), ["edge_weight"])
+    assert model_inputs(data)[1] == {}

@@ -67,7 +67,12 @@ def _pymetis(rowptr: Tensor, col: Tensor, num_parts: int) -> Tensor | None:
         import pymetis
     except ImportError:
         return None
-    _, membership = pymetis.part_graph(num_parts, xadj=rowptr.tolist(), adjncy=col.tolist())
+    xadj, adjncy = rowptr.tolist(), col.tolist()
+    if hasattr(pymetis, "CSRAdjacency"):  # pymetis >= 2025; xadj/adjncy are deprecated there
+        graph = {"adjacency": pymetis.CSRAdjacency(xadj, adjncy)}
+    else:
+        graph = {"xadj": xadj, "adjncy": adjncy}
+    _, membership = pymetis.part_graph(num_parts, **graph)
     return torch.tensor(membership, dtype=torch.long)
 
 

@@ -16,7 +16,7 @@ import math
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from gnnact.distributed.model import DistributedGNN
 from gnnact.memory import saved_bytes
-from gnnact.training import RunResult, metric_of
+from gnnact.training import RunResult, metric_of, model_inputs
 
 __all__ = ["PartitionedRunResult", "train_partitioned"]
 
@@ -72,13 +72,14 @@ def _local_loss(out: Tensor, y: Tensor, mask: Tensor, count: int) -> Tensor:
 
 
 @torch.no_grad()
-def _evaluate(model: DistributedGNN, metric: Callable[[Tensor, Tensor], float]
-              ) -> tuple[float, float]:
+def _evaluate(model: DistributedGNN, metric: Callable[[Tensor, Tensor], float],
+              edge_attrs: Sequence[str]) -> tuple[float, float]:
     """Validation and test metric of the whole graph: every rank's rows gathered, then scored
     once (ROC-AUC and OGB's Evaluator do not split into per-rank sums)."""
     shard = model.shard
     model.eval()
-    out = model(shard.x, shard.edge_index)
+    args, kwargs = model_inputs(shard, edge_attrs)
+    out = model(*args, **kwargs)
     masks = (shard.val_mask, shard.test_mask)
     mine = [(out[m], shard.y[m]) for m in masks]
     gathered: list = [None] * dist.get_world_size(model.group)
@@ -90,8 +91,8 @@ def _evaluate(model: DistributedGNN, metric: Callable[[Tensor, Tensor], float]
 def train_partitioned(model: DistributedGNN, *, epochs: int, lr: float = 0.01,
                       weight_decay: float = 0.0,
                       metric: Callable[[Tensor, Tensor], float] | None = None,
-                      measure_saved: bool = True, progress: str | None = None
-                      ) -> PartitionedRunResult:
+                      measure_saved: bool = True, progress: str | None = None,
+                      edge_attrs: Sequence[str] = ()) -> PartitionedRunResult:
     r"""Train a :class:`~gnnact.distributed.DistributedGNN` on its shard with Adam for
     ``epochs`` epochs; collective (every rank of the model's group calls it).
 
@@ -116,6 +117,9 @@ def train_partitioned(model: DistributedGNN, *, epochs: int, lr: float = 0.01,
             saved context. (default: :obj:`True`)
         progress (str, optional): a progress bar with this description on the group's rank 0;
             :obj:`None`: none. (default: :obj:`None`)
+        edge_attrs (sequence of str, optional): edge attributes of the shard passed to the
+            model by keyword, e.g. ``("edge_weight",)`` (the shard's own, its local edges'
+            values: :func:`gnnact.training.model_inputs`). (default: :obj:`()`)
 
     Returns:
         PartitionedRunResult: this rank's.
@@ -136,7 +140,8 @@ def train_partitioned(model: DistributedGNN, *, epochs: int, lr: float = 0.01,
     optimizer = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
     mask = shard.train_mask
     count = model.global_count(mask)
-    resident = [model, shard.x, shard.y, shard.edge_index]
+    args, kwargs = model_inputs(shard, edge_attrs)
+    resident = [model, shard.x, shard.y, shard.edge_index, *kwargs.values()]
     best_val, test_at_best = -math.inf, math.nan  # as train_full_batch: NaN never wins
     measured: int | None = None
     times: list[float] = []
@@ -149,7 +154,7 @@ def train_partitioned(model: DistributedGNN, *, epochs: int, lr: float = 0.01,
         optimizer.zero_grad(set_to_none=True)
         model.exchange.reset_stats()
         start = time.perf_counter()
-        loss = _local_loss(model(shard.x, shard.edge_index), shard.y, mask, count)
+        loss = _local_loss(model(*args, **kwargs), shard.y, mask, count)
         if measure_saved and epoch == 0:
             pause = time.perf_counter()
             measured = saved_bytes(loss, exclude=resident)
@@ -160,7 +165,7 @@ def train_partitioned(model: DistributedGNN, *, epochs: int, lr: float = 0.01,
         times.append(time.perf_counter() - start)
         sent = model.exchange.stats.total_bytes
 
-        val, test = _evaluate(model, metric)
+        val, test = _evaluate(model, metric, edge_attrs)
         if val > best_val:
             best_val, test_at_best = val, test
         bar.set_postfix(val=f"{val:.3f}")
