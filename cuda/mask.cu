@@ -38,14 +38,39 @@ extern "C" __global__ void unpack_mask(const u8* __restrict__ packed, u8* __rest
 //   MASK_MUL     v * (m ? s : 0)   ReLU forward (s = 1), dropout forward and backward
 //   MASK_ZERO    m ? v : +0        ReLU backward
 //   MASK_SELECT  m ? v : v * s     LeakyReLU forward and backward
-// CuPy compiles with -ftz=true: a product with a subnormal float input or result is flushed
-// to zero here (v * 1 is v itself, never a product).
+// CuPy compiles with -ftz=true, which flushes subnormal float inputs and results of float
+// arithmetic and comparisons to zero; PyTorch's kernels keep them. The float product and the
+// sign test are therefore written as PTX without .ftz (ptxas takes inline PTX as written), so
+// a subnormal is multiplied, kept and found positive as in PyTorch. tools/check_kernels.py
+// fails on any .ftz instruction in this file's PTX.
 #define MASK_MUL 0
 #define MASK_ZERO 1
 #define MASK_SELECT 2
 
-__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ float mul_rn(float a, float b) {
+    float r;
+    asm("mul.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
 __device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
+// v > 0: false for NaN, -0.0 and +0.0, true for a positive subnormal.
+__device__ __forceinline__ bool positive(float v) {
+    u32 p;
+    asm("{\n\t.reg .pred q;\n\tsetp.gt.f32 q, %1, 0f00000000;\n\tselp.u32 %0, 1, 0, q;\n\t}"
+        : "=r"(p) : "f"(v));
+    return p != 0;
+}
+__device__ __forceinline__ bool positive(double v) { return v > 0.0; }
+// The scale s (a double from the host) in the op's type, rounded to nearest; and s == 1.
+template <class Op> __device__ __forceinline__ Op op_scale(double s);
+template <> __device__ __forceinline__ float op_scale<float>(double s) {
+    float r;
+    asm("cvt.rn.f32.f64 %0, %1;" : "=f"(r) : "d"(s));
+    return r;
+}
+template <> __device__ __forceinline__ double op_scale<double>(double s) { return s; }
+__device__ __forceinline__ bool is_one(float s) { return __float_as_uint(s) == 0x3f800000u; }
+__device__ __forceinline__ bool is_one(double s) { return s == 1.0; }
 
 template <class D>
 __device__ __forceinline__ typename D::T combine(typename D::T v, bool m, int mode,
@@ -53,7 +78,7 @@ __device__ __forceinline__ typename D::T combine(typename D::T v, bool m, int mo
     typedef typename D::Op Op;
     if (mode == MASK_ZERO) return m ? v : D::op_store((Op)0);
     if (mode == MASK_SELECT) return m ? v : D::op_store(mul_rn(D::op_load(v), s));
-    if (m && s == (Op)1) return v;
+    if (m && is_one(s)) return v;
     return D::op_store(mul_rn(D::op_load(v), m ? s : (Op)0));
 }
 
@@ -70,13 +95,13 @@ __device__ __forceinline__ void sign_mask_impl(const typename D::T* x, typename 
     const i64 warp = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const i64 warps = ((i64)gridDim.x * blockDim.x) >> 5;
     const i64 nbytes = (n + 7) >> 3;
-    const Op so = (Op)s;
+    const Op so = op_scale<Op>(s);
     for (i64 base = warp << 5; base < n; base += warps << 5) {
         const i64 i = base + lane;
         bool m = false;
         if (i < n) {
             const typename D::T v = x[i];
-            m = D::op_load(v) > (Op)0;
+            m = positive(D::op_load(v));
             y[i] = combine<D>(v, m, mode, so);
         }
         const u32 word = __ballot_sync(0xffffffffu, m);
@@ -92,7 +117,7 @@ __device__ __forceinline__ void apply_packed_mask_impl(const typename D::T* x,
                                                        typename D::T* y, i64 n, int mode,
                                                        double s) {
     const i64 stride = (i64)gridDim.x * blockDim.x;
-    const typename D::Op so = (typename D::Op)s;
+    const typename D::Op so = op_scale<typename D::Op>(s);
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         const bool m = (packed[i >> 3] >> (i & 7)) & 1;
         y[i] = combine<D>(x[i], m, mode, so);

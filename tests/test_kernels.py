@@ -209,9 +209,14 @@ _MASK_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 
 
 def _specials(n: int, dtype: torch.dtype, device: str = "cpu") -> torch.Tensor:
+    """Normal values after NaN, signed zeros, infinities, -1.5 and a positive and a negative
+    subnormal of ``dtype`` (which CuPy's -ftz=true would flush)."""
     x = torch.randn(n, generator=torch.Generator().manual_seed(n)).to(device, dtype)
-    x[:min(n, 6)] = torch.tensor([float("nan"), 0.0, -0.0, float("inf"), -float("inf"),
-                                  -1.5])[:min(n, 6)].to(device, dtype)
+    tiny = torch.finfo(dtype).smallest_normal / 4
+    specials = torch.tensor([float("nan"), 0.0, -0.0, float("inf"), -float("inf"), -1.5, tiny,
+                             -tiny], dtype=torch.float64).to(dtype)
+    assert specials[6] != 0 and specials[6] < torch.finfo(dtype).smallest_normal
+    x[:min(n, 8)] = specials[:min(n, 8)].to(device)
     return x
 
 

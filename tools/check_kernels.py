@@ -4,7 +4,8 @@ Run in CI, where there is no GPU: NVRTC itself needs none. It compiles with the 
 uses for ``RawModule`` (``-ftz=true`` is always appended by CuPy) straight to SASS
 (``-arch=sm_XX``), treats any compiler warning as a failure, and checks that every kernel the
 Python launchers look up (``gnnact.kernels.quantize.KERNEL_NAMES``) is an entry point in the
-generated PTX.
+generated PTX. The sources in :data:`EXACT` must equal PyTorch's kernels on subnormals too:
+any flush-to-zero instruction (``.ftz``) in their PTX fails the check.
 
 With ``--ptxas`` it also asks ``ptxas -v`` (through ``nvcc -cubin``, the same options) what each
 kernel uses per thread: registers, stack, spill stores and loads. Any spill fails the check (a
@@ -41,6 +42,11 @@ sys.path.insert(0, str(ROOT))
 from gnnact.env import git_commit  # noqa: E402
 from gnnact.kernels._cupy import kernel_source  # noqa: E402
 from gnnact.kernels.quantize import COMPILE_OPTIONS, KERNEL_NAMES  # noqa: E402
+
+#: Sources that compute what PyTorch's kernels compute bit for bit, subnormal values included,
+#: although CuPy compiles them with ``-ftz=true`` (their float arithmetic is inline PTX).
+EXACT = ("mask.cu",)
+_FTZ = re.compile(r"^\s*(?:@!?%\w+\s+)?([\w.]*\.ftz[\w.]*)", re.MULTILINE)
 
 
 def _load_nvrtc() -> ctypes.CDLL:
@@ -198,8 +204,11 @@ def main(argv: list[str] | None = None) -> int:
                 if ok and ptx:
                     entries = set(re.findall(r"\.entry\s+(\w+)", ptx))
                     missing = [k for k in expected if k not in entries]
+                    flushing = sorted(set(_FTZ.findall(ptx))) if src.name in EXACT else []
                     if missing:
                         problem = f"missing entry points {missing}"
+                    elif flushing:
+                        problem = f"flushes subnormals to zero: {', '.join(flushing)}"
                 status = "ok" if not problem else f"FAIL ({problem})"
                 print(f"{src.name:16s} {target:18s} {status}")
                 if problem:

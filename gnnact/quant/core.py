@@ -137,7 +137,8 @@ def _same_values(a: Tensor, b: Tensor) -> bool:
 def mask_kernels_agree(device_index: int) -> bool:
     """Whether the fused mask kernels (``cuda/mask.cu``: ``sign_mask``, ``apply_packed_mask``)
     reproduce the torch path on GPU ``device_index`` for every dtype and mode, in place and
-    not (values with NaN, infinities and signed zeros, a length that is no multiple of 32):
+    not (values with NaN, infinities, signed zeros and subnormals, a length that is no
+    multiple of 32):
     checked once per device in a process. Where they do not, the mask ops stay on the torch
     path there, with a warning naming why.
 
@@ -149,8 +150,11 @@ def mask_kernels_agree(device_index: int) -> bool:
     from gnnact.kernels import quantize as kernels
 
     device = torch.device("cuda", device_index)
-    base = torch.randn(1000 + 37, generator=torch.Generator().manual_seed(0))
-    base[:6] = torch.tensor([float("nan"), 0.0, -0.0, float("inf"), -float("inf"), 1.0])
+    base = torch.randn(1000 + 37, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    # Subnormals of float32 and bfloat16 (1e-40) and of float16 (1e-5 after rounding), which
+    # a kernel compiled with -ftz=true would flush.
+    base[:10] = torch.tensor([float("nan"), 0.0, -0.0, float("inf"), -float("inf"), 1.0,
+                              1e-40, -1e-40, 1e-5 / 2**5, -1e-5 / 2**5], dtype=torch.float64)
     modes = ((reference.MASK_MUL, 1.0), (reference.MASK_MUL, 2.0),
              (reference.MASK_ZERO, 1.0), (reference.MASK_SELECT, 0.2))
 
