@@ -16,10 +16,10 @@ __all__ = ["cuda_index", "device_name", "environment", "git_commit"]
 _ROOT = Path(__file__).resolve().parent.parent
 
 
-#: Paths whose changes do not make a checkout ``-dirty``: what the benchmarks and the docs build
-#: write (result rows, the tables generated from them), not what computes them. A benchmark that
-#: appends its rows would otherwise mark every later run of the session dirty.
-OUTPUTS = ("benchmarks/results", "docs/_generated")
+#: Paths whose changes do not make a checkout ``-dirty``: what the benchmarks write (result
+#: rows), not what computes them. A benchmark that appends its rows would otherwise mark every
+#: later run of the session dirty.
+OUTPUTS = ("benchmarks/results",)
 
 
 def git_commit(short: bool = True, root: Path = _ROOT) -> str | None:
