@@ -35,7 +35,8 @@
 #              under a 16 GB cap: PyG fp32 vs gnnact 2 bits vs 2 bits + swap; products' peak
 #   peak       what is alive at a step's peak memory, by source line (allocator history):
 #              the four models, PyG fp32 against 2 bits (peak_ratio_vs_fp32), arxiv shape,
-#              each written three ways (modules, F.relu/F.dropout, PyG's model classes);
+#              each written three ways (modules, F.relu/F.dropout, PyG's model classes),
+#              and PyG's GIN class (no twin: messages in feature chunks);
 #              SAGE at 2 bits on a 1M-node products shape
 #   amp        mixed precision with compression: PyG fp32, fp32 + 2 bits, PyG under fp16
 #              autocast, autocast + 2 bits; saved context (graph cache counted), step time and
@@ -123,7 +124,7 @@ for part in "${parts[@]}"; do
         || status=1
       ;;
     peak)
-      "$py" benchmarks/profile_peak.py --device cuda --models gcn sage gat gcnii --bits 32 2 \
+      "$py" benchmarks/profile_peak.py --device cuda --models gcn sage gat gcnii gin --bits 32 2 \
         --styles module functional pyg --out "$out/peak.jsonl" || status=1
       "$py" benchmarks/profile_peak.py --device cuda --shape products --nodes 1000000 \
         --models sage --bits 2 --out "$out/peak.jsonl" || status=1

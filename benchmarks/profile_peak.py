@@ -17,8 +17,9 @@ Usage::
 Each model in up to three styles (``--styles``, as in ``bench_saved_bytes.py``): ``module``
 (:mod:`gnnact.models` as written), ``functional`` (the same model written as PyG's examples
 write it, ``F.relu`` and ``F.dropout`` in ``forward``) and ``pyg`` (PyG's own
-``torch_geometric.nn.models`` class, where there is one: GCN, SAGE, GAT), each converted by
-:func:`gnnact.convert` as a user would convert it.
+``torch_geometric.nn.models`` class, where there is one: GCN, SAGE, GAT; GATv2 and GIN, whose
+convs have no twin and exist in this style only), each converted by :func:`gnnact.convert` as
+a user would convert it.
 
 Rows (``peak.jsonl``): the traced peak, ``max_memory_allocated`` over the same step for
 comparison (32 bits: the PyG model unconverted), ``graph_cache_bytes`` (gnnact's graph cache,
@@ -136,7 +137,8 @@ def profile_step(model: torch.nn.Module, data, device: torch.device, warmup: int
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", type=torch.device, default=torch.device("cuda"))
-    parser.add_argument("--models", nargs="+", choices=MODELS, default=["sage"])
+    parser.add_argument("--models", nargs="+", choices=list(dict.fromkeys([*MODELS, *PYG_MODELS])),
+                        default=["sage"])
     parser.add_argument("--bits", nargs="+", type=int, default=[2])
     parser.add_argument("--styles", nargs="+", choices=[*STYLES, "pyg"], default=["module"],
                         help="how the model is written (pyg: torch_geometric.nn.models)")

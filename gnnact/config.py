@@ -49,6 +49,11 @@ class Config:
             no-op on the CPU. (default: :obj:`False`)
         prefetch_depth (int, optional): with :obj:`offload`, how many saved items backward
             copies in ahead of the one it reads. (default: :obj:`1`)
+        chunk_messages (bool, optional): :func:`gnnact.convert` runs the message passing of
+            PyG convs without a twin whose messages split by feature columns (``GINConv``,
+            ``GraphConv``, ``ChebConv``, …: :data:`gnnact.nn.chunked.DECOMPOSABLE`) in
+            column blocks, so that their :math:`E \times F` messages never exist whole; the
+            results equal PyG's bit for bit. (default: :obj:`True`)
 
     Raises:
         TypeError: if a field has the wrong type (``per_row="yes"``, ``bits=2.0``, a
@@ -77,6 +82,7 @@ class Config:
     tag: str | None = None
     offload: bool = False
     prefetch_depth: int = 1
+    chunk_messages: bool = True
 
     def __post_init__(self) -> None:
         # Every field, at construction: a wrong value fails here, naming the field, not deep
@@ -92,7 +98,7 @@ class Config:
         if _check_int("Config.prefetch_depth", self.prefetch_depth) < 0:
             raise ValueError(f"Config.prefetch_depth must be a non-negative int, got "
                              f"{self.prefetch_depth!r}")
-        for name in ("per_row", "resident_inputs", "per_node", "offload"):
+        for name in ("per_row", "resident_inputs", "per_node", "offload", "chunk_messages"):
             value = getattr(self, name)
             if not isinstance(value, bool):
                 raise TypeError(f"Config.{name} must be a bool, got {value!r} "

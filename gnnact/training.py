@@ -104,7 +104,7 @@ def model_inputs(data: Any, edge_attrs: Sequence[str] = ()) -> tuple[tuple, dict
 
     Args:
         data (torch_geometric.data.Data): the graph (or a
-            :class:`~gnnact.distributed.Shard`, whose edge attributes are its local edges').
+            :class:`~gnnact.distributed.GraphShard`, whose edge attributes are its local edges').
         edge_attrs (sequence of str, optional): names of per-edge tensors of ``data`` to pass,
             one row per edge of ``data.edge_index``. (default: :obj:`()`)
 

@@ -11,6 +11,7 @@ from torch import nn
 from gnnact.config import Config
 from gnnact.nn import modules
 from gnnact.nn._base import _Compressed
+from gnnact.nn.chunked import DECOMPOSABLE, chunk_messages
 from gnnact.nn.conv import APPNP, GATConv, GATv2Conv, GCN2Conv, GCNConv, SAGEConv, SGConv
 from gnnact.nn.scope import Scope
 
@@ -50,7 +51,11 @@ def convert(model: nn.Module, config: Config | None = None) -> nn.Module:
     :class:`~torch.nn.BatchNorm1d`, :class:`~torch.nn.ReLU`, :class:`~torch.nn.LeakyReLU` and
     :class:`~torch.nn.Dropout`; modules already converted get the new ``config``. Only exact
     classes are converted: subclasses (which may override ``forward``) and unknown modules are
-    left alone, as are functional calls such as ``F.relu`` inside a ``forward``.
+    left alone, as are functional calls such as ``F.relu`` inside a ``forward``; what they
+    save is compressed by the converted model's scope. PyG convs without a twin whose messages
+    split by feature columns (:data:`gnnact.nn.chunked.DECOMPOSABLE`: ``GINConv``,
+    ``GraphConv``, ``ChebConv``, …) run their message passing in column blocks
+    (``config.chunk_messages``), exactly.
 
     The conversion changes each module's class in place: the module objects, their attribute
     names, parameter objects, buffers, hooks and device stay the same, so trained weights are
@@ -88,6 +93,8 @@ def convert(model: nn.Module, config: Config | None = None) -> nn.Module:
         if isinstance(module, _Compressed):
             module.config = own
             continue
+        if type(module) in DECOMPOSABLE:
+            chunk_messages(module, config.chunk_messages)
         target = CONVERSIONS.get(type(module))
         if target is None:
             continue
