@@ -50,10 +50,12 @@ class Config:
         prefetch_depth (int, optional): with :obj:`offload`, how many saved items backward
             copies in ahead of the one it reads. (default: :obj:`1`)
         chunk_messages (bool, optional): :func:`gnnact.convert` runs the message passing of
-            PyG convs without a twin whose messages split by feature columns (``GINConv``,
-            ``GraphConv``, ``ChebConv``, …: :data:`gnnact.nn.chunked.DECOMPOSABLE`) in
-            column blocks, so that their :math:`E \times F` messages never exist whole; the
-            results equal PyG's bit for bit. (default: :obj:`True`)
+            PyG convs without a twin in chunks, so that their :math:`E \times F` messages never
+            exist whole (:mod:`gnnact.nn.chunked`): by feature columns (``GINConv``,
+            ``GraphConv``, ``ChebConv``, …; outputs and gradients are PyG's bit for bit) or by
+            blocks of targets (``TransformerConv``, ``GINEConv``, ``GENConv``,
+            ``ResGatedGraphConv``; equal to PyG's up to float rounding).
+            (default: :obj:`True`)
 
     Raises:
         TypeError: if a field has the wrong type (``per_row="yes"``, ``bits=2.0``, a

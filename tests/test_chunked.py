@@ -1,5 +1,6 @@
-"""Message passing in feature chunks (gnnact.nn.chunked): PyG's results bit for bit, messages
-never whole, installed and removed by convert, kept by deepcopy and pickle."""
+"""Message passing in chunks (gnnact.nn.chunked), by feature columns (PyG's results bit for
+bit) and by blocks of targets (up to float rounding): messages never whole, installed and
+removed by convert, kept by deepcopy and pickle."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch_geometric.nn as pyg_nn
 from torch import nn
 
 import gnnact
-from gnnact.nn.chunked import DECOMPOSABLE, FeatureChunks, chunk_messages
+from gnnact.nn.chunked import BY_TARGET, DECOMPOSABLE, FeatureChunks, TargetChunks, chunk_messages
 from gnnact.peak import PeakMeter
 
 N, F, E = 300, 24, 2400  # 8 edges per node: 8 column blocks of 3
@@ -140,3 +141,98 @@ def test_only_decomposable_convs_and_bad_config_named():
 
     sub = gnnact.convert(Sub(nn.Linear(F, F)))
     assert "propagate" not in sub.__dict__
+
+
+D = 6  # edge features
+
+
+def make_by_target(cls: type, edge_dim: int | None = D) -> nn.Module:
+    """``edge_dim=None``: no linear map inside ``message`` (GINEConv and GENConv add edge
+    features as wide as the nodes as they are; the others take none)."""
+    torch.manual_seed(0)
+    name = cls.__name__
+    if name == "TransformerConv":
+        return cls(F, 8, heads=3, edge_dim=edge_dim, beta=True)
+    if name == "GINEConv":
+        return cls(nn.Sequential(nn.Linear(F, F), nn.ReLU(), nn.Linear(F, F)), edge_dim=edge_dim)
+    if name == "GENConv":
+        return cls(F, F, edge_dim=edge_dim, learn_t=True)
+    return cls(F, F, edge_dim=edge_dim)
+
+
+@pytest.mark.parametrize("edge_dim", [D, None], ids=["edge-linear", "edge-added"])
+@pytest.mark.parametrize("cls", BY_TARGET, ids=lambda c: c.__name__)
+def test_target_blocks_equal_pyg(cls, edge_dim):
+    """Each target meets the same messages in the same order; a block's messages are computed
+    in a batch of another size (a linear map of edge features, a vectorised exp or sigmoid
+    may round a last bit differently there), and source gradients sum block by block: equal
+    up to float rounding."""
+    pyg = make_by_target(cls, edge_dim)
+    ours = gnnact.convert(copy.deepcopy(pyg), gnnact.Config(bits=32))
+    assert isinstance(ours.propagate, TargetChunks)
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(N, F, generator=g)
+    edge_index = torch.randint(0, N, (2, E), generator=g)
+    edge_attr = torch.randn(E, D if edge_dim else F, generator=g)
+    # Without edge_dim, TransformerConv and ResGatedGraphConv take no edge features.
+    no_features = edge_dim is None and cls.__name__ in ("TransformerConv", "ResGatedGraphConv")
+    args = () if no_features else (edge_attr,)
+    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+    want, got = pyg(x1, edge_index, *args), ours(x2, edge_index, *args)
+    assert ours.propagate.last_chunks == 8  # E / N targets
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    grad = torch.randn_like(want)
+    want_grads = torch.autograd.grad(want, [x1, *pyg.parameters()], grad, allow_unused=True)
+    got_grads = torch.autograd.grad(got, [x2, *ours.parameters()], grad, allow_unused=True)
+    for a, b in zip(want_grads, got_grads, strict=True):
+        if a is None:
+            assert b is None
+        else:  # float32 sums over 2,400 edges, to the gradient's scale (TransformerConv's key
+            # bias takes an exact gradient of 0, softmax being shift-invariant: PyG's is noise)
+            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5 * max(1.0, a.abs().max()))
+
+
+def test_target_blocks_attention_bipartite_and_isolated_targets():
+    """TransformerConv's returned attention is PyG's, in the input edge order; a bipartite
+    graph whose targets include some with no edges runs in blocks all the same."""
+    pyg = make_by_target(pyg_nn.TransformerConv)
+    ours = gnnact.convert(copy.deepcopy(pyg), gnnact.Config(bits=32))
+    g = torch.Generator().manual_seed(5)
+    x_src, x_dst = torch.randn(N, F, generator=g), torch.randn(60, F, generator=g)
+    edge_index = torch.stack([torch.randint(0, N, (E,), generator=g),
+                              torch.randint(0, 50, (E,), generator=g)])  # 50..59: no edges
+    edge_attr = torch.randn(E, D, generator=g)
+    want, (want_index, want_alpha) = pyg((x_src, x_dst), edge_index, edge_attr,
+                                         return_attention_weights=True)
+    got, (got_index, got_alpha) = ours((x_src, x_dst), edge_index, edge_attr,
+                                       return_attention_weights=True)
+    assert ours.propagate.last_chunks > 1
+    assert torch.equal(want_index, got_index)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(got_alpha, want_alpha, rtol=1e-6, atol=1e-7)
+
+
+def test_target_blocks_keep_messages_whole_nowhere():
+    """TransformerConv at 2 bits: the step's peak stays below the E x H x C messages (and the
+    same-sized attention products) PyG makes at once."""
+    n, e = 2_000, 32_000
+    g = torch.Generator().manual_seed(6)
+    x, edge_index = torch.randn(n, 64, generator=g), torch.randint(0, n, (2, e), generator=g)
+    peaks = {}
+    for chunked in (True, False):
+        torch.manual_seed(0)
+        model = pyg_nn.TransformerConv(64, 16, heads=4)
+        gnnact.convert(model, gnnact.Config(bits=2, chunk_messages=chunked))
+        model(x, edge_index).sum().backward()
+        with PeakMeter() as meter:
+            model(x, edge_index).sum().backward()
+        peaks[chunked] = meter.peak_bytes
+    messages = e * 64 * 4
+    assert peaks[False] > 4 * peaks[True] and messages > peaks[True]
+
+
+def test_chunks_pick_the_way_by_class():
+    assert isinstance(gnnact.convert(make(pyg_nn.GINConv)).propagate, FeatureChunks)
+    assert isinstance(gnnact.convert(make_by_target(pyg_nn.GINEConv)).propagate, TargetChunks)
+    with pytest.raises(TypeError, match="conv must be one of .*TransformerConv.*, got GINConv"):
+        TargetChunks(make(pyg_nn.GINConv))

@@ -1,33 +1,44 @@
-r"""Message passing in feature chunks, for PyG convs that have no compressed twin.
+r"""Message passing in chunks, for PyG convs that have no compressed twin.
 
-A PyG conv without a twin (``GINConv``, ``GraphConv``, ``ChebConv``, …) builds its messages
-edge by edge: for ``message(x_j) = x_j`` PyG gathers
+A PyG conv without a twin (``GINConv``, ``TransformerConv``, …) builds its messages edge by
+edge: for ``message(x_j) = x_j`` PyG gathers
 :math:`\mathbf{M} = \mathbf{X}_{\mathrm{src}} \in \mathbb{R}^{E \times F}` before it sums the
 rows into their targets. Nothing of :math:`\mathbf{M}` waits for backward (the gather and the
 sum keep only the edge indices), so compressing the context does not touch it, yet it is the
 step's peak: :math:`E/N` full-size node tensors at once, 13 on ogbn-arxiv, 50 on
-ogbn-products.
+ogbn-products. ``propagate`` is run in :math:`k` pieces of about one node tensor of messages
+each, one of two ways.
 
-When the message and the aggregation act on every feature column on its own, the conv's
-``propagate`` can run on :math:`k` column blocks of its source-side tensors,
+**By feature columns** (:class:`FeatureChunks`, the classes in :data:`DECOMPOSABLE`). When
+the message and the aggregation act on every feature column on its own,
 
 .. math::
     \mathrm{propagate}(\mathbf{X}) = \big[\,\mathrm{propagate}(\mathbf{X}_{:, C_1})
     \;\big|\; \cdots \;\big|\; \mathrm{propagate}(\mathbf{X}_{:, C_k})\,\big],
+    \qquad k = \lceil E / N_{\mathrm{src}} \rceil \text{ (at most } F\text{)}.
 
-each block's messages :math:`E \times F/k`, with :math:`k = \lceil E / N_{\mathrm{src}} \rceil`
-(at most :math:`F`): a block's messages are about one node tensor. Every output value is the
-same sum over the same edges in the same order, so the result, and its gradient, equal PyG's
-bit for bit. This is PyG's own feature decomposition (``decomposed_layers``), which fails on
-``(source, target)`` pairs, as ``GINConv`` and ``GraphConv`` pass ``x``.
+Every output value is the same sum over the same edges in the same order, so the result and
+its gradient equal PyG's bit for bit. This is PyG's own feature decomposition
+(``decomposed_layers``), which fails on ``(source, target)`` pairs, as ``GINConv`` and
+``GraphConv`` pass ``x``.
 
-:func:`gnnact.convert` installs :class:`FeatureChunks` as the ``propagate`` of every conv of a
-class in :data:`DECOMPOSABLE` (``Config.chunk_messages``). Sparse adjacencies (``adj_t``) take
-PyG's fused path, which makes no messages, and are left alone.
+**By blocks of targets** (:class:`TargetChunks`, the classes in :data:`BY_TARGET`). Attention
+and edge features mix the columns, but every message is still made edge by edge and every
+target aggregates only its own: with the edges stably sorted by target, each block of targets
+runs with the edges into it, :math:`k = \lceil E / N_{\mathrm{dst}} \rceil`. Each target meets
+the same messages in the same order, but a block's messages are computed in a batch of
+another size (a linear map of edge features, a vectorised exponential can round a last bit
+differently there) and the gradients of source-side tensors are summed block by block: the
+result, the attention a conv returns and the gradients equal PyG's up to float rounding.
+
+:func:`gnnact.convert` installs the one that fits as the ``propagate`` of every conv of those
+exact classes (``Config.chunk_messages``). Sparse adjacencies (``adj_t``) take PyG's fused
+path, which makes no messages, and are left alone.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -36,7 +47,7 @@ import torch_geometric.nn as pyg_nn
 from torch import Tensor
 from torch_geometric.nn import MessagePassing
 
-__all__ = ["DECOMPOSABLE", "FeatureChunks", "chunk_messages"]
+__all__ = ["BY_TARGET", "DECOMPOSABLE", "FeatureChunks", "TargetChunks", "chunk_messages"]
 
 
 def _classes(*names: str) -> tuple[type[MessagePassing], ...]:
@@ -51,8 +62,49 @@ DECOMPOSABLE: tuple[type[MessagePassing], ...] = _classes(
     "GINConv", "GraphConv", "ChebConv", "TAGConv", "ARMAConv", "ClusterGCNConv", "MFConv",
     "LGConv", "SSGConv", "MixHopConv", "SimpleConv", "WLConvContinuous")
 
+#: PyG convs whose messages mix feature columns (attention, edge features added to the source
+#: rows) but are computed edge by edge, elementwise, and aggregated per target with PyG's own
+#: ``aggregate`` and ``update``: ``propagate`` splits by blocks of targets
+#: (:class:`TargetChunks`).
+BY_TARGET: tuple[type[MessagePassing], ...] = _classes(
+    "TransformerConv", "GINEConv", "GENConv", "ResGatedGraphConv")
 
-class FeatureChunks:
+
+class _Chunks:
+    """What both ways of splitting share: the conv, when to split, the call of PyG's own
+    ``propagate``."""
+
+    classes: tuple[type[MessagePassing], ...] = ()
+
+    def __init__(self, conv: MessagePassing) -> None:
+        if type(conv) not in self.classes:
+            raise TypeError(f"conv must be one of {[c.__name__ for c in self.classes]}, got "
+                            f"{type(conv).__name__}")
+        self.conv = conv
+        self.last_chunks = 1
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({type(self.conv).__name__})"
+
+    def _args(self, suffix: str) -> list[str]:
+        """Names of the ``propagate`` arguments ``message`` reads with ``suffix`` (``x`` for
+        ``x_j``)."""
+        conv = self.conv
+        return sorted({a[:-2] for a in conv.inspector.get_param_names(
+            "message", exclude=conv.special_args) if a.endswith(suffix)})
+
+    def _whole(self, edge_index: Any) -> bool:
+        """Whether a call runs whole: a sparse adjacency (PyG's fused path makes no
+        messages), explain mode, or tracing by torch.compile."""
+        return (not isinstance(edge_index, Tensor) or edge_index.layout != torch.strided
+                or bool(self.conv.explain) or torch.compiler.is_compiling())
+
+    def _propagate(self, edge_index: Any, size: Any, kwargs: dict[str, Any]) -> Any:
+        # PyG's propagate as the class defines it (the instance's is this object).
+        return type(self.conv).propagate(self.conv, edge_index, size=size, **kwargs)
+
+
+class FeatureChunks(_Chunks):
     r"""A conv's ``propagate`` run on column blocks of its source-side tensors (see the
     module docstring): installed as the conv's ``propagate`` attribute, called as PyG's.
 
@@ -73,60 +125,133 @@ class FeatureChunks:
         (True, 8)
     """
 
-    def __init__(self, conv: MessagePassing) -> None:
-        if type(conv) not in DECOMPOSABLE:
-            raise TypeError(f"conv must be one of {[c.__name__ for c in DECOMPOSABLE]}, got "
-                            f"{type(conv).__name__}")
-        self.conv = conv
-        self.last_chunks = 1
-
-    def __repr__(self) -> str:
-        return f"FeatureChunks({type(self.conv).__name__})"
-
-    def _sources(self) -> list[str]:
-        """Names of the ``propagate`` arguments the messages gather (``x`` for ``x_j``)."""
-        return sorted({a[:-2] for a in self.conv.inspector.get_param_names("message")
-                       if a.endswith("_j")})
+    classes = DECOMPOSABLE
 
     def blocks(self, edge_index: Any, kwargs: dict[str, Any]) -> int:
         """How many column blocks a call with these arguments runs in: 1 (whole) for a sparse
         adjacency, no source tensor, or fewer edges than source nodes."""
-        conv = self.conv
-        if (not isinstance(edge_index, Tensor) or edge_index.layout != torch.strided
-                or conv.explain or torch.compiler.is_compiling()):
+        if self._whole(edge_index):
             return 1
         widths, rows = set(), 0
-        for name in self._sources():
-            value = kwargs.get(name)
-            source = value[0] if isinstance(value, (tuple, list)) else value
+        for name in self._args("_j"):
+            source = _source(kwargs.get(name))
             if not isinstance(source, Tensor) or source.dim() < 2:
                 return 1
             widths.add(source.size(-1))
-            rows = max(rows, source.size(conv.node_dim))
+            rows = max(rows, source.size(self.conv.node_dim))
         if len(widths) != 1 or rows == 0:
             return 1
         return max(1, min(widths.pop(), math.ceil(edge_index.size(1) / rows)))
 
     def __call__(self, edge_index: Any, size: Any = None, **kwargs: Any) -> Any:
-        propagate = type(self.conv).propagate  # PyG's, as the class defines it
         k = self.blocks(edge_index, kwargs)
         self.last_chunks = k
         if k == 1:
-            return propagate(self.conv, edge_index, size=size, **kwargs)
-        names = self._sources()
-        width = next(_source(kwargs[n]).size(-1) for n in names)
-        step = math.ceil(width / k)
+            return self._propagate(edge_index, size, kwargs)
+        names = self._args("_j")
+        step = math.ceil(_source(kwargs[names[0]]).size(-1) / k)
         # torch.split: one autograd node for all blocks, whose backward concatenates their
         # gradients once (slicing would make a full-size zero gradient per block).
         pieces = {n: _split(kwargs[n], step) for n in names}
-        self.last_chunks = len(next(iter(pieces.values())))
-        outs = [propagate(self.conv, edge_index, size=size,
-                          **{**kwargs, **{n: p[i] for n, p in pieces.items()}})
+        self.last_chunks = len(pieces[names[0]])
+        outs = [self._propagate(edge_index, size,
+                                {**kwargs, **{n: p[i] for n, p in pieces.items()}})
                 for i in range(self.last_chunks)]
         return torch.cat(outs, dim=-1)
 
 
-def _source(value: Any) -> Tensor:
+class TargetChunks(_Chunks):
+    r"""A conv's ``propagate`` run on blocks of target nodes, each with the edges into it
+    (edges stably sorted by target, so every target meets its edges in their order): about
+    :math:`N_{\mathrm{dst}}` edges per block, :math:`k = \lceil E / N_{\mathrm{dst}} \rceil`
+    blocks. Target-side arguments (``query_i``) are sliced to the block, per-edge ones
+    (``edge_attr``) gathered to its edges, source-side ones (``key_j``) passed whole. The
+    attention a conv leaves in ``_alpha`` for ``return_attention_weights`` is put back in the
+    input edge order.
+
+    Args:
+        conv (MessagePassing): a conv of a class in :data:`BY_TARGET`.
+
+    Attributes:
+        last_chunks (int): blocks of the last call (1: run whole).
+    """
+
+    classes = BY_TARGET
+
+    def blocks(self, edge_index: Any, kwargs: dict[str, Any], size: Any = None) -> int:
+        """How many target blocks a call with these arguments runs in: 1 (whole) for a sparse
+        adjacency, the reverse flow, or fewer edges than targets."""
+        if self._whole(edge_index) or self.conv.flow != "source_to_target":
+            return 1
+        targets = self._targets(kwargs, size)
+        if not targets:
+            return 1
+        return max(1, min(targets, math.ceil(edge_index.size(1) / targets)))
+
+    def _targets(self, kwargs: dict[str, Any], size: Any) -> int | None:
+        """The number of target nodes, from ``size`` or a target-side argument."""
+        if size is not None and size[1] is not None:
+            return int(size[1])
+        for name in (*self._args("_i"), *self._args("_j")):
+            value = kwargs.get(name)
+            target = value[1] if isinstance(value, (tuple, list)) else value
+            if isinstance(target, Tensor):
+                return target.size(self.conv.node_dim)
+        return None
+
+    def __call__(self, edge_index: Any, size: Any = None, **kwargs: Any) -> Any:
+        conv = self.conv
+        k = self.blocks(edge_index, kwargs, size)
+        self.last_chunks = k
+        if k == 1:
+            return self._propagate(edge_index, size, kwargs)
+        num_edges, targets = edge_index.size(1), self._targets(kwargs, size)
+        sources = self._args("_j")
+        target_args = self._args("_i")
+        first = _source(kwargs[sources[0]]) if sources else None
+        num_src = (size[0] if size is not None and size[0] is not None
+                   else first.size(conv.node_dim) if isinstance(first, Tensor) else targets)
+        dst, order = torch.sort(edge_index[1], stable=True)
+        # ptr[t]: the first sorted edge into target t; blocks of targets with ~E/k edges each.
+        ptr = torch.searchsorted(dst, torch.arange(targets + 1, device=dst.device))
+        bounds = torch.searchsorted(ptr, torch.linspace(0, num_edges, k + 1, device=dst.device)
+                                    .to(ptr.dtype)).clamp_(max=targets).tolist()
+        bounds[0], bounds[-1] = 0, targets
+        per_edge = [n for n, v in kwargs.items() if n not in (*sources, *target_args)
+                    and isinstance(v, Tensor) and v.dim() > 0 and v.size(0) == num_edges]
+        outs, alphas = [], []
+        for t0, t1 in itertools.pairwise(bounds):
+            if t1 <= t0:
+                continue
+            e0, e1 = int(ptr[t0]), int(ptr[t1])
+            edges = order[e0:e1]
+            block = torch.stack([edge_index[0].index_select(0, edges), dst[e0:e1] - t0])
+            args = dict(kwargs)
+            for name in {*sources, *target_args}:  # the block's target rows; sources whole
+                value = kwargs[name]
+                if isinstance(value, (tuple, list)):
+                    src, tgt = value
+                elif name in target_args:  # read at targets (and at sources if in both)
+                    src, tgt = (value if name in sources else None), value
+                else:
+                    continue
+                if isinstance(tgt, Tensor):
+                    tgt = tgt.narrow(conv.node_dim, t0, t1 - t0)
+                args[name] = (src, tgt)
+            for name in per_edge:
+                args[name] = kwargs[name].index_select(0, edges)
+            outs.append(self._propagate(block, (num_src, t1 - t0), args))
+            alpha = getattr(conv, "_alpha", None)
+            alphas.append(alpha if isinstance(alpha, Tensor) and alpha.size(0) == e1 - e0
+                          else None)
+        self.last_chunks = len(outs)
+        if alphas and all(a is not None for a in alphas):
+            # Back in the input edge order, for return_attention_weights.
+            conv._alpha = torch.cat(alphas).index_select(0, torch.argsort(order))
+        return torch.cat(outs, dim=conv.node_dim)
+
+
+def _source(value: Any) -> Any:
     return value[0] if isinstance(value, (tuple, list)) else value
 
 
@@ -139,10 +264,12 @@ def _split(value: Any, step: int) -> list[Any]:
 
 
 def chunk_messages(conv: MessagePassing, enabled: bool = True) -> None:
-    """Run ``conv``'s message passing in feature chunks (:class:`FeatureChunks`), or, with
+    """Run ``conv``'s message passing in chunks (:class:`FeatureChunks` for a class in
+    :data:`DECOMPOSABLE`, :class:`TargetChunks` for one in :data:`BY_TARGET`), or, with
     ``enabled=False``, whole again (PyG's own ``propagate``)."""
-    if enabled:
-        if not isinstance(conv.__dict__.get("propagate"), FeatureChunks):
-            conv.propagate = FeatureChunks(conv)
-    elif isinstance(conv.__dict__.get("propagate"), FeatureChunks):
+    installed = isinstance(conv.__dict__.get("propagate"), _Chunks)
+    if enabled and not installed:
+        chunks = FeatureChunks if type(conv) in DECOMPOSABLE else TargetChunks
+        conv.propagate = chunks(conv)
+    elif not enabled and installed:
         del conv.propagate

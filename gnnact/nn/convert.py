@@ -11,7 +11,7 @@ from torch import nn
 from gnnact.config import Config
 from gnnact.nn import modules
 from gnnact.nn._base import _Compressed
-from gnnact.nn.chunked import DECOMPOSABLE, chunk_messages
+from gnnact.nn.chunked import BY_TARGET, DECOMPOSABLE, chunk_messages
 from gnnact.nn.conv import APPNP, GATConv, GATv2Conv, GCN2Conv, GCNConv, SAGEConv, SGConv
 from gnnact.nn.scope import Scope
 
@@ -52,10 +52,12 @@ def convert(model: nn.Module, config: Config | None = None) -> nn.Module:
     :class:`~torch.nn.Dropout`; modules already converted get the new ``config``. Only exact
     classes are converted: subclasses (which may override ``forward``) and unknown modules are
     left alone, as are functional calls such as ``F.relu`` inside a ``forward``; what they
-    save is compressed by the converted model's scope. PyG convs without a twin whose messages
-    split by feature columns (:data:`gnnact.nn.chunked.DECOMPOSABLE`: ``GINConv``,
-    ``GraphConv``, ``ChebConv``, …) run their message passing in column blocks
-    (``config.chunk_messages``), exactly.
+    save is compressed by the converted model's scope. PyG convs without a twin run their
+    message passing in chunks (``config.chunk_messages``): by feature columns where the
+    messages split so (:data:`gnnact.nn.chunked.DECOMPOSABLE`: ``GINConv``, ``GraphConv``,
+    ``ChebConv``, …), by blocks of targets for attention and edge features
+    (:data:`~gnnact.nn.chunked.BY_TARGET`: ``TransformerConv``, ``GINEConv``, ``GENConv``,
+    ``ResGatedGraphConv``).
 
     The conversion changes each module's class in place: the module objects, their attribute
     names, parameter objects, buffers, hooks and device stay the same, so trained weights are
@@ -93,7 +95,7 @@ def convert(model: nn.Module, config: Config | None = None) -> nn.Module:
         if isinstance(module, _Compressed):
             module.config = own
             continue
-        if type(module) in DECOMPOSABLE:
+        if type(module) in (*DECOMPOSABLE, *BY_TARGET):
             chunk_messages(module, config.chunk_messages)
         target = CONVERSIONS.get(type(module))
         if target is None:
