@@ -406,10 +406,23 @@ def test_op_chunking_does_not_change_results(monkeypatch):
 
     whole = run()
     monkeypatch.setattr(gatv2_ops, "CHUNK_ELEMENTS", 1)  # 8 edges per chunk: 8 chunks
-    assert len(list(gatv2_ops._chunks(61, 3))) == 8
+    assert len(list(gatv2_ops._chunks(61, 3, graph.num_dst))) == 8
     chunked = run()
     for a, b in zip(chunked, whole, strict=True):
         assert _rel(a, b) <= 1e-12
+
+
+@pytest.mark.parametrize("rows", [10, 2_000, 10**6])
+def test_op_chunks_stay_below_half_a_node_tensor(rows):
+    """Chunks of at most CHUNK_ELEMENTS values, and of half a node tensor on a small graph
+    (not below MIN_CHUNK_ELEMENTS), starting at multiples of 8 edges, covering every edge."""
+    per_edge, num_edges = 3 * 128, 50_003
+    limit = min(gatv2_ops.CHUNK_ELEMENTS,
+                max(gatv2_ops.MIN_CHUNK_ELEMENTS, rows * per_edge // 2))
+    chunks = list(gatv2_ops._chunks(num_edges, per_edge, rows))
+    assert all(sl.start % 8 == 0 and (sl.stop - sl.start) * per_edge <= limit for sl in chunks)
+    assert [sl.start for sl in chunks[1:]] == [sl.stop for sl in chunks[:-1]]
+    assert chunks[0].start == 0 and chunks[-1].stop == num_edges
 
 
 def test_op_validation():

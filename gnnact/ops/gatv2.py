@@ -39,7 +39,8 @@ softmax intermediates. Here backward keeps
 * :math:`\mathbf{a}` and :math:`W_e` (parameters, not copied) and the graph (cached).
 
 No :math:`E \times H \times C` tensor is kept, and none is materialised whole: forward and
-backward walk the edges in chunks of at most :data:`CHUNK_ELEMENTS` values per temporary.
+backward walk the edges in chunks of at most :data:`CHUNK_ELEMENTS` values per temporary
+(and at most half a node tensor).
 Backward, with :math:`G = \nabla Y` and :math:`k_{e,h,c} = m_{e,h,c} + \sigma (1 - m_{e,h,c})`
 (:math:`\sigma` the negative slope):
 
@@ -106,12 +107,16 @@ __all__ = ["CHUNK_ELEMENTS", "gatv2_attention"]
 #: Values of one transient ``[edges, H, C]`` block (z, its LeakyReLU, their gradients): the
 #: edges are processed in chunks of at most this many values (and at least 8 edges).
 CHUNK_ELEMENTS = 1 << 24
+MIN_CHUNK_ELEMENTS = 1 << 16
 
 
-def _chunks(num_edges: int, per_edge: int) -> Iterator[slice]:
-    """Edge slices of at most :data:`CHUNK_ELEMENTS` values. Each starts at a multiple of 8
-    edges, so it starts on a byte boundary of the packed ``[E, H, C]`` mask."""
-    step = max(8, CHUNK_ELEMENTS // max(1, per_edge) // 8 * 8)
+def _chunks(num_edges: int, per_edge: int, rows: int) -> Iterator[slice]:
+    """Edge slices of at most :data:`CHUNK_ELEMENTS` values, and at most half a node tensor
+    (``rows`` nodes; at least :data:`MIN_CHUNK_ELEMENTS`): on a small graph a fixed size
+    would make each of a chunk's temporaries larger than the node tensors. Each starts at a
+    multiple of 8 edges, so it starts on a byte boundary of the packed ``[E, H, C]`` mask."""
+    limit = min(CHUNK_ELEMENTS, max(MIN_CHUNK_ELEMENTS, rows * per_edge // 2))
+    step = max(8, limit // max(1, per_edge) // 8 * 8)
     for start in range(0, num_edges, step):
         yield slice(start, min(start + step, num_edges))
 
@@ -155,7 +160,7 @@ class _GATv2Attention(torch.autograd.Function):
         logits = x_l.new_empty(num_edges, heads)
         mask = torch.empty(math.ceil(num_edges * per_edge / 8), dtype=torch.uint8,
                            device=x_l.device) if record else None
-        for sl in _chunks(num_edges, per_edge):
+        for sl in _chunks(num_edges, per_edge, graph.num_dst):
             z = _pre_activation(x_l, x_dst, edge_attr, w_edge, graph, sl)
             if mask is not None:
                 mask[_mask_bytes(sl, per_edge)] = pack_mask(z > 0).data
@@ -260,7 +265,7 @@ class _GATv2Attention(torch.autograd.Function):
             x_l_tilde = x_l_hat
         x_r_hat = x_l_tilde if ctx.same else x_r_hat
         slope = ctx.negative_slope
-        for sl in _chunks(graph.num_edges, per_edge):
+        for sl in _chunks(graph.num_edges, per_edge, graph.num_dst):
             n = sl.stop - sl.start
             positive = unpack_mask(PackedMask(mask[_mask_bytes(sl, per_edge)],
                                               torch.Size((n, heads, channels))))
