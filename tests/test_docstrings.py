@@ -1,6 +1,7 @@
 """The API documentation requirement: every public class and function (the callable names in
 ``__all__`` of the public modules) has a docstring with an ``Example:`` section and, if it takes
-arguments, an ``Args:`` section with an entry per argument (``name (type): text``)."""
+arguments, an ``Args:`` section with an entry per argument (``name (type): text``); and every
+example in gnnact's docstrings runs."""
 
 from __future__ import annotations
 
@@ -87,3 +88,35 @@ def test_every_argument_is_documented(obj):
     missing = [name for name in _parameters(obj)
                if not re.search(rf"^\s*\**{re.escape(name)} \(", doc, re.MULTILINE)]
     assert not missing, f"{obj.__qualname__}: no 'name (type): ...' entry for {missing}"
+
+
+def _modules() -> list[str]:
+    import pkgutil
+
+    import gnnact
+
+    return sorted(info.name for info in pkgutil.walk_packages(gnnact.__path__, "gnnact.")
+                  if not info.name.endswith("__main__"))
+
+
+@pytest.mark.parametrize("module_name", _modules())
+def test_examples_run(module_name, monkeypatch):
+    """Every ``>>>`` example in gnnact's docstrings runs and prints what it says (those marked
+    ``# doctest: +SKIP`` need a GPU, several processes or a download), from the repository's
+    root as a reader runs them."""
+    import doctest
+    from pathlib import Path
+
+    import torch
+
+    import gnnact
+
+    root = Path(__file__).resolve().parents[1]
+    if module_name == "gnnact.data.datasets" and not (root.parent / "shared/datasets").is_dir():
+        pytest.skip("load_dataset's example reads Cora from ../shared/datasets")
+    monkeypatch.chdir(root)
+    module = importlib.import_module(module_name)
+    result = doctest.testmod(module, extraglobs={"torch": torch, "gnnact": gnnact},
+                             optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE,
+                             report=True, verbose=False)
+    assert result.failed == 0, f"{result.failed} of {result.attempted} examples failed"

@@ -174,6 +174,16 @@ class TargetChunks(_Chunks):
 
     Attributes:
         last_chunks (int): blocks of the last call (1: run whole).
+
+    Example:
+        >>> from torch_geometric.nn import TransformerConv
+        >>> from gnnact.nn.chunked import chunk_messages
+        >>> conv = TransformerConv(16, 8, heads=2)
+        >>> x, edge_index = torch.randn(100, 16), torch.randint(0, 100, (2, 800))
+        >>> want = conv(x, edge_index)
+        >>> chunk_messages(conv)
+        >>> torch.allclose(conv(x, edge_index), want), conv.propagate.last_chunks
+        (True, 8)
     """
 
     classes = BY_TARGET
