@@ -53,8 +53,8 @@ class Config:
             PyG convs without a twin in chunks, so that their :math:`E \times F` messages never
             exist whole (:mod:`gnnact.nn.chunked`): by feature columns (``GINConv``,
             ``GraphConv``, ``ChebConv``, …; outputs and gradients are PyG's bit for bit) or by
-            blocks of targets (``TransformerConv``, ``GINEConv``, ``GENConv``,
-            ``ResGatedGraphConv``; equal to PyG's up to float rounding).
+            blocks of targets (``TransformerConv``, ``GINEConv``, ``PNAConv``, ``NNConv``,
+            …: :data:`gnnact.nn.chunked.BY_TARGET`; equal to PyG's up to float rounding).
             (default: :obj:`True`)
 
     Raises:

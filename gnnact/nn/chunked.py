@@ -22,14 +22,15 @@ its gradient equal PyG's bit for bit. This is PyG's own feature decomposition
 (``decomposed_layers``), which fails on ``(source, target)`` pairs, as ``GINConv`` and
 ``GraphConv`` pass ``x``.
 
-**By blocks of targets** (:class:`TargetChunks`, the classes in :data:`BY_TARGET`). Attention
-and edge features mix the columns, but every message is still made edge by edge and every
-target aggregates only its own: with the edges stably sorted by target, each block of targets
-runs with the edges into it, :math:`k = \lceil E / N_{\mathrm{dst}} \rceil`. Each target meets
-the same messages in the same order, but a block's messages are computed in a batch of
-another size (a linear map of edge features, a vectorised exponential can round a last bit
-differently there) and the gradients of source-side tensors are summed block by block: the
-result, the attention a conv returns and the gradients equal PyG's up to float rounding.
+**By blocks of targets** (:class:`TargetChunks`, the classes in :data:`BY_TARGET`). Attention,
+edge features and networks applied per edge mix the columns, but every message is still made
+edge by edge and every target aggregates only its own: with the edges stably sorted by
+target, each block of targets runs with the edges into it,
+:math:`k = \lceil E / N_{\mathrm{dst}} \rceil`. Each target meets the same messages in the
+same order, but a block's messages are computed in a batch of another size (a network
+applied per edge, a vectorised exponential can round a last bit differently there) and the
+gradients of source-side tensors are summed block by block: the result, the attention a conv
+returns and the gradients equal PyG's up to float rounding.
 
 :func:`gnnact.convert` installs the one that fits as the ``propagate`` of every conv of those
 exact classes (``Config.chunk_messages``). Sparse adjacencies (``adj_t``) take PyG's fused
@@ -62,12 +63,14 @@ DECOMPOSABLE: tuple[type[MessagePassing], ...] = _classes(
     "GINConv", "GraphConv", "ChebConv", "TAGConv", "ARMAConv", "ClusterGCNConv", "MFConv",
     "LGConv", "SSGConv", "MixHopConv", "SimpleConv", "WLConvContinuous")
 
-#: PyG convs whose messages mix feature columns (attention, edge features added to the source
-#: rows) but are computed edge by edge, elementwise, and aggregated per target with PyG's own
+#: PyG convs whose messages mix feature columns (attention, edge features, a network applied
+#: per edge) but are computed edge by edge and aggregated per target with PyG's own
 #: ``aggregate`` and ``update``: ``propagate`` splits by blocks of targets
 #: (:class:`TargetChunks`).
 BY_TARGET: tuple[type[MessagePassing], ...] = _classes(
-    "TransformerConv", "GINEConv", "GENConv", "ResGatedGraphConv")
+    "TransformerConv", "GINEConv", "GENConv", "ResGatedGraphConv", "EdgeConv", "PNAConv",
+    "NNConv", "CGConv", "GMMConv", "FeaStConv", "PointNetConv", "GeneralConv", "FiLMConv",
+    "PDNConv")
 
 
 class _Chunks:

@@ -55,9 +55,9 @@ def convert(model: nn.Module, config: Config | None = None) -> nn.Module:
     save is compressed by the converted model's scope. PyG convs without a twin run their
     message passing in chunks (``config.chunk_messages``): by feature columns where the
     messages split so (:data:`gnnact.nn.chunked.DECOMPOSABLE`: ``GINConv``, ``GraphConv``,
-    ``ChebConv``, …), by blocks of targets for attention and edge features
-    (:data:`~gnnact.nn.chunked.BY_TARGET`: ``TransformerConv``, ``GINEConv``, ``GENConv``,
-    ``ResGatedGraphConv``).
+    ``ChebConv``, …), by blocks of targets for attention, edge features and networks applied
+    per edge (:data:`~gnnact.nn.chunked.BY_TARGET`: ``TransformerConv``, ``GINEConv``,
+    ``PNAConv``, ``NNConv``, …).
 
     The conversion changes each module's class in place: the module objects, their attribute
     names, parameter objects, buffers, hooks and device stay the same, so trained weights are
