@@ -36,7 +36,10 @@
 #   peak       what is alive at a step's peak memory, by source line (allocator history):
 #              the four models, PyG fp32 against 2 bits (peak_ratio_vs_fp32), arxiv shape,
 #              each written three ways (modules, F.relu/F.dropout, PyG's model classes),
-#              and PyG's GIN class (no twin: messages in feature chunks);
+#              and PyG's GIN class (no twin: messages in feature chunks); models as PyG's
+#              examples write them with convs that have no twin (bench_no_twin.py: GIN,
+#              GraphConv, ChebConv, TAGConv, TransformerConv, DeeperGCN), messages whole and
+#              in chunks, full arxiv shape;
 #              SAGE at 2 bits on a 1M-node products shape
 #   amp        mixed precision with compression: PyG fp32, fp32 + 2 bits, PyG under fp16
 #              autocast, autocast + 2 bits; saved context (graph cache counted), step time and
@@ -128,6 +131,8 @@ for part in "${parts[@]}"; do
         --styles module functional pyg --out "$out/peak.jsonl" || status=1
       "$py" benchmarks/profile_peak.py --device cuda --shape products --nodes 1000000 \
         --models sage --bits 2 --out "$out/peak.jsonl" || status=1
+      "$py" benchmarks/bench_no_twin.py --device cuda --nodes 169343 \
+        --out "$out/no_twin.jsonl" || status=1
       ;;
     amp)
       "$py" benchmarks/bench_amp.py --device cuda --amp-dtype float16 --nodes 169343 \

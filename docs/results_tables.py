@@ -571,6 +571,24 @@ def _largest(results: Path) -> list[str]:
     return [*_source(name, best.values()), *_list_table([header, *body])]
 
 
+def _no_twin(results: Path) -> list[str]:
+    """Models with convs that have no twin: step peak and saved context, PyG fp32 against
+    gnnact 2 bits with the messages made whole and in chunks (newest row per device, model
+    and method)."""
+    name = "no_twin.jsonl"
+    best = _newest(_rows(results, name), lambda r: (r["device_name"], r["num_nodes"],
+                                                    r["model"], r["method"]))
+    labels = {"pyg": "PyG fp32", "gnnact2_whole": "2 bits, messages whole",
+              "gnnact2": "2 bits, messages in chunks"}
+    body = [[k[0], f"{k[1]:,}", k[2], labels.get(k[3], k[3]),
+             "out of memory" if r.get("oom") else _mib(step_peak_bytes(r)),
+             _x1(r.get("peak_ratio_vs_pyg")) or "–", _mib(r["saved_bytes"]) or "–",
+             _x1(r.get("saved_ratio_vs_pyg")) or "–"] for k, r in best.items()]
+    header = ["device", "nodes", "model", "method", "step peak, graph cache included (MiB)",
+              "lower than PyG by", "saved context (MiB)", "less than PyG by"]
+    return [*_source(name, best.values()), *_list_table([header, *body])]
+
+
 def _graph_cache(results: Path) -> list[str]:
     """Bytes per edge of the graph cache each conv kind keeps, against the caller's int64
     ``edge_index`` (16 bytes per edge), one thread."""
@@ -682,6 +700,7 @@ RESULTS = {
     "train": _train,
     "swap": _swap,
     "largest": _largest,
+    "no_twin": _no_twin,
     "graph_cache": _graph_cache,
     "peak": _peak,
     "distributed": _distributed,
