@@ -305,3 +305,28 @@ def test_chunks_pick_the_way_by_class():
     assert isinstance(gnnact.convert(make_by_target(pyg_nn.GINEConv)).propagate, TargetChunks)
     with pytest.raises(TypeError, match="conv must be one of .*TransformerConv.*, got GINConv"):
         TargetChunks(make(pyg_nn.GINConv))
+
+
+def test_twins_on_pygs_path_and_columns_mixed_or_hooked():
+    """SAGE with aggr="max" runs PyG's own forward: its messages in column blocks, PyG's
+    result bit for bit. An aggregation with a parameter per column, or a registered hook, runs
+    whole (and as PyG)."""
+    g = torch.Generator().manual_seed(9)
+    x, edge_index = torch.randn(N, F, generator=g), torch.randint(0, N, (2, E), generator=g)
+    torch.manual_seed(0)
+    pyg = pyg_nn.SAGEConv(F, F, aggr="max")
+    ours = gnnact.convert(copy.deepcopy(pyg), gnnact.Config(bits=32))
+    assert isinstance(ours.propagate, FeatureChunks)
+    assert torch.equal(ours(x, edge_index), pyg(x, edge_index))
+    assert ours.propagate.last_chunks == 8
+    torch.manual_seed(0)
+    pyg = pyg_nn.GraphConv(F, F, aggr=pyg_nn.aggr.SoftmaxAggregation(learn=True, channels=F))
+    ours = gnnact.convert(copy.deepcopy(pyg), gnnact.Config(bits=32))
+    assert torch.equal(ours(x, edge_index), pyg(x, edge_index))
+    assert ours.propagate.last_chunks == 1  # a temperature per column: whole
+    pyg, ours = make(pyg_nn.GINConv), gnnact.convert(make(pyg_nn.GINConv),
+                                                     gnnact.Config(bits=32))
+    seen = []
+    ours.register_message_forward_hook(lambda module, inputs, out: seen.append(out.shape))
+    assert torch.equal(ours(x, edge_index), pyg(x, edge_index))
+    assert ours.propagate.last_chunks == 1 and seen == [(E, F)]  # the hook saw PyG's messages

@@ -45,10 +45,14 @@ from typing import Any
 
 import torch
 import torch_geometric.nn as pyg_nn
+import torch_geometric.nn.aggr as pyg_aggr
 from torch import Tensor
 from torch_geometric.nn import MessagePassing
 
-__all__ = ["BY_TARGET", "DECOMPOSABLE", "FeatureChunks", "TargetChunks", "chunk_messages"]
+from gnnact.nn.conv import GCNConv, SAGEConv
+
+__all__ = ["BY_TARGET", "CHUNKED", "DECOMPOSABLE", "PER_COLUMN_AGGREGATIONS", "TWINS",
+           "FeatureChunks", "TargetChunks", "chunk_messages"]
 
 
 def _classes(*names: str) -> tuple[type[MessagePassing], ...]:
@@ -63,6 +67,24 @@ DECOMPOSABLE: tuple[type[MessagePassing], ...] = _classes(
     "GINConv", "GraphConv", "ChebConv", "TAGConv", "ARMAConv", "ClusterGCNConv", "MFConv",
     "LGConv", "SSGConv", "MixHopConv", "SimpleConv", "WLConvContinuous")
 
+#: gnnact's twins whose PyG path (taken for an aggregation without a compressed path, such as
+#: ``aggr="max"``) splits by columns as the classes of :data:`DECOMPOSABLE` do.
+TWINS = (GCNConv, SAGEConv)
+
+#: Aggregations (exact classes) that reduce every feature column on its own, with no
+#: parameter per column: a column block aggregates as the whole does.
+PER_COLUMN_AGGREGATIONS: tuple[type, ...] = tuple(
+    getattr(pyg_aggr, n) for n in ("SumAggregation", "MeanAggregation", "MaxAggregation",
+                                   "MinAggregation", "MulAggregation", "StdAggregation",
+                                   "VarAggregation", "MedianAggregation")
+    if hasattr(pyg_aggr, n))
+
+#: The message-passing hook dictionaries of PyG's ``MessagePassing``: a conv with a hook runs
+#: whole, so that its hooks see what PyG would show them.
+_HOOKS = tuple(f"_{stage}_forward_{kind}hooks"
+               for stage in ("propagate", "message", "aggregate", "message_and_aggregate")
+               for kind in ("pre_", ""))
+
 #: PyG convs whose messages mix feature columns (attention, edge features, a network applied
 #: per edge) but are computed edge by edge and aggregated per target with PyG's own
 #: ``aggregate`` and ``update``: ``propagate`` splits by blocks of targets
@@ -71,6 +93,10 @@ BY_TARGET: tuple[type[MessagePassing], ...] = _classes(
     "TransformerConv", "GINEConv", "GENConv", "ResGatedGraphConv", "EdgeConv", "PNAConv",
     "NNConv", "CGConv", "GMMConv", "FeaStConv", "PointNetConv", "GeneralConv", "FiLMConv",
     "PDNConv")
+
+
+#: Every class :func:`gnnact.convert` runs in chunks.
+CHUNKED: tuple[type[MessagePassing], ...] = (*DECOMPOSABLE, *TWINS, *BY_TARGET)
 
 
 class _Chunks:
@@ -98,9 +124,12 @@ class _Chunks:
 
     def _whole(self, edge_index: Any) -> bool:
         """Whether a call runs whole: a sparse adjacency (PyG's fused path makes no
-        messages), explain mode, or tracing by torch.compile."""
+        messages), explain mode, a registered message-passing hook, or tracing by
+        torch.compile."""
+        conv = self.conv
         return (not isinstance(edge_index, Tensor) or edge_index.layout != torch.strided
-                or bool(self.conv.explain) or torch.compiler.is_compiling())
+                or bool(conv.explain) or any(getattr(conv, h, None) for h in _HOOKS)
+                or torch.compiler.is_compiling())
 
     def _propagate(self, edge_index: Any, size: Any, kwargs: dict[str, Any]) -> Any:
         # PyG's propagate as the class defines it (the instance's is this object).
@@ -112,7 +141,7 @@ class FeatureChunks(_Chunks):
     module docstring): installed as the conv's ``propagate`` attribute, called as PyG's.
 
     Args:
-        conv (MessagePassing): a conv of a class in :data:`DECOMPOSABLE`.
+        conv (MessagePassing): a conv of a class in :data:`DECOMPOSABLE` or :data:`TWINS`.
 
     Attributes:
         last_chunks (int): blocks of the last call (1: run whole).
@@ -128,12 +157,14 @@ class FeatureChunks(_Chunks):
         (True, 8)
     """
 
-    classes = DECOMPOSABLE
+    classes = (*DECOMPOSABLE, *TWINS)
 
     def blocks(self, edge_index: Any, kwargs: dict[str, Any]) -> int:
         """How many column blocks a call with these arguments runs in: 1 (whole) for a sparse
-        adjacency, no source tensor, or fewer edges than source nodes."""
-        if self._whole(edge_index):
+        adjacency, an aggregation that mixes columns (LSTM, attention, several aggregations
+        concatenated), no source tensor, or fewer edges than source nodes."""
+        if (self._whole(edge_index)
+                or type(getattr(self.conv, "aggr_module", None)) not in PER_COLUMN_AGGREGATIONS):
             return 1
         widths, rows = set(), 0
         for name in self._args("_j"):
@@ -278,11 +309,11 @@ def _split(value: Any, step: int) -> list[Any]:
 
 def chunk_messages(conv: MessagePassing, enabled: bool = True) -> None:
     """Run ``conv``'s message passing in chunks (:class:`FeatureChunks` for a class in
-    :data:`DECOMPOSABLE`, :class:`TargetChunks` for one in :data:`BY_TARGET`), or, with
-    ``enabled=False``, whole again (PyG's own ``propagate``)."""
+    :data:`DECOMPOSABLE` or :data:`TWINS`, :class:`TargetChunks` for one in
+    :data:`BY_TARGET`), or, with ``enabled=False``, whole again (PyG's own ``propagate``)."""
     installed = isinstance(conv.__dict__.get("propagate"), _Chunks)
     if enabled and not installed:
-        chunks = FeatureChunks if type(conv) in DECOMPOSABLE else TargetChunks
+        chunks = FeatureChunks if type(conv) in FeatureChunks.classes else TargetChunks
         conv.propagate = chunks(conv)
     elif not enabled and installed:
         del conv.propagate

@@ -11,7 +11,7 @@ from torch import nn
 from gnnact.config import Config
 from gnnact.nn import modules
 from gnnact.nn._base import _Compressed
-from gnnact.nn.chunked import BY_TARGET, DECOMPOSABLE, chunk_messages
+from gnnact.nn.chunked import CHUNKED, chunk_messages
 from gnnact.nn.conv import APPNP, GATConv, GATv2Conv, GCN2Conv, GCNConv, SAGEConv, SGConv
 from gnnact.nn.scope import Scope
 
@@ -55,7 +55,8 @@ def convert(model: nn.Module, config: Config | None = None) -> nn.Module:
     save is compressed by the converted model's scope. PyG convs without a twin run their
     message passing in chunks (``config.chunk_messages``): by feature columns where the
     messages split so (:data:`gnnact.nn.chunked.DECOMPOSABLE`: ``GINConv``, ``GraphConv``,
-    ``ChebConv``, …), by blocks of targets for attention, edge features and networks applied
+    ``ChebConv``, …; and the GCN and SAGE twins when they run PyG's own forward, as for
+    ``aggr="max"``), by blocks of targets for attention, edge features and networks applied
     per edge (:data:`~gnnact.nn.chunked.BY_TARGET`: ``TransformerConv``, ``GINEConv``,
     ``PNAConv``, ``NNConv``, …).
 
@@ -92,19 +93,16 @@ def convert(model: nn.Module, config: Config | None = None) -> nn.Module:
         # per-node precision and gnnact.Controller know its tensors by.
         own = config if config.tag is not None else dataclasses.replace(config,
                                                                         tag=name or "<model>")
+        target = CONVERSIONS.get(type(module))
         if isinstance(module, _Compressed):
             module.config = own
-            continue
-        if type(module) in (*DECOMPOSABLE, *BY_TARGET):
-            chunk_messages(module, config.chunk_messages)
-        target = CONVERSIONS.get(type(module))
-        if target is None:
-            continue
-        if not target.supports(module):
+        elif target is not None and not target.supports(module):
             warnings.warn(f"gnnact.convert: left {name or 'model'} ({module}) unconverted: "
                           f"not supported by {target.__module__}.{target.__name__}",
                           stacklevel=2)
-            continue
-        target._adopt(module, own)
+        elif target is not None:
+            target._adopt(module, own)
+        if type(module) in CHUNKED:  # (a twin: for when it runs PyG's own forward)
+            chunk_messages(module, config.chunk_messages)
     Scope.install(model, config)
     return model
