@@ -330,3 +330,23 @@ def test_twins_on_pygs_path_and_columns_mixed_or_hooked():
     ours.register_message_forward_hook(lambda module, inputs, out: seen.append(out.shape))
     assert torch.equal(ours(x, edge_index), pyg(x, edge_index))
     assert ours.propagate.last_chunks == 1 and seen == [(E, F)]  # the hook saw PyG's messages
+
+
+def test_summary_says_how_messages_were_made():
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gcn, self.gin = pyg_nn.GCNConv(F, F), make(pyg_nn.GINConv)
+            self.supergat = pyg_nn.SuperGATConv(F, F)  # in neither list: whole
+
+        def forward(self, x, edge_index):
+            return self.supergat(self.gin(self.gcn(x, edge_index), edge_index), edge_index)
+
+    model = gnnact.convert(Net())
+    before = {r.path: r.messages for r in gnnact.summary(model).rows}
+    assert (before["gcn"], before["gin"], before["supergat"]) == ("fused", "–", "whole")
+    x, edge_index = inputs(pyg_nn.GINConv)
+    model(x, edge_index).sum().backward()
+    rows = {r.path: r.messages for r in gnnact.summary(model).rows}
+    assert (rows["gcn"], rows["gin"], rows["supergat"]) == ("fused", "8 pieces", "whole")
+    assert rows["gin.nn"] == "" and "messages" in str(gnnact.summary(model)).splitlines()[0]

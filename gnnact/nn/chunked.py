@@ -110,7 +110,7 @@ class _Chunks:
             raise TypeError(f"conv must be one of {[c.__name__ for c in self.classes]}, got "
                             f"{type(conv).__name__}")
         self.conv = conv
-        self.last_chunks = 1
+        self.last_chunks: int | None = None  # no call yet
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({type(self.conv).__name__})"
@@ -144,7 +144,8 @@ class FeatureChunks(_Chunks):
         conv (MessagePassing): a conv of a class in :data:`DECOMPOSABLE` or :data:`TWINS`.
 
     Attributes:
-        last_chunks (int): blocks of the last call (1: run whole).
+        last_chunks (int or None): blocks of the last call (1: run whole; ``None``: no call
+            yet).
 
     Example:
         >>> from torch_geometric.nn import GINConv
@@ -207,7 +208,8 @@ class TargetChunks(_Chunks):
         conv (MessagePassing): a conv of a class in :data:`BY_TARGET`.
 
     Attributes:
-        last_chunks (int): blocks of the last call (1: run whole).
+        last_chunks (int or None): blocks of the last call (1: run whole; ``None``: no call
+            yet).
 
     Example:
         >>> from torch_geometric.nn import TransformerConv

@@ -6,8 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from torch import nn
+from torch_geometric.nn import MessagePassing
 
 from gnnact.nn._base import _Compressed
+from gnnact.nn.chunked import _Chunks
 from gnnact.nn.conv.base import CompressedConv
 from gnnact.nn.scope import scope_of
 
@@ -16,7 +18,7 @@ __all__ = ["Summary", "SummaryRow", "summary"]
 
 @dataclass(frozen=True)
 class SummaryRow:
-    """One module of a :class:`Summary`.
+    r"""One module of a :class:`Summary`.
 
     Args:
         path (str): its path in the model (``""`` for the model itself).
@@ -30,6 +32,11 @@ class SummaryRow:
         bits (int): the width its activations are kept at.
         nbytes (int or None): bytes of the context it saved in the last training step (its
             own, not its submodules'); ``None`` before the first one.
+        messages (str, optional): for a message-passing layer, how its edge messages were
+            made in its last call: ``"fused"`` (a twin's compressed path: none, or edge
+            chunks inside its op), ``"k pieces"`` (:mod:`gnnact.nn.chunked`), ``"whole"``
+            (an :math:`E \times F` tensor at once), ``"–"`` before the first call; ``""``
+            for other modules. (default: ``""``)
     """
 
     path: str
@@ -37,6 +44,7 @@ class SummaryRow:
     handling: str
     bits: int
     nbytes: int | None
+    messages: str = ""
 
 
 @dataclass(frozen=True)
@@ -52,11 +60,11 @@ class Summary:
         width = max([len("module")] + [len(r.path or "(model)") for r in self.rows])
         kind = max([len("type")] + [len(r.type) for r in self.rows])
         lines = [f"{'module':{width}s}  {'type':{kind}s}  {'handling':8s}  {'bits':>4s}  "
-                 f"{'kept (last step)':>16s}"]
+                 f"{'kept (last step)':>16s}  messages"]
         for r in self.rows:
             kept = "–" if r.nbytes is None else _size(r.nbytes)
             lines.append(f"{r.path or '(model)':{width}s}  {r.type:{kind}s}  {r.handling:8s}  "
-                         f"{r.bits:4d}  {kept:>16s}")
+                         f"{r.bits:4d}  {kept:>16s}  {r.messages}".rstrip())
         if self.context is None:
             lines.append("no training step yet: run one forward pass in training to measure")
         else:
@@ -64,6 +72,22 @@ class Summary:
                          f"{_size(self.graph_cache or 0)}, total "
                          f"{_size(self.context + (self.graph_cache or 0))}")
         return "\n".join(lines)
+
+
+def _messages(module: nn.Module) -> str:
+    """How a message-passing layer made its edge messages in its last call (see
+    :class:`SummaryRow`)."""
+    if not isinstance(module, MessagePassing):
+        return ""
+    if isinstance(module, CompressedConv) and not (module._takes_pyg_path()
+                                                   or module._compressed_reduce() is None):
+        return "fused"
+    chunks = module.__dict__.get("propagate")
+    if not isinstance(chunks, _Chunks):
+        return "whole"
+    if chunks.last_chunks is None:
+        return "–"
+    return f"{chunks.last_chunks} pieces" if chunks.last_chunks > 1 else "whole"
 
 
 def _size(nbytes: int) -> str:
@@ -75,8 +99,9 @@ def _size(nbytes: int) -> str:
 
 def summary(model: nn.Module) -> Summary:
     r"""Every module of a model converted by :func:`gnnact.convert`, how gnnact keeps its
-    context (twin, generic pipeline, exempt) and at how many bits, and the bytes each kept in
-    the last training forward pass, with the graph cache on its own line.
+    context (twin, generic pipeline, exempt) and at how many bits, the bytes each kept in the
+    last training forward pass, with the graph cache on its own line, and for message-passing
+    layers how their edge messages were made (a layer that made them whole says so).
 
     Args:
         model (torch.nn.Module): the converted model (the one :func:`gnnact.convert` was
@@ -102,12 +127,12 @@ def summary(model: nn.Module) -> Summary:
         >>> x, edge_index = torch.randn(100, 16), torch.randint(0, 100, (2, 400))
         >>> model(x, edge_index).sum().backward()
         >>> print(gnnact.summary(model))  # doctest: +ELLIPSIS
-        module             type            handling  bits  kept (last step)
+        module             type            handling  bits  kept (last step)  messages
         (model)            Net             generic      2             800 B
-        conv1              GCNConv         twin         2               0 B
+        conv1              GCNConv         twin         2               0 B  fused
         conv1.aggr_module  SumAggregation  none         2               0 B
         conv1.lin          Linear          none         2               0 B
-        conv2              GraphConv       none         2               0 B
+        conv2              GraphConv       none         2               0 B  4 pieces
         conv2.aggr_module  SumAggregation  none         2               0 B
         conv2.lin_rel      Linear          generic      2             952 B
         conv2.lin_root     Linear          generic      2             952 B
@@ -115,8 +140,9 @@ def summary(model: nn.Module) -> Summary:
 
     The model's own 800 bytes are the 1-bit masks of ``F.relu`` and ``F.dropout``; ``conv1``
     keeps nothing (its input, the caller's ``x``, is kept by reference, and its aggregation
-    needs only the graph); ``GraphConv`` has no twin, and its two linear maps keep their
-    inputs at 2 bits through the generic pipeline.
+    needs only the graph) and makes no edge messages; ``GraphConv`` has no twin, its two
+    linear maps keep their inputs at 2 bits through the generic pipeline, and it made its
+    :math:`400 \times 32` messages in 4 column blocks (:mod:`gnnact.nn.chunked`).
     """
     scope = scope_of(model)
     if scope is None:
@@ -147,7 +173,8 @@ def summary(model: nn.Module) -> Summary:
                 handling = "none"
             else:
                 handling = "generic"
-        rows.append(SummaryRow(path, type(module).__name__, handling, bits, nbytes))
+        rows.append(SummaryRow(path, type(module).__name__, handling, bits, nbytes,
+                               _messages(module)))
     if record is None:
         return Summary(tuple(rows), None, None)
     return Summary(tuple(rows), record.context, record.graph_cache)
