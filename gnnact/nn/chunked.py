@@ -50,6 +50,7 @@ from torch import Tensor
 from torch_geometric.nn import MessagePassing
 
 from gnnact.nn.conv import GCNConv, SAGEConv
+from gnnact.nn.conv.base import MESSAGE_PASSING_HOOKS
 
 __all__ = ["BY_TARGET", "CHUNKED", "DECOMPOSABLE", "PER_COLUMN_AGGREGATIONS", "TWINS",
            "FeatureChunks", "TargetChunks", "chunk_messages"]
@@ -78,12 +79,6 @@ PER_COLUMN_AGGREGATIONS: tuple[type, ...] = tuple(
                                    "MinAggregation", "MulAggregation", "StdAggregation",
                                    "VarAggregation", "MedianAggregation")
     if hasattr(pyg_aggr, n))
-
-#: The message-passing hook dictionaries of PyG's ``MessagePassing``: a conv with a hook runs
-#: whole, so that its hooks see what PyG would show them.
-_HOOKS = tuple(f"_{stage}_forward_{kind}hooks"
-               for stage in ("propagate", "message", "aggregate", "message_and_aggregate")
-               for kind in ("pre_", ""))
 
 #: PyG convs whose messages mix feature columns (attention, edge features, a network applied
 #: per edge) but are computed edge by edge and aggregated per target with PyG's own
@@ -124,11 +119,12 @@ class _Chunks:
 
     def _whole(self, edge_index: Any) -> bool:
         """Whether a call runs whole: a sparse adjacency (PyG's fused path makes no
-        messages), explain mode, a registered message-passing hook, or tracing by
-        torch.compile."""
+        messages), explain mode, a registered message-passing hook (so that it sees what PyG
+        would show it), or tracing by torch.compile."""
         conv = self.conv
         return (not isinstance(edge_index, Tensor) or edge_index.layout != torch.strided
-                or bool(conv.explain) or any(getattr(conv, h, None) for h in _HOOKS)
+                or bool(conv.explain)
+                or any(getattr(conv, h, None) for h in MESSAGE_PASSING_HOOKS)
                 or torch.compiler.is_compiling())
 
     def _propagate(self, edge_index: Any, size: Any, kwargs: dict[str, Any]) -> Any:
@@ -227,10 +223,10 @@ class TargetChunks(_Chunks):
     def blocks(self, edge_index: Any, kwargs: dict[str, Any], size: Any = None) -> int:
         """How many target blocks a call with these arguments runs in: 1 (whole) for a sparse
         adjacency, the reverse flow, or fewer edges than targets."""
-        if self._whole(edge_index) or self.conv.flow != "source_to_target":
-            return 1
-        targets = self._targets(kwargs, size)
-        if not targets:
+        return self._blocks(edge_index, self._targets(kwargs, size))
+
+    def _blocks(self, edge_index: Any, targets: int | None) -> int:
+        if self._whole(edge_index) or self.conv.flow != "source_to_target" or not targets:
             return 1
         return max(1, min(targets, math.ceil(edge_index.size(1) / targets)))
 
@@ -247,11 +243,12 @@ class TargetChunks(_Chunks):
 
     def __call__(self, edge_index: Any, size: Any = None, **kwargs: Any) -> Any:
         conv = self.conv
-        k = self.blocks(edge_index, kwargs, size)
+        targets = self._targets(kwargs, size)
+        k = self._blocks(edge_index, targets)
         self.last_chunks = k
         if k == 1:
             return self._propagate(edge_index, size, kwargs)
-        num_edges, targets = edge_index.size(1), self._targets(kwargs, size)
+        num_edges = edge_index.size(1)
         sources = self._args("_j")
         target_args = self._args("_i")
         first = _source(kwargs[sources[0]]) if sources else None

@@ -74,13 +74,12 @@ class Summary:
         return "\n".join(lines)
 
 
-def _messages(module: nn.Module) -> str:
+def _messages(module: nn.Module, pyg_path: bool) -> str:
     """How a message-passing layer made its edge messages in its last call (see
-    :class:`SummaryRow`)."""
+    :class:`SummaryRow`); ``pyg_path``: a twin that runs PyG's own forward."""
     if not isinstance(module, MessagePassing):
         return ""
-    if isinstance(module, CompressedConv) and not (module._takes_pyg_path()
-                                                   or module._compressed_reduce() is None):
+    if isinstance(module, CompressedConv) and not pyg_path:
         return "fused"
     chunks = module.__dict__.get("propagate")
     if not isinstance(chunks, _Chunks):
@@ -157,13 +156,14 @@ def summary(model: nn.Module) -> Summary:
     for path, module in model.named_modules():
         nbytes = None if record is None else record.bytes_by_module.get(path, 0)
         kinds = saved.get(path, [])
+        # A twin that takes PyG's own forward (a hook registered, an aggregation without a
+        # compressed path, ...) saves through the generic pipeline instead of its ops, and
+        # makes PyG's messages.
+        pyg_path = isinstance(module, CompressedConv) and (
+            module._takes_pyg_path() or module._compressed_reduce() is None)
         if isinstance(module, _Compressed):
             bits = module.config.bits
-            # A twin that takes PyG's own forward (a hook registered, an aggregation without a
-            # compressed path, ...) saves through the generic pipeline instead of its ops.
-            generic = any(kind != "exact" for kind in kinds) or (
-                isinstance(module, CompressedConv)
-                and (module._takes_pyg_path() or module._compressed_reduce() is None))
+            generic = pyg_path or any(kind != "exact" for kind in kinds)
             handling = "generic" if generic else "twin"
         else:
             bits = scope.config.bits
@@ -174,7 +174,7 @@ def summary(model: nn.Module) -> Summary:
             else:
                 handling = "generic"
         rows.append(SummaryRow(path, type(module).__name__, handling, bits, nbytes,
-                               _messages(module)))
+                               _messages(module, pyg_path)))
     if record is None:
         return Summary(tuple(rows), None, None)
     return Summary(tuple(rows), record.context, record.graph_cache)
