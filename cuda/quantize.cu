@@ -3,17 +3,20 @@
 // The packed format and the arithmetic are defined by gnnact/quant/reference.py; this file
 // reproduces it bit for bit. Compiled by CuPy (NVRTC) from gnnact/kernels/quantize.py.
 //
-// One warp owns one group of `group_size` consecutive elements:
-//   1. range reduce: lanes stride over the group, keep min/max and a non-finite flag, and
-//      combine with warp shuffles (no shared memory, no __syncthreads);
-//   2. round and pack: 32 consecutive elements per pass, one per lane (coalesced loads); the
-//      lanes that share bytes (8/BITS of them for 1, 2, 4 and 8 bits; 8 codes in BITS bytes
-//      for 3, 5, 6 and 7) combine their codes with warp shuffles and one of them stores the
-//      bytes, in the layout of the reference (gnnact/quant/reference.py: each group's
-//      LSB-first bit stream, code j in bits [j BITS, (j + 1) BITS)). No two lanes (or groups)
-//      write the same byte. The second read of the group hits L1/L2.
-//   Dequantization reads code j from that stream, one element per lane per pass, so its
-//   stores coalesce at every width.
+// One warp owns one group of `group_size` consecutive elements, and each lane handles octets:
+// 8 consecutive elements of the group. Code j sits at bits [j BITS, (j + 1) BITS) of the
+// group's LSB-first bit stream (the reference's layout), so octet o owns exactly the BITS
+// bytes [o BITS, (o + 1) BITS) at every width 1-8: no two lanes share a byte, and no shuffles
+// are needed to pack.
+//   quantize: a lane loads its octets (16-byte vector loads where the launcher found the
+//     buffers aligned, `vec`), keeps min/max and a non-finite flag, and the warp combines them
+//     with shuffles (no shared memory, no __syncthreads). Groups of up to 32 * 8 * CACHED
+//     elements (the default 512) stay in registers for the rounding pass; larger ones are read
+//     again (L1/L2). Each octet's 8 codes are stored as one BITS-byte word (a single store for
+//     1, 2, 4 and 8 bits with `vec`).
+//   dequantize: a lane reads its octet's BITS bytes (one load for 1, 2, 4 and 8 bits with
+//     `vec`) and writes 8 values with vector stores.
+// A lane has 32 bytes of float32 in flight per octet, not 4.
 // Every float operation is an explicit round-to-nearest intrinsic so that NVRTC cannot
 // contract a multiply and an add into an FMA, which would round differently from torch.
 // CuPy compiles with -ftz=true, so denormal inputs (|x| < 1.2e-38) are flushed to zero here.
@@ -48,42 +51,174 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-// The code of element idx: q = floor(u) + [r < u - floor(u)], u = (v - zero) * inv. The
-// fractional part is exact (Sterbenz), so no rounding of u + r can push a code past its
-// neighbour; fmaxf(NaN, 0) = 0 turns a NaN code (non-finite group) into 0.
-template <typename L>
-__device__ __forceinline__ u32 round_code(const typename L::T* __restrict__ x,
-                                          const float* __restrict__ noise, i64 idx, float zero,
-                                          float inv, float levels, u32 s0, u32 s1) {
-    const float v = L::load(x[idx]);
-    const float r = noise != nullptr ? noise[idx] : hash_uniform((u64)idx, s0, s1);
+// q = floor(u) + [r < u - floor(u)], u = (v - zero) * inv. The fractional part is exact
+// (Sterbenz), so no rounding of u + r can push a code past its neighbour; fmaxf(NaN, 0) = 0
+// turns a NaN code (non-finite group) into 0.
+__device__ __forceinline__ u32 round_code(float v, float r, float zero, float inv,
+                                          float levels) {
     const float u = __fmul_rn(__fsub_rn(v, zero), inv);
     const float fl = floorf(u);
     const float up = r < __fsub_rn(u, fl) ? 1.0f : 0.0f;
     return (u32)fminf(fmaxf(__fadd_rn(fl, up), 0.0f), levels);
 }
 
+// ---- octets: 8 consecutive elements ----
+struct alignas(16) Word16 {
+    u32 a, b, c, d;
+};
+
+// 8 elements of T as 16-byte words (sizeof(T) / 2 of them), for vector loads and stores.
+template <typename T>
+union Octet {
+    Word16 w[sizeof(T) / 2];
+    T v[8];
+};
+
+// Elements [at, at + count) of x as float, count in 1..8; the slots past count repeat the
+// first element, which changes neither a minimum, a maximum nor the finite flag. One or more
+// 16-byte loads when `vec` (x + at is then 16-byte aligned) and the octet is whole.
+template <typename L>
+__device__ __forceinline__ void load_octet(const typename L::T* __restrict__ x, i64 at,
+                                           int count, bool vec, float (&v)[8]) {
+    typedef typename L::T T;
+    if (vec && count == 8) {
+        Octet<T> o;
+        const Word16* p = reinterpret_cast<const Word16*>(x + at);
+#pragma unroll
+        for (int k = 0; k < (int)(sizeof(T) / 2); ++k) o.w[k] = p[k];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) v[k] = L::load(o.v[k]);
+    } else {
+        const float first = L::load(x[at]);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) v[k] = k < count ? L::load(x[at + k]) : first;
+    }
+}
+
+// Elements [at, at + count) of out from v; vector stores when `vec` and the octet is whole.
+template <typename L>
+__device__ __forceinline__ void store_octet(typename L::T* __restrict__ out, i64 at, int count,
+                                            bool vec, const float (&v)[8]) {
+    typedef typename L::T T;
+    if (vec && count == 8) {
+        Octet<T> o;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) o.v[k] = L::store(v[k]);
+        Word16* p = reinterpret_cast<Word16*>(out + at);
+#pragma unroll
+        for (int k = 0; k < (int)(sizeof(T) / 2); ++k) p[k] = o.w[k];
+    } else {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            if (k < count) out[at + k] = L::store(v[k]);
+        }
+    }
+}
+
+// An octet's BITS code bytes, from byte b of a group's stream of `limit` bytes (bytes past it
+// read as 0). One aligned load for 1, 2, 4 and 8 bits when `vec`.
+template <int BITS>
+__device__ __forceinline__ u64 load_codes(const u8* __restrict__ in, i64 b, i64 limit,
+                                          bool vec) {
+    if (vec && BITS == 1) return in[b];
+    if (vec && BITS == 2) return *reinterpret_cast<const u16*>(in + b);
+    if (vec && BITS == 4) return *reinterpret_cast<const u32*>(in + b);
+    if (vec && BITS == 8) return *reinterpret_cast<const u64*>(in + b);
+    u64 word = 0;
+#pragma unroll
+    for (int k = 0; k < BITS; ++k) {
+        if (b + k < limit) word |= (u64)in[b + k] << (8 * k);
+    }
+    return word;
+}
+
+// Stores an octet's BITS code bytes at byte b of a group's stream of `limit` bytes (bytes
+// past it, which belong to the next group, are not written).
+template <int BITS>
+__device__ __forceinline__ void store_codes(u8* __restrict__ out, i64 b, i64 limit, bool vec,
+                                            u64 word) {
+    if (vec && BITS == 1) {
+        out[b] = (u8)word;
+    } else if (vec && BITS == 2) {
+        *reinterpret_cast<u16*>(out + b) = (u16)word;
+    } else if (vec && BITS == 4) {
+        *reinterpret_cast<u32*>(out + b) = (u32)word;
+    } else if (vec && BITS == 8) {
+        *reinterpret_cast<u64*>(out + b) = word;
+    } else {
+#pragma unroll
+        for (int k = 0; k < BITS; ++k) {
+            if (b + k < limit) out[b + k] = (u8)(word >> (8 * k));
+        }
+    }
+}
+
+// The BITS-byte word of an octet's 8 codes (code k at bits [k BITS, (k + 1) BITS); codes past
+// count are 0), elements [at, at + count) with values v, noise from `noise` or the hash.
+template <int BITS>
+__device__ __forceinline__ u64 pack_octet(const float (&v)[8], const float* __restrict__ noise,
+                                          i64 at, int count, bool vec, float zero, float inv,
+                                          float levels, u32 s0, u32 s1) {
+    float r[8];
+    if (noise != nullptr) {
+        load_octet<F32>(noise, at, count, vec, r);
+    } else {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) r[k] = hash_uniform((u64)(at + k), s0, s1);
+    }
+    u64 word = 0;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        if (k < count) word |= (u64)round_code(v[k], r[k], zero, inv, levels) << (k * BITS);
+    }
+    return word;
+}
+
+// Octets a lane keeps in registers between the range and the rounding pass: a group of up to
+// 32 * 8 * CACHED elements (the default group of 512) is read from memory once.
+#define CACHED 2
+
 template <typename L, int BITS>
 __device__ __forceinline__ void quantize_impl(
     const typename L::T* __restrict__ x, const float* __restrict__ noise, u8* __restrict__ codes,
     float* __restrict__ scales, float* __restrict__ zeros, i64 n, i64 group_size,
-    i64 num_groups, i64 bytes_per_group, u32 s0, u32 s1) {
+    i64 num_groups, i64 bytes_per_group, u32 s0, u32 s1, int vec_flag) {
     const float levels = (float)((1 << BITS) - 1);
+    const bool vec = vec_flag != 0;
     const int lane = threadIdx.x & 31;
     const i64 warps = (i64)gridDim.x * (blockDim.x >> 5);
     for (i64 g = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); g < num_groups;
          g += warps) {
         const i64 start = g * group_size;
         const i64 len = min(group_size, n - start);
+        const i64 octets = (len + 7) >> 3;
 
         float lo = __int_as_float(0x7f800000);   // +inf
         float hi = __int_as_float(0xff800000);   // -inf
         int finite = 1;
-        for (i64 j = lane; j < len; j += 32) {
-            const float v = L::load(x[start + j]);
-            lo = fminf(lo, v);
-            hi = fmaxf(hi, v);
-            finite &= isfinite(v) ? 1 : 0;
+        float kept[CACHED][8];
+#pragma unroll
+        for (int c = 0; c < CACHED; ++c) {
+            const i64 o = lane + 32 * c;
+            if (o < octets) {
+                load_octet<L>(x, start + 8 * o, (int)min((i64)8, len - 8 * o), vec, kept[c]);
+#pragma unroll
+                for (int k = 0; k < 8; ++k) {
+                    lo = fminf(lo, kept[c][k]);
+                    hi = fmaxf(hi, kept[c][k]);
+                    finite &= isfinite(kept[c][k]) ? 1 : 0;
+                }
+            }
+        }
+        for (i64 o = lane + 32 * CACHED; o < octets; o += 32) {
+            float v[8];
+            load_octet<L>(x, start + 8 * o, (int)min((i64)8, len - 8 * o), vec, v);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                lo = fminf(lo, v[k]);
+                hi = fmaxf(hi, v[k]);
+                finite &= isfinite(v[k]) ? 1 : 0;
+            }
         }
         lo = warp_min(lo);
         hi = warp_max(hi);
@@ -107,40 +242,27 @@ __device__ __forceinline__ void quantize_impl(
             zeros[g] = zero;
         }
 
-        // Round and pack, 32 consecutive elements per pass, one per lane: loads coalesce. A
-        // unit is the codes that fill whole bytes together (one byte of 8/BITS codes for the
-        // byte-aligned widths, BITS bytes of 8 codes for the others); the lanes of a unit OR
-        // their shifted codes together through shuffles, and its first lane stores the bytes.
-        // Every lane runs every pass (codes past len are 0), so the shuffles see all 32.
-        constexpr int UNIT = (8 % BITS == 0) ? 8 / BITS : 8;
         u8* out = codes + g * bytes_per_group;
-        for (i64 base = 0; base < len; base += 32) {
-            const i64 j = base + lane;
-            const u32 code =
-                j < len ? round_code<L>(x, noise, start + j, zero, inv, levels, s0, s1) : 0u;
-            u64 word = (u64)code << ((lane % UNIT) * BITS);
 #pragma unroll
-            for (int d = 1; d < UNIT; d <<= 1) {
-                const u32 lo = __shfl_xor_sync(0xffffffffu, (u32)word, d);
-                const u32 hi = __shfl_xor_sync(0xffffffffu, (u32)(word >> 32), d);
-                word |= ((u64)hi << 32) | (u64)lo;
-            }
-            if (lane % UNIT == 0 && j < len) {
-                const i64 unit = j / UNIT;
-                if (8 % BITS == 0) {
-                    out[unit] = (u8)word;
-                } else {
-#pragma unroll
-                    for (int k = 0; k < BITS; ++k) {
-                        const i64 b = unit * BITS + k;
-                        if (b < bytes_per_group) out[b] = (u8)(word >> (8 * k));
-                    }
-                }
+        for (int c = 0; c < CACHED; ++c) {
+            const i64 o = lane + 32 * c;
+            if (o < octets) {
+                const int count = (int)min((i64)8, len - 8 * o);
+                store_codes<BITS>(out, o * BITS, bytes_per_group, vec,
+                                  pack_octet<BITS>(kept[c], noise, start + 8 * o, count, vec,
+                                                   zero, inv, levels, s0, s1));
             }
         }
-        // Bytes past the last code (a short last group) are zero bytes, as in the reference.
-        const i64 used = (8 % BITS == 0) ? (len + UNIT - 1) / UNIT : ((len + 7) / 8) * BITS;
-        for (i64 b = used + lane; b < bytes_per_group; b += 32) out[b] = 0;
+        for (i64 o = lane + 32 * CACHED; o < octets; o += 32) {
+            const int count = (int)min((i64)8, len - 8 * o);
+            float v[8];
+            load_octet<L>(x, start + 8 * o, count, vec, v);
+            store_codes<BITS>(out, o * BITS, bytes_per_group, vec,
+                              pack_octet<BITS>(v, noise, start + 8 * o, count, vec, zero, inv,
+                                               levels, s0, s1));
+        }
+        // Bytes past the last octet (a short last group) are zero bytes, as in the reference.
+        for (i64 b = octets * BITS + lane; b < bytes_per_group; b += 32) out[b] = 0;
     }
 }
 
@@ -148,47 +270,51 @@ template <typename L, int BITS>
 __device__ __forceinline__ void dequantize_impl(
     const u8* __restrict__ codes, const float* __restrict__ scales,
     const float* __restrict__ zeros, typename L::T* __restrict__ out, i64 n, i64 group_size,
-    i64 num_groups, i64 bytes_per_group) {
-    const u32 mask = (1u << BITS) - 1u;
+    i64 num_groups, i64 bytes_per_group, int vec_flag) {
+    const u64 mask = (1u << BITS) - 1u;
+    const bool vec = vec_flag != 0;
     const int lane = threadIdx.x & 31;
     const i64 warps = (i64)gridDim.x * (blockDim.x >> 5);
     for (i64 g = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); g < num_groups;
          g += warps) {
         const i64 start = g * group_size;
         const i64 len = min(group_size, n - start);
+        const i64 octets = (len + 7) >> 3;
         const float scale = scales[g];
         const float zero = zeros[g];
         const u8* in = codes + g * bytes_per_group;
-        // Element j's code is bits [j BITS, (j + 1) BITS) of the group's LSB-first stream, at
-        // every width: one element per lane per pass, so the stores coalesce, and the lanes
-        // read neighbouring bytes (a code of 3, 5, 6 or 7 bits may straddle two).
-#pragma unroll 4
-        for (i64 j = lane; j < len; j += 32) {
-            const i64 bit = j * BITS;
-            const int shift = (int)(bit & 7);
-            u32 v = (u32)in[bit >> 3] >> shift;
-            if (shift + BITS > 8) v |= (u32)in[(bit >> 3) + 1] << (8 - shift);
-            const float q = (float)(v & mask);
-            out[start + j] = L::store(__fadd_rn(__fmul_rn(q, scale), zero));
+#pragma unroll 2
+        for (i64 o = lane; o < octets; o += 32) {
+            const u64 word = load_codes<BITS>(in, o * BITS, bytes_per_group, vec);
+            float v[8];
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                const float q = (float)((word >> (k * BITS)) & mask);
+                v[k] = __fadd_rn(__fmul_rn(q, scale), zero);
+            }
+            store_octet<L>(out, start + 8 * o, (int)min((i64)8, len - 8 * o), vec, v);
         }
     }
 }
 
 // ---- extern "C" entry points: quantize_<dtype>_<bits>, dequantize_<dtype>_<bits> ----
+// Launched with 256 threads a block (gnnact/kernels/quantize.py, _THREADS). At most 64
+// registers a thread lets 4 blocks (32 warps) share an SM; ptxas fits them without spills.
+#define BOUNDS __launch_bounds__(256, 4)
 #define GNNACT_DEFINE(NAME, L, BITS)                                                          \
-    extern "C" __global__ void quantize_##NAME##_##BITS(                                     \
+    extern "C" __global__ void BOUNDS quantize_##NAME##_##BITS(                                     \
         const L::T* __restrict__ x, const float* __restrict__ noise, u8* __restrict__ codes, \
         float* __restrict__ scales, float* __restrict__ zeros, i64 n, i64 group_size,        \
-        i64 num_groups, i64 bytes_per_group, u32 s0, u32 s1) {                               \
+        i64 num_groups, i64 bytes_per_group, u32 s0, u32 s1, int vec) {                      \
         quantize_impl<L, BITS>(x, noise, codes, scales, zeros, n, group_size, num_groups,    \
-                               bytes_per_group, s0, s1);                                     \
+                               bytes_per_group, s0, s1, vec);                                \
     }                                                                                        \
-    extern "C" __global__ void dequantize_##NAME##_##BITS(                                   \
+    extern "C" __global__ void BOUNDS dequantize_##NAME##_##BITS(                                   \
         const u8* __restrict__ codes, const float* __restrict__ scales,                      \
         const float* __restrict__ zeros, L::T* __restrict__ out, i64 n, i64 group_size,      \
-        i64 num_groups, i64 bytes_per_group) {                                               \
+        i64 num_groups, i64 bytes_per_group, int vec) {                                      \
         dequantize_impl<L, BITS>(codes, scales, zeros, out, n, group_size, num_groups,       \
-                                 bytes_per_group);                                           \
+                                 bytes_per_group, vec);                                      \
     }
 
 #define GNNACT_DEFINE_ALL_BITS(NAME, L) \

@@ -15,40 +15,44 @@ import pytest
 import torch
 
 from gnnact.kernels import kernel_source_dir
-from gnnact.kernels.quantize import _THREADS, _WARPS_PER_BLOCK, _group_grid
+from gnnact.kernels.quantize import _THREADS, _WARPS_PER_BLOCK, _group_grid, vector_ok
 from gnnact.quant import reference
 from gnnact.quant.packed import packed_code_bytes
 
 WARP = 32
+CACHED = 2  # the kernel's #define
 # The loop heads and index expressions emulated below, as they read in cuda/quantize.cu.
 KERNEL_LINES = (
     "for (i64 g = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); g < num_groups;",
     "g += warps) {",
     "const i64 warps = (i64)gridDim.x * (blockDim.x >> 5);",
     "const i64 len = min(group_size, n - start);",
-    "constexpr int UNIT = (8 % BITS == 0) ? 8 / BITS : 8;",
-    "for (i64 base = 0; base < len; base += 32) {",
-    "const i64 j = base + lane;",
-    "j < len ? round_code<L>(x, noise, start + j, zero, inv, levels, s0, s1) : 0u;",
-    "u64 word = (u64)code << ((lane % UNIT) * BITS);",
-    "for (int d = 1; d < UNIT; d <<= 1) {",
-    "const u32 lo = __shfl_xor_sync(0xffffffffu, (u32)word, d);",
-    "const u32 hi = __shfl_xor_sync(0xffffffffu, (u32)(word >> 32), d);",
-    "word |= ((u64)hi << 32) | (u64)lo;",
-    "if (lane % UNIT == 0 && j < len) {",
-    "const i64 unit = j / UNIT;",
-    "out[unit] = (u8)word;",
-    "const i64 b = unit * BITS + k;",
-    "if (b < bytes_per_group) out[b] = (u8)(word >> (8 * k));",
-    "const i64 used = (8 % BITS == 0) ? (len + UNIT - 1) / UNIT : ((len + 7) / 8) * BITS;",
-    "for (i64 b = used + lane; b < bytes_per_group; b += 32) out[b] = 0;",
-    "for (i64 j = lane; j < len; j += 32) {",
-    "const i64 bit = j * BITS;",
-    "const int shift = (int)(bit & 7);",
-    "u32 v = (u32)in[bit >> 3] >> shift;",
-    "if (shift + BITS > 8) v |= (u32)in[(bit >> 3) + 1] << (8 - shift);",
-    "const float q = (float)(v & mask);",
+    "const i64 octets = (len + 7) >> 3;",
+    f"#define CACHED {CACHED}",
+    "for (int c = 0; c < CACHED; ++c) {",
+    "const i64 o = lane + 32 * c;",
+    "if (o < octets) {",
+    "for (i64 o = lane + 32 * CACHED; o < octets; o += 32) {",
+    "const int count = (int)min((i64)8, len - 8 * o);",
+    "store_codes<BITS>(out, o * BITS, bytes_per_group, vec,",
+    "pack_octet<BITS>(kept[c], noise, start + 8 * o, count, vec,",
+    "if (k < count) word |= (u64)round_code(v[k], r[k], zero, inv, levels) << (k * BITS);",
+    "for (int k = 0; k < 8; ++k) r[k] = hash_uniform((u64)(at + k), s0, s1);",
+    "if (vec && count == 8) {",
+    "const Word16* p = reinterpret_cast<const Word16*>(x + at);",
+    "for (int k = 0; k < 8; ++k) v[k] = k < count ? L::load(x[at + k]) : first;",
+    "if (vec && BITS == 2) return *reinterpret_cast<const u16*>(in + b);",
+    "if (b + k < limit) word |= (u64)in[b + k] << (8 * k);",
+    "*reinterpret_cast<u64*>(out + b) = word;",
+    "if (b + k < limit) out[b + k] = (u8)(word >> (8 * k));",
+    "for (i64 b = octets * BITS + lane; b < bytes_per_group; b += 32) out[b] = 0;",
+    "for (i64 o = lane; o < octets; o += 32) {",
+    "const u64 word = load_codes<BITS>(in, o * BITS, bytes_per_group, vec);",
+    "const float q = (float)((word >> (k * BITS)) & mask);",
+    "store_octet<L>(out, start + 8 * o, (int)min((i64)8, len - 8 * o), vec, v);",
+    "if (k < count) out[at + k] = L::store(v[k]);",
 )
+WIDE = (1, 2, 4, 8)  # widths whose octet is one aligned access with `vec`
 
 
 def test_the_emulated_lines_are_the_kernels():
@@ -73,85 +77,109 @@ def _groups_by_warp(num_groups: int) -> list[int]:
     return taken
 
 
-def emulate_pack(q: np.ndarray, bits: int, group_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """quantize_impl's packing of the codes ``q`` (one per element): ``(codes, writes)``, the
-    bytes as the kernel leaves them (0xAB where nothing was written, like torch.empty's
-    garbage) and how many times each byte was written."""
+def _octets_by_lane(length: int) -> list[tuple[int, int]]:
+    """``(lane, o)`` in the order quantize_impl's two loops take a group's octets: the CACHED
+    kept in registers, then the rest (each lane's grid-stride loop)."""
+    octets = (length + 7) >> 3
+    taken = [(lane, lane + 32 * c) for c in range(CACHED) for lane in range(WARP)
+             if lane + 32 * c < octets]
+    taken += [(lane, o) for lane in range(WARP) for o in range(lane + 32 * CACHED, octets, 32)]
+    return taken
+
+
+def _vector_access(address: int, size: int) -> None:
+    assert address % size == 0, f"a {size}-byte access at a misaligned byte {address}"
+
+
+def emulate_pack(q: np.ndarray, bits: int, group_size: int, vec: bool,
+                 itemsize: int = 4) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """quantize_impl's stores of the codes ``q`` (one per element): ``(codes, writes, reads)``,
+    the bytes as the kernel leaves them (0xAB where nothing was written, like torch.empty's
+    garbage), how many times each byte was written and how many times each element was read
+    in the rounding pass. Vector accesses assert their alignment (buffers start aligned)."""
     n = q.size
     num_groups = -(-n // group_size)
     bytes_per_group = packed_code_bytes(group_size, bits)
-    codes = np.full((num_groups, bytes_per_group), 0xAB, dtype=np.int64)
+    codes = np.full(num_groups * bytes_per_group, 0xAB, dtype=np.int64)
     writes = np.zeros_like(codes)
-    unit_codes = 8 // bits if 8 % bits == 0 else 8
-    mask64 = (1 << 64) - 1
+    reads = np.zeros(n, dtype=np.int64)
     for g in _groups_by_warp(num_groups):
         start = g * group_size
         length = min(group_size, n - start)
-        out, count = codes[g], writes[g]
-        for base in range(0, length, WARP):  # one pass: the 32 lanes at once
-            words = []
-            for lane in range(WARP):
-                j = base + lane
-                code = int(q[start + j]) if j < length else 0
-                words.append((code << ((lane % unit_codes) * bits)) & mask64)
-            d = 1
-            while d < unit_codes:  # __shfl_xor_sync: every lane reads its partner's old word
-                words = [w | words[lane ^ d] for lane, w in enumerate(words)]
-                d <<= 1
-            for lane in range(WARP):
-                j = base + lane
-                if lane % unit_codes == 0 and j < length:
-                    unit = j // unit_codes
-                    if 8 % bits == 0:
-                        out[unit], count[unit] = words[lane] & 0xFF, count[unit] + 1
-                    else:
-                        for k in range(bits):
-                            b = unit * bits + k
-                            if b < bytes_per_group:
-                                out[b] = (words[lane] >> (8 * k)) & 0xFF
-                                count[b] += 1
-        used = (-(-length // unit_codes) if 8 % bits == 0
-                else ((length + 7) // 8) * bits)
+        octets = (length + 7) >> 3
+        base = g * bytes_per_group
+        for _lane, o in _octets_by_lane(length):
+            count = min(8, length - 8 * o)
+            at = start + 8 * o
+            if vec and count == 8:
+                _vector_access(at * itemsize, 16)
+            word = 0
+            for k in range(8):
+                if k < count:
+                    word |= int(q[at + k]) << (k * bits)
+                    reads[at + k] += 1
+            b = o * bits
+            if vec and bits in WIDE:
+                _vector_access(base + b, bits)
+                assert b + bits <= bytes_per_group
+                stored = range(b, b + bits)
+            else:
+                stored = range(b, min(b + bits, bytes_per_group))
+            for byte in stored:
+                codes[base + byte] = (word >> (8 * (byte - b))) & 0xFF
+                writes[base + byte] += 1
         for lane in range(WARP):
-            for b in range(used + lane, bytes_per_group, WARP):
-                out[b], count[b] = 0, count[b] + 1
-    return codes, writes
+            for b in range(octets * bits + lane, bytes_per_group, WARP):
+                codes[base + b], writes[base + b] = 0, writes[base + b] + 1
+    return codes.reshape(num_groups, bytes_per_group), writes, reads
 
 
-def emulate_unpack(codes: np.ndarray, bits: int, group_size: int,
-                   n: int) -> tuple[np.ndarray, np.ndarray]:
+def emulate_unpack(codes: np.ndarray, bits: int, group_size: int, n: int,
+                   vec: bool) -> tuple[np.ndarray, np.ndarray]:
     """dequantize_impl's reading of the codes: ``(q, writes)`` per element."""
-    num_groups, _ = codes.shape
+    num_groups, bytes_per_group = codes.shape
     q = np.full(n, -1, dtype=np.int64)
     writes = np.zeros(n, dtype=np.int64)
     mask = (1 << bits) - 1
     for g in _groups_by_warp(num_groups):
         start = g * group_size
         length = min(group_size, n - start)
+        octets = (length + 7) >> 3
         row = codes[g]
         for lane in range(WARP):
-            for j in range(lane, length, WARP):
-                bit = j * bits
-                shift = bit & 7
-                v = int(row[bit >> 3]) >> shift
-                if shift + bits > 8:
-                    v |= int(row[(bit >> 3) + 1]) << (8 - shift)
-                q[start + j] = v & mask
-                writes[start + j] += 1
+            for o in range(lane, octets, WARP):
+                b = o * bits
+                if vec and bits in WIDE:
+                    _vector_access(g * bytes_per_group + b, bits)
+                    word = sum(int(row[b + k]) << (8 * k) for k in range(bits))
+                else:
+                    word = sum(int(row[b + k]) << (8 * k) for k in range(bits)
+                               if b + k < bytes_per_group)
+                count = min(8, length - 8 * o)
+                if vec and count == 8:
+                    _vector_access((start + 8 * o) * 4, 16)
+                for k in range(count):
+                    q[start + 8 * o + k] = (word >> (k * bits)) & mask
+                    writes[start + 8 * o + k] += 1
     return q, writes
 
 
 CASES = [(4096, 512), (5000, 512), (1000, 100), (999, 13), (17, 7), (9, 1), (3, 8),
-         (2 * 2048 + 5, 2048)]
+         (2 * 2048 + 5, 2048), (1000, 40), (3000, 768)]
 
 
+@pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "misaligned"])
 @pytest.mark.parametrize("bits", range(1, 9))
 @pytest.mark.parametrize(("n", "group_size"), CASES)
-def test_packing_writes_every_byte_once_as_the_reference_packs(bits, n, group_size):
+def test_packing_writes_every_byte_once_as_the_reference_packs(bits, n, group_size, aligned):
+    """Both ways the launcher runs a kernel: by vectors (whole octets, group_size % 8 == 0,
+    aligned buffers) and element by element."""
     generator = torch.Generator().manual_seed(bits * 7919 + n)
     q = torch.randint(0, 1 << bits, (n,), generator=generator)
-    codes, writes = emulate_pack(q.numpy(), bits, group_size)
+    vec = aligned and vector_ok(group_size, q)
+    codes, writes, reads = emulate_pack(q.numpy(), bits, group_size, vec)
     assert (writes == 1).all(), "a byte written never or twice (two lanes racing)"
+    assert (reads == 1).all(), "an element rounded never or twice"
     # The reference's layout: codes past the end of a short last group are 0.
     groups = -(-n // group_size)
     padded = torch.zeros(groups * group_size)
@@ -160,19 +188,30 @@ def test_packing_writes_every_byte_once_as_the_reference_packs(bits, n, group_si
     assert np.array_equal(codes, want.numpy().astype(np.int64))
 
 
+@pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "misaligned"])
 @pytest.mark.parametrize("bits", range(1, 9))
 @pytest.mark.parametrize(("n", "group_size"), CASES)
-def test_unpacking_reads_every_element_once_as_the_reference_unpacks(bits, n, group_size):
+def test_unpacking_reads_every_element_once_as_the_reference_unpacks(bits, n, group_size,
+                                                                     aligned):
     generator = torch.Generator().manual_seed(bits * 104729 + n)
     x = torch.randn(n, generator=generator)
     codes, scales, zeros = reference.quantize_groups(x, bits, group_size, seed=1)
-    q, writes = emulate_unpack(codes.numpy().astype(np.int64), bits, group_size, n)
+    q, writes = emulate_unpack(codes.numpy().astype(np.int64), bits, group_size, n,
+                               aligned and vector_ok(group_size, x, codes))
     assert (writes == 1).all(), "an element written never or twice"
     # q s + Z as the reference computes it: the reference's codes, element by element.
     groups = torch.arange(n) // group_size
     restored = (torch.from_numpy(q).to(torch.float32) * scales[groups]) + zeros[groups]
     want = reference.dequantize_groups(codes, scales, zeros, bits, group_size, n, torch.float32)
     assert torch.equal(restored, want)
+
+
+def test_vectors_only_for_octet_groups_in_aligned_buffers():
+    x = torch.randn(1024)
+    assert vector_ok(512, x) and vector_ok(40, x, None)
+    assert not vector_ok(13, x)  # groups start mid-octet
+    assert not vector_ok(512, x[1:])  # a view 4 bytes into an allocation
+    assert vector_ok(512, x[4:])  # 16 bytes in
 
 
 @pytest.mark.parametrize("num_groups", [1, 7, 8, 9, 1000, 65_537])

@@ -152,6 +152,29 @@ def test_kernel_non_finite_and_constant_groups_match_reference():
 
 
 @cuda
+@pytest.mark.parametrize("bits", QBITS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_kernels_on_misaligned_views_equal_reference(bits, dtype):
+    """A view 1 element into an allocation (and codes 1 group in) is not 16-byte aligned: the
+    kernels then go element by element (vector_ok is false) and give the same results."""
+    from gnnact.kernels import quantize as kernels
+
+    base = (torch.randn(4 * 512 + 1, device="cuda") * 3).to(dtype)
+    x = base[1:]
+    assert not kernels.vector_ok(512, x) and kernels.vector_ok(512, base[:-1])
+    noise = torch.rand(x.numel(), device="cuda")
+    got = kernels.quantize_groups(x, bits, 512, noise=noise)
+    want = reference.quantize_groups(x, bits, 512, noise=noise)
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
+    # Groups of 8 have `bits` code bytes: codes from the second group on start misaligned.
+    codes, scales, zeros = (t[1:] for t in reference.quantize_groups(x, bits, 8, noise=noise))
+    assert not kernels.vector_ok(8, codes)
+    args = (codes, scales, zeros, bits, 8, x.numel() - 8, dtype)
+    assert torch.equal(kernels.dequantize_groups(*args), reference.dequantize_groups(*args))
+
+
+@cuda
 def test_kernel_non_contiguous_input_and_empty():
     base = torch.randn(256, 384, device="cuda")
     x = base.t()

@@ -16,7 +16,7 @@ from gnnact.quant.rng import split_seed
 
 __all__ = ["COMPILE_OPTIONS", "KERNEL_BITS", "KERNEL_DTYPES", "KERNEL_NAMES",
            "apply_packed_mask", "dequantize_groups", "pack_mask_bits", "quantize_groups",
-           "sign_mask", "unpack_mask_bits"]
+           "sign_mask", "unpack_mask_bits", "vector_ok"]
 
 _DTYPE_NAMES = {torch.float32: "f32", torch.float64: "f64", torch.float16: "f16",
                 torch.bfloat16: "bf16"}
@@ -46,6 +46,15 @@ def _group_grid(num_groups: int) -> int:
     return max(1, -(-num_groups // _WARPS_PER_BLOCK))
 
 
+def vector_ok(group_size: int, *tensors: Tensor | None) -> bool:
+    """Whether ``cuda/quantize.cu`` may load and store whole octets (8 elements) with 16-byte
+    vector accesses and an octet's code bytes with one access: every group starts on an octet
+    (``group_size % 8 == 0``) and every buffer is 16-byte aligned. torch's own allocations
+    are; a view into the middle of one (``x[1:]``) need not be, and then the kernels access
+    element by element, with the same results."""
+    return group_size % 8 == 0 and all(t is None or t.data_ptr() % 16 == 0 for t in tensors)
+
+
 def _dtype_name(dtype: torch.dtype) -> str:
     try:
         return _DTYPE_NAMES[dtype]
@@ -70,7 +79,8 @@ def quantize_groups(x: Tensor, bits: int, group_size: int, *, seed: int | None =
            _group_grid(num_groups), _THREADS,
            (device_ptr(x), device_ptr(noise), device_ptr(codes), device_ptr(scales),
             device_ptr(zeros), np.int64(n), np.int64(group_size), np.int64(num_groups),
-            np.int64(bytes_per_group), np.uint32(s0), np.uint32(s1)))
+            np.int64(bytes_per_group), np.uint32(s0), np.uint32(s1),
+            np.int32(vector_ok(group_size, x, noise, codes))))
     return codes, scales, zeros
 
 
@@ -78,12 +88,14 @@ def dequantize_groups(codes: Tensor, scales: Tensor, zeros: Tensor, bits: int, g
                       numel: int, dtype: torch.dtype) -> Tensor:
     """Kernel twin of :func:`gnnact.quant.reference.dequantize_groups`."""
     out = torch.empty(numel, dtype=dtype, device=codes.device)
+    codes = codes.contiguous()
     num_groups, bytes_per_group = codes.shape
     launch("quantize.cu", f"dequantize_{_dtype_name(dtype)}_{bits}", codes.device,
            _group_grid(num_groups), _THREADS,
-           (device_ptr(codes.contiguous()), device_ptr(scales.contiguous()),
+           (device_ptr(codes), device_ptr(scales.contiguous()),
             device_ptr(zeros.contiguous()), device_ptr(out), np.int64(numel),
-            np.int64(group_size), np.int64(num_groups), np.int64(bytes_per_group)))
+            np.int64(group_size), np.int64(num_groups), np.int64(bytes_per_group),
+            np.int32(vector_ok(group_size, codes, out))))
     return out
 
 

@@ -67,8 +67,9 @@ def _backend(backend: str, device: torch.device, bits: int | None = None) -> Mod
 def kernel_agrees(device_index: int, bits: int) -> bool:
     """Whether the CUDA kernels for ``bits`` reproduce the torch reference
     (``gnnact.quant.reference``) on GPU ``device_index``, bit for bit: checked once per device
-    and width in a process (quantize and dequantize of 5 groups of 64 float32 values, the last
-    one short, with fixed noise).
+    and width in a process: quantize and dequantize of 5 groups of 64 float32 values, the last
+    one short, with fixed noise and with the seeded hash, and of groups of 13, which the
+    kernels take element by element rather than by 16-byte vectors.
     ``backend="auto"`` sends a width to the kernels only when they agree; otherwise it warns,
     naming the width, and keeps it on the torch path (the same format, slower).
     ``backend="cupy"`` calls the kernels unchecked.
@@ -84,14 +85,18 @@ def kernel_agrees(device_index: int, bits: int) -> bool:
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(4 * 64 + 37, generator=generator)
     noise = torch.rand(x.numel(), generator=generator)
-    want = reference.quantize_groups(x, bits, 64, noise=noise)
 
-    def check() -> bool:
-        got = kernels.quantize_groups(x.to(device), bits, 64, noise=noise.to(device))
-        back = kernels.dequantize_groups(*got, bits, 64, x.numel(), torch.float32)
+    def agree(group_size: int, noise: Tensor | None, seed: int | None) -> bool:
+        want = reference.quantize_groups(x, bits, group_size, noise=noise, seed=seed)
+        got = kernels.quantize_groups(x.to(device), bits, group_size, seed=seed,
+                                      noise=None if noise is None else noise.to(device))
+        back = kernels.dequantize_groups(*got, bits, group_size, x.numel(), torch.float32)
         return (all(torch.equal(a, b.cpu()) for a, b in zip(want, got, strict=True))
                 and torch.equal(back.cpu(), reference.dequantize_groups(
-                    *want, bits, 64, x.numel(), torch.float32)))
+                    *want, bits, group_size, x.numel(), torch.float32)))
+
+    def check() -> bool:
+        return agree(64, noise, None) and agree(64, None, 7) and agree(13, noise, None)
 
     return _self_check(check, f"the {bits}-bit CUDA kernel is not used on cuda:{device_index}",
                        f"{bits}-bit quantization runs on the torch path there (same format, "
