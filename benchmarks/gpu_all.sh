@@ -14,6 +14,12 @@
 # H100 on 2026-11-23: tests 11 s; train 1.5 min; generic under 3 min; swap under 2 min;
 # largest about 2 min; suite over 3.5 min for GCN alone (run GCN and SAGE in separate calls if
 # the call is short).
+#   evidence   the GPU targets in one call of at most 9 minutes (each step capped by `timeout`,
+#              rows written step by step), ending with benchmarks/evidence.py's table of them:
+#              CUDA tests; kernel throughput at every width; the step peak of the four models
+#              at 2 bits against PyG fp32 on the arxiv shape; the largest graph under 16 GiB
+#              (PyG, 2 bits); swap on GCNII (16 layers). For a session with little device
+#              time: `bash benchmarks/gpu_all.sh evidence`, timeout_s 570.
 #   tests      CUDA tests (pytest -m cuda), quantize/dequantize and fused mask-op throughput
 #   train      training step time and memory, PyG fp32 vs gnnact 2/4 bits, arxiv-shaped graph,
 #              all four models
@@ -68,6 +74,8 @@ fi
 out="${OUT:-benchmarks/results}"
 mkdir -p "$out"
 status=0
+# A step of at most $1 seconds; past it, or failing, it is named and the run goes on.
+capped() { local limit=$1; shift; timeout "$limit" "$@" || { echo "exit $?: $*"; status=1; }; }
 parts=("$@")
 [ ${#parts[@]} -gt 0 ] || parts=(tests train products suite suite-gat generic swap largest peak
                                  amp compile distributed accuracy adaptive-dblp
@@ -85,6 +93,23 @@ parts=("$@")
 for part in "${parts[@]}"; do
   echo "== $part"
   case "$part" in
+    evidence)
+      capped 90 "$py" -m pytest -m cuda -q -rs -p no:cacheprovider >"$out/pytest_cuda.txt" 2>&1
+      tail -15 "$out/pytest_cuda.txt"
+      capped 60 "$py" benchmarks/bench_quantize.py --device cuda --bits 1 2 3 4 5 6 7 8 \
+        --out "$out/quantize.jsonl"
+      capped 30 "$py" benchmarks/bench_quantize.py --device cuda --dtype bfloat16 \
+        --bits 2 4 8 --out "$out/quantize.jsonl"
+      for model in gcn sage gat gcnii; do
+        capped 45 "$py" benchmarks/profile_peak.py --device cuda --models "$model" \
+          --bits 32 2 --out "$out/peak.jsonl"
+      done
+      capped 150 "$py" benchmarks/bench_largest.py --device cuda --cap-gb 16 \
+        --methods pyg gnnact2 --out "$out/largest.jsonl"
+      capped 60 "$py" benchmarks/bench_swap.py --device cuda --model gcnii --epochs 5 \
+        --methods gnnact2 gnnact2_swap gnnact2_swap_prefetch --out "$out/swap.jsonl"
+      "$py" benchmarks/evidence.py "$out"
+      ;;
     tests)
       "$py" -m pytest -m cuda -q -rs -p no:cacheprovider 2>&1 | tee "$out/pytest_cuda.txt"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1

@@ -390,3 +390,39 @@ def test_distributed_rows(tmp_path, capsys):
     assert rows[(2, 32)]["exchanged_bytes_total"] > 8 * rows[(2, 2)]["exchanged_bytes_total"]
     assert len(rows[(2, 2)]["peak_over_share"]) == 2
     assert "k=2 bits= 2" in capsys.readouterr().out
+
+
+def test_evidence_table_from_rows(tmp_path, capsys):
+    """evidence.py: the newest row of each kind against its target, with its commit; a
+    missing benchmark is a line saying so."""
+    evidence = _script("evidence")
+
+    def write(name: str, *rows: dict) -> None:
+        with (tmp_path / name).open("a") as f:
+            for row in rows:
+                f.write(json.dumps({"device": "cuda", **row}) + "\n")
+
+    q = {"bench": "quantize_throughput", "backend": "cupy", "dtype": "float32", "bits": 3}
+    write("quantize.jsonl",
+          {**q, "op": "quantize", "frac_of_copy": 0.5, "commit": "old", "date": "1"},
+          {**q, "op": "quantize", "frac_of_copy": 0.8, "commit": "new", "date": "2"},
+          {**q, "op": "quantize", "backend": "torch", "frac_of_copy": 0.01, "commit": "new",
+           "date": "2"},
+          {**q, "op": "quantize", "device": "cpu", "frac_of_copy": 0.01, "commit": "new",
+           "date": "3"})
+    p = {"bench": "peak", "graph": "arxiv", "num_nodes": 169343, "commit": "c", "date": "1",
+         "peak_bytes": 2**30}
+    write("peak.jsonl", {**p, "model": "gcn", "bits": 32},
+          {**p, "model": "gcn", "bits": 2, "peak_ratio_vs_fp32": 12.5},
+          {**p, "model": "sage", "style": "pyg", "bits": 2, "peak_ratio_vs_fp32": 8.0})
+    largest = {"bench": "largest", "cap_bytes": 16 * 2**30, "commit": "c", "date": "1"}
+    write("largest.jsonl", {**largest, "method": "pyg", "largest_nodes": 100_000},
+          {**largest, "method": "gnnact2", "largest_nodes": 1_600_000})
+    assert evidence.main([str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    assert "quantize   3 bits float32    80.0%  ok      new" in text
+    assert "50.0%" not in text and "1.0%" not in text  # older, torch-path and CPU rows
+    assert "gcn    module     169,343 nodes    1024 MiB   12.5x  ok" in text
+    assert "sage   pyg        169,343 nodes    1024 MiB    8.0x  BELOW" in text
+    assert "PyG 100,000 nodes, 2 bits 1,600,000 (16.0x)  ok c" in text
+    assert "swap on GCNII: no rows" in text
