@@ -10,6 +10,9 @@ The models (hidden 256 unless the example's own), each after one of PyG's exampl
 - ``cheb``: 2 ``ChebConv`` layers (K=2), ``F.dropout``/``F.relu`` (``citation/cheb.py``);
 - ``tag``: 2 ``TAGConv`` layers (``tagcn.py``);
 - ``transformer``: 2 ``TransformerConv`` layers, 4 heads, ``LayerNorm`` (UniMP's shape);
+- ``agnn``: a linear map, 2 ``AGNNConv`` layers (attention from cosine similarity, the first
+  with a fixed temperature), a linear head, ``F.dropout``/``F.relu`` (``citation/agnn.py``,
+  hidden 256 for this shape where the example has 16);
 - ``deepergcn``: 7 ``DeepGCNLayer`` s of ``GENConv`` (softmax aggregation, learnable
   temperature) with ``LayerNorm``, ``res+`` blocks and 8 edge features
   (``ogbn_proteins_deepgcn.py``).
@@ -118,6 +121,23 @@ class Transformer(nn.Module):
         return self.conv2(x, edge_index)
 
 
+class AGNN(nn.Module):
+    def __init__(self, f_in: int, classes: int) -> None:
+        super().__init__()
+        self.lin1 = nn.Linear(f_in, HIDDEN)
+        self.prop1 = pyg_nn.AGNNConv(requires_grad=False)
+        self.prop2 = pyg_nn.AGNNConv(requires_grad=True)
+        self.lin2 = nn.Linear(HIDDEN, classes)
+
+    def forward(self, x, edge_index, edge_attr=None):
+        x = F.dropout(x, training=self.training)
+        x = F.relu(self.lin1(x))
+        x = self.prop1(x, edge_index)
+        x = self.prop2(x, edge_index)
+        x = F.dropout(x, training=self.training)
+        return self.lin2(x)
+
+
 class DeeperGCN(nn.Module):
     def __init__(self, f_in: int, classes: int, layers: int = 7) -> None:
         super().__init__()
@@ -144,7 +164,7 @@ class DeeperGCN(nn.Module):
 
 MODELS: dict[str, Callable[[int, int], nn.Module]] = {
     "gin": GIN, "graphconv": GraphConvNet, "cheb": Cheb, "tag": TAG,
-    "transformer": Transformer, "deepergcn": DeeperGCN}
+    "transformer": Transformer, "agnn": AGNN, "deepergcn": DeeperGCN}
 
 
 def measure(model: nn.Module, data, device: torch.device) -> dict:

@@ -30,6 +30,10 @@ def make(cls: type) -> nn.Module:
         return cls(F, F, alpha=0.1)
     if name in ("LGConv", "SimpleConv", "WLConvContinuous"):
         return cls()
+    if name == "GatedGraphConv":
+        return cls(F, num_layers=2)
+    if name == "SignedConv":
+        return cls(F, F, first_aggr=True)
     return cls(F, F)
 
 
@@ -40,6 +44,8 @@ def inputs(cls: type, dtype=torch.float32) -> tuple:
     weight = torch.rand(E, generator=g, dtype=dtype)
     if cls.__name__ in ("GINConv", "MFConv", "ClusterGCNConv"):
         return x, edge_index
+    if cls.__name__ == "SignedConv":  # positive and negative edges
+        return x, edge_index, edge_index.flip(0)
     return x, edge_index, weight
 
 
@@ -209,6 +215,7 @@ def _more_by_target() -> dict[str, tuple]:
     attributes of width D)."""
     g = torch.Generator().manual_seed(7)
     pos = torch.randn(N, 3, generator=g)
+    normal = torch.nn.functional.normalize(torch.randn(N, 3, generator=g), dim=-1)
     deg = torch.bincount(torch.randint(0, N, (E,), generator=g), minlength=N)
     return {
         "EdgeConv": (lambda: pyg_nn.EdgeConv(nn.Sequential(nn.Linear(2 * F, F), nn.ReLU())),
@@ -232,6 +239,28 @@ def _more_by_target() -> dict[str, tuple]:
                      lambda c, x, ei, ea: c(x, ei, (ea[:, 0] > 0).long())),
         "PDNConv": (lambda: pyg_nn.PDNConv(F, F, edge_dim=D, hidden_channels=8),
                     lambda c, x, ei, ea: c(x, ei, ea)),
+        "AGNNConv": (lambda: pyg_nn.AGNNConv(requires_grad=True), lambda c, x, ei, ea: c(x, ei)),
+        "FAConv": (lambda: pyg_nn.FAConv(F, eps=0.2),
+                   lambda c, x, ei, ea: c(x, x.detach() * 0.5, ei)),
+        "RGATConv": (lambda: pyg_nn.RGATConv(F, 8, num_relations=3, heads=2, edge_dim=D),
+                     lambda c, x, ei, ea: c(x, ei, ea[:, 0].abs().long() % 3, ea)),
+        "EGConv": (lambda: pyg_nn.EGConv(F, F, aggregators=["sum", "mean", "max", "std"],
+                                         num_heads=4, num_bases=2),
+                   lambda c, x, ei, ea: c(x, ei)),
+        "DNAConv": (lambda: pyg_nn.DNAConv(F, heads=4, groups=2),  # attention over 3 layers
+                    lambda c, x, ei, ea: c(torch.stack([x, x * 0.5, x.tanh()], 1), ei)),
+        "PointTransformerConv": (lambda: pyg_nn.PointTransformerConv(F, F),
+                                 lambda c, x, ei, ea: c(x, pos, ei)),
+        "PPFConv": (lambda: pyg_nn.PPFConv(nn.Linear(F + 4, F), nn.Linear(F, F)),
+                    lambda c, x, ei, ea: c(x, pos, normal, ei)),
+        "PointGNNConv": (lambda: pyg_nn.PointGNNConv(nn.Linear(F, 3), nn.Linear(F + 3, F),
+                                                     nn.Linear(F, F)),
+                         lambda c, x, ei, ea: c(x, pos, ei)),
+        "HEATConv": (lambda: pyg_nn.HEATConv(F, F, num_node_types=2, num_edge_types=3,
+                                             edge_type_emb_dim=4, edge_dim=D,
+                                             edge_attr_emb_dim=4, heads=2),
+                     lambda c, x, ei, ea: c(x, ei, deg % 2, ea[:, 0].abs().long() % 3, ea)),
+        "LEConv": (lambda: pyg_nn.LEConv(F, F), lambda c, x, ei, ea: c(x, ei, ea[:, 0])),
     }
 
 
@@ -275,6 +304,28 @@ def test_target_blocks_attention_bipartite_and_isolated_targets():
                                          return_attention_weights=True)
     got, (got_index, got_alpha) = ours((x_src, x_dst), edge_index, edge_attr,
                                        return_attention_weights=True)
+    assert ours.propagate.last_chunks > 1
+    assert torch.equal(want_index, got_index)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(got_alpha, want_alpha, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", ["FAConv", "RGATConv"])
+def test_target_blocks_return_attention_in_edge_order(name):
+    """FAConv (self-loops added inside) and RGATConv return the attention PyG returns."""
+    pyg = _more_by_target()[name][0]()
+    ours = gnnact.convert(copy.deepcopy(pyg), gnnact.Config(bits=32))
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(N, F, generator=g)
+    edge_index, edge_attr = torch.randint(0, N, (2, E), generator=g), torch.randn(E, D, generator=g)
+    if name == "FAConv":
+        def run(conv):
+            return conv(x, x * 0.5, edge_index, return_attention_weights=True)
+    else:
+        def run(conv):
+            return conv(x, edge_index, edge_attr[:, 0].abs().long() % 3, edge_attr,
+                        return_attention_weights=True)
+    (want, (want_index, want_alpha)), (got, (got_index, got_alpha)) = run(pyg), run(ours)
     assert ours.propagate.last_chunks > 1
     assert torch.equal(want_index, got_index)
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)

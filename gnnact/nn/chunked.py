@@ -66,7 +66,8 @@ def _classes(*names: str) -> tuple[type[MessagePassing], ...]:
 #: (exact classes: a subclass may override ``message``).
 DECOMPOSABLE: tuple[type[MessagePassing], ...] = _classes(
     "GINConv", "GraphConv", "ChebConv", "TAGConv", "ARMAConv", "ClusterGCNConv", "MFConv",
-    "LGConv", "SSGConv", "MixHopConv", "SimpleConv", "WLConvContinuous")
+    "LGConv", "SSGConv", "MixHopConv", "SimpleConv", "WLConvContinuous", "GatedGraphConv",
+    "SignedConv")
 
 #: gnnact's twins whose PyG path (taken for an aggregation without a compressed path, such as
 #: ``aggr="max"``) splits by columns as the classes of :data:`DECOMPOSABLE` do.
@@ -87,7 +88,8 @@ PER_COLUMN_AGGREGATIONS: tuple[type, ...] = tuple(
 BY_TARGET: tuple[type[MessagePassing], ...] = _classes(
     "TransformerConv", "GINEConv", "GENConv", "ResGatedGraphConv", "EdgeConv", "PNAConv",
     "NNConv", "CGConv", "GMMConv", "FeaStConv", "PointNetConv", "GeneralConv", "FiLMConv",
-    "PDNConv")
+    "PDNConv", "AGNNConv", "FAConv", "RGATConv", "EGConv", "DNAConv", "PointTransformerConv",
+    "PPFConv", "PointGNNConv", "HEATConv", "LEConv")
 
 
 #: Every class :func:`gnnact.convert` runs in chunks.
