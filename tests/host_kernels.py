@@ -1,24 +1,27 @@
-"""``cuda/quantize.cu`` compiled for the host CPU and run warp by warp, so that a machine
-without a GPU executes the kernels' own source, not a transcription of it.
+"""``cuda/quantize.cu`` and ``cuda/mask.cu`` compiled for the host CPU and run warp by warp,
+so that a machine without a GPU executes the kernels' own source, not a transcription of it.
 
-The source is compiled by the system C++ compiler with a prelude that stands in for what
-CUDA provides: each warp of the launch runs as 32 threads (its lanes), and a warp shuffle or
-vote is an exchange through 32 slots between two barrier phases, which is what the lockstep
-lanes of a GPU warp compute. Float intrinsics are the IEEE operations they name
+The sources are compiled by the system C++ compiler with a prelude that stands in for what
+CUDA provides: each warp of the launch runs as 32 threads (its lanes), and a warp shuffle,
+vote or ballot is an exchange through 32 slots between two barrier phases, which is what the
+lockstep lanes of a GPU warp compute. Float intrinsics are the IEEE operations they name
 (``-ffp-contract=off``: no fused multiply-add, as ``__fmul_rn``/``__fadd_rn`` forbid on the
-GPU). The float16 and bfloat16 conversions are PTX, so those two element types do not run
-here; float32 and float64 do.
+GPU). Each inline PTX statement of the sources (:data:`PTX`: float16 and bfloat16
+conversions, the mask ops' product, sign test and scale) becomes a call of its host twin;
+one the harness does not know fails the build.
 
 What this checks on a CPU: index arithmetic, vector accesses through the ``Octet`` union,
-the range reduction across lanes, the rounding and the packing, all against
-``gnnact.quant.reference``. What it does not: the GPU's memory system (coalescing, speed), the
-``-ftz=true`` flush of subnormal values, and anything NVRTC compiles differently.
+the range reduction across lanes, rounding and packing, ballots, every element type, all
+against the torch path. What it does not: the GPU's memory system (coalescing, speed),
+``quantize.cu``'s ``-ftz=true`` flush of subnormal values (the host keeps them), and anything
+NVRTC compiles differently.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import re
 import shutil
 import subprocess
 import tempfile
@@ -28,16 +31,22 @@ import torch
 from torch import Tensor
 
 from gnnact.kernels._cupy import kernel_source
-from gnnact.kernels.quantize import _THREADS, _group_grid
+from gnnact.kernels.quantize import _DTYPE_NAMES, _THREADS, _elementwise_grid, _group_grid
 from gnnact.quant.packed import QUANT_BITS, packed_code_bytes
 from gnnact.quant.rng import split_seed
 
-#: Element types whose kernels run on the host (the others convert with PTX).
-HOST_DTYPES = {torch.float32: "f32", torch.float64: "f64"}
+_C_TYPES = {"f32": "float", "f64": "double", "f16": "u16", "bf16": "u16"}
+
+#: The inline PTX statements the sources may use, each with a host twin in the prelude.
+PTX = ("cvt.f32.f16 %0, %1;", "cvt.rn.f16.f32 %0, %1;", "cvt.rn.bf16.f32 %0, %1;",
+       "mul.rn.f32 %0, %1, %2;", "cvt.rn.f32.f64 %0, %1;",
+       r"{\n\t.reg .pred q;\n\tsetp.gt.f32 q, %1, 0f00000000;\n\tselp.u32 %0, 1, 0, q;\n\t}")
 
 _PRELUDE = r"""
 #include <barrier>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <math.h>
@@ -48,7 +57,6 @@ _PRELUDE = r"""
 #define __global__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
-#define asm(...) ((void)0)  // PTX: only the float16/bfloat16 conversions use it
 
 struct HostDim { unsigned x; };
 static thread_local HostDim threadIdx, blockIdx, blockDim, gridDim;
@@ -61,6 +69,7 @@ static inline double __dmul_rn(double a, double b) { return a * b; }
 static inline float __double2float_rn(double v) { return (float)v; }
 static inline float __int_as_float(int v) { float f; std::memcpy(&f, &v, 4); return f; }
 static inline float __uint_as_float(unsigned v) { float f; std::memcpy(&f, &v, 4); return f; }
+static inline unsigned __float_as_uint(float v) { unsigned u; std::memcpy(&u, &v, 4); return u; }
 template <typename T> static inline T min(T a, T b) { return b < a ? b : a; }
 using std::isfinite;
 
@@ -81,9 +90,58 @@ template <typename T> static T warp_exchange(T v, int source) {
     std::memcpy(&r, &got, sizeof(T));
     return r;
 }
+static unsigned __ballot_sync(unsigned, int p) {
+    warp_slots[lane_of] = p != 0;
+    warp_barrier->arrive_and_wait();
+    unsigned word = 0;
+    for (int i = 0; i < 32; ++i) word |= (unsigned)warp_slots[i] << i;
+    warp_barrier->arrive_and_wait();
+    return word;
+}
 template <typename T> static T __shfl_xor_sync(unsigned, T v, int offset) {
     return warp_exchange(v, lane_of ^ offset);
 }
+// The host twins of the sources' inline PTX (asm statements are rewritten into calls of
+// host_ptx); an unknown statement stops the run.
+static void ptx_check(const char* ptx, const char* want) {
+    if (std::strcmp(ptx, want) != 0) {
+        std::fprintf(stderr, "host_kernels: no host twin for PTX \"%s\"\n", ptx);
+        std::abort();
+    }
+}
+static void host_ptx(const char* ptx, float& out, unsigned short in) {  // float16 -> float
+    ptx_check(ptx, "cvt.f32.f16 %0, %1;");
+    _Float16 h;
+    std::memcpy(&h, &in, 2);
+    out = (float)h;
+}
+static void host_ptx(const char* ptx, unsigned short& out, float in) {  // float -> 16 bits
+    if (std::strcmp(ptx, "cvt.rn.bf16.f32 %0, %1;") == 0) {  // round to nearest even
+        unsigned b;
+        std::memcpy(&b, &in, 4);
+        const bool nan = (b & 0x7fffffffu) > 0x7f800000u;
+        out = nan ? (unsigned short)0x7fff  // PTX's canonical NaN
+                  : (unsigned short)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+        return;
+    }
+    ptx_check(ptx, "cvt.rn.f16.f32 %0, %1;");
+    const _Float16 h = (_Float16)in;
+    std::memcpy(&out, &h, 2);
+}
+static void host_ptx(const char* ptx, float& out, float a, float b) {
+    ptx_check(ptx, "mul.rn.f32 %0, %1, %2;");
+    out = a * b;
+}
+static void host_ptx(const char* ptx, unsigned& out, float v) {
+    ptx_check(ptx, "{\n\t.reg .pred q;\n\tsetp.gt.f32 q, %1, 0f00000000;\n\t"
+                   "selp.u32 %0, 1, 0, q;\n\t}");
+    out = v > 0.0f;
+}
+static void host_ptx(const char* ptx, float& out, double v) {
+    ptx_check(ptx, "cvt.rn.f32.f64 %0, %1;");
+    out = (float)v;
+}
+
 static int __all_sync(unsigned, int p) {
     warp_slots[lane_of] = p != 0;
     warp_barrier->arrive_and_wait();
@@ -95,36 +153,39 @@ static int __all_sync(unsigned, int p) {
 """
 
 _LAUNCHER = r"""
+// The launch's warps one after another; 32 threads are the lanes of each in turn (all lanes
+// finish a warp before any starts the next, so warp_slots serves one warp at a time).
 static void run_grid(int grid, int block, const std::function<void()>& kernel) {
-    for (int b = 0; b < grid; ++b) {
-        for (int w = 0; w < block / 32; ++w) {
-            std::barrier<> barrier(32);
-            warp_barrier = &barrier;
-            std::vector<std::thread> lanes;
-            for (int lane = 0; lane < 32; ++lane) {
-                lanes.emplace_back([&, b, w, lane] {
+    std::barrier<> barrier(32);
+    warp_barrier = &barrier;
+    std::vector<std::thread> lanes;
+    for (int lane = 0; lane < 32; ++lane) {
+        lanes.emplace_back([&, lane] {
+            lane_of = lane;
+            blockDim.x = block;
+            gridDim.x = grid;
+            for (int b = 0; b < grid; ++b) {
+                for (int w = 0; w < block / 32; ++w) {
                     threadIdx.x = w * 32 + lane;
                     blockIdx.x = b;
-                    blockDim.x = block;
-                    gridDim.x = grid;
-                    lane_of = lane;
                     kernel();
-                });
+                    barrier.arrive_and_wait();
+                }
             }
-            for (auto& t : lanes) t.join();
-        }
+        });
     }
+    for (auto& t : lanes) t.join();
 }
 """
 
 
-def _entry_points() -> str:
+def _quantize_entries() -> str:
     """``host_quantize``/``host_dequantize``: the kernel of a dtype and width, on a grid."""
     quant, dequant = [], []
-    for dtype_code, name in enumerate(HOST_DTYPES.values()):
-        t = {"f32": "float", "f64": "double"}[name]
+    for code, name in enumerate(_DTYPE_NAMES.values()):
+        t = _C_TYPES[name]
         for bits in QUANT_BITS:
-            case = f"case {dtype_code * 16 + bits}:"
+            case = f"case {code * 16 + bits}:"
             quant.append(
                 f"{case} run_grid(grid, block, [&] {{ quantize_{name}_{bits}((const {t}*)x, "
                 "noise, codes, scales, zeros, n, group_size, num_groups, bytes_per_group, "
@@ -146,31 +207,80 @@ def _entry_points() -> str:
         + "\n    }\n    return 1;\n}\n")
 
 
+def _mask_entries() -> str:
+    """``host_sign_mask``/``host_apply_packed_mask``: the kernel of a dtype, on a grid."""
+    sign, apply = [], []
+    for code, name in enumerate(_DTYPE_NAMES.values()):
+        t = _C_TYPES[name]
+        sign.append(f"case {code}: run_grid(grid, block, [&] {{ sign_mask_{name}((const {t}*)x, "
+                    f"({t}*)y, packed, n, mode, s); }}); return 0;")
+        apply.append(f"case {code}: run_grid(grid, block, [&] {{ apply_packed_mask_{name}("
+                     f"(const {t}*)x, packed, ({t}*)y, n, mode, s); }}); return 0;")
+    return (
+        'extern "C" int host_sign_mask(int kernel, const void* x, void* y, u8* packed, i64 n,'
+        " int mode, double s, int grid, int block) {\n"
+        "    switch (kernel) {\n        " + "\n        ".join(sign)
+        + "\n    }\n    return 1;\n}\n"
+        'extern "C" int host_apply_packed_mask(int kernel, const void* x, const u8* packed,'
+        " void* y, i64 n, int mode, double s, int grid, int block) {\n"
+        "    switch (kernel) {\n        " + "\n        ".join(apply)
+        + "\n    }\n    return 1;\n}\n")
+
+
+_ASM = re.compile(r'asm\(\s*"((?:[^"\\]|\\.)*)"\s*:\s*"=\w"\((\w+)\)\s*:\s*'
+                  r'((?:"\w"\(\w+\)\s*,?\s*)+)\)')
+
+
+def host_source(text: str) -> str:
+    """``text`` with each inline PTX statement ``asm("ptx" : "=f"(out) : "f"(a), ...)`` made a
+    call ``host_ptx("ptx", out, a, ...)`` of its host twin; a statement not in :data:`PTX`
+    (or of another form) raises."""
+    def call(m: re.Match) -> str:
+        ptx, out, inputs = m.groups()
+        if ptx not in PTX:
+            raise ValueError(f"no host twin for the PTX statement {ptx!r}: add one")
+        args = re.findall(r'"\w"\((\w+)\)', inputs)
+        return f'host_ptx("{ptx}", {", ".join([out, *args])})'
+
+    text = _ASM.sub(call, text)
+    if re.search(r"\basm\b", text):
+        raise ValueError("an asm statement the host build cannot translate")
+    return text
+
+
+_ENTRIES = {"quantize.cu": _quantize_entries, "mask.cu": _mask_entries}
+
+
 def compiler() -> str | None:
     """The C++ compiler the host build uses, if there is one."""
     return shutil.which("g++") or shutil.which("clang++")
 
 
 @functools.cache
-def library() -> ctypes.CDLL:
-    """``cuda/quantize.cu`` built for the host (once per process)."""
+def library(filename: str) -> ctypes.CDLL:
+    """``cuda/<filename>`` built for the host (once per process)."""
     cxx = compiler()
     if cxx is None:
         raise RuntimeError("no C++ compiler (g++ or clang++) on PATH")
     folder = Path(tempfile.mkdtemp(prefix="gnnact_host_kernels_"))
-    source = folder / "quantize_host.cpp"
-    source.write_text(_PRELUDE + kernel_source("quantize.cu") + _LAUNCHER + _entry_points())
-    lib = folder / "quantize_host.so"
+    source = folder / f"{Path(filename).stem}_host.cpp"
+    source.write_text(_PRELUDE + host_source(kernel_source(filename)) + _LAUNCHER
+                      + _ENTRIES[filename]())
+    lib = folder / f"{Path(filename).stem}_host.so"
     result = subprocess.run(
         [cxx, "-std=c++20", "-O1", "-ffp-contract=off", "-fPIC", "-shared", "-pthread",
          "-w", "-o", str(lib), str(source)], capture_output=True, text=True, check=False)
     if result.returncode != 0:
-        raise RuntimeError(f"host build of cuda/quantize.cu failed:\n{result.stderr[-4000:]}")
+        raise RuntimeError(f"host build of cuda/{filename} failed:\n{result.stderr[-4000:]}")
     return ctypes.CDLL(str(lib))
 
 
+def _dtype_code(dtype: torch.dtype) -> int:
+    return list(_DTYPE_NAMES).index(dtype)
+
+
 def _kernel(dtype: torch.dtype, bits: int) -> int:
-    return list(HOST_DTYPES).index(dtype) * 16 + bits
+    return _dtype_code(dtype) * 16 + bits
 
 
 def _ptr(t: Tensor | None) -> ctypes.c_void_p:
@@ -190,7 +300,7 @@ def quantize_groups(x: Tensor, bits: int, group_size: int, *, seed: int | None =
     scales = torch.empty(num_groups, dtype=torch.float32)
     zeros = torch.empty(num_groups, dtype=torch.float32)
     s0, s1 = split_seed(seed or 0)
-    status = library().host_quantize(
+    status = library("quantize.cu").host_quantize(
         _kernel(x.dtype, bits), _ptr(x), _ptr(noise), _ptr(codes), _ptr(scales), _ptr(zeros),
         ctypes.c_int64(n), ctypes.c_int64(group_size), ctypes.c_int64(num_groups),
         ctypes.c_int64(bytes_per_group), ctypes.c_uint32(s0), ctypes.c_uint32(s1),
@@ -206,10 +316,35 @@ def dequantize_groups(codes: Tensor, scales: Tensor, zeros: Tensor, bits: int, g
     """The kernel's restored values (into ``out``, a flat CPU tensor, when given)."""
     num_groups, bytes_per_group = codes.shape
     out = torch.full((numel,), float("nan"), dtype=dtype) if out is None else out
-    status = library().host_dequantize(
+    status = library("quantize.cu").host_dequantize(
         _kernel(dtype, bits), _ptr(codes), _ptr(scales), _ptr(zeros), _ptr(out),
         ctypes.c_int64(numel), ctypes.c_int64(group_size), ctypes.c_int64(num_groups),
         ctypes.c_int64(bytes_per_group), ctypes.c_int(int(vec)),
         ctypes.c_int(grid or _group_grid(num_groups)), ctypes.c_int(_THREADS))
     assert status == 0, f"no host kernel for {dtype}, {bits} bits"
+    return out
+
+
+def sign_mask(x: Tensor, out: Tensor, mode: int, s: float, *, grid: int | None = None) -> Tensor:
+    """The kernel's packed ``[x > 0]``, with the mode's output written into ``out`` (which may
+    be ``x``), as :func:`gnnact.kernels.quantize.sign_mask` launches it."""
+    n = x.numel()
+    data = torch.full(((n + 7) // 8,), 0xAB, dtype=torch.uint8)
+    status = library("mask.cu").host_sign_mask(
+        _dtype_code(x.dtype), _ptr(x), _ptr(out), _ptr(data), ctypes.c_int64(n),
+        ctypes.c_int(mode), ctypes.c_double(s), ctypes.c_int(grid or _elementwise_grid(n)),
+        ctypes.c_int(_THREADS))
+    assert status == 0, f"no host kernel for {x.dtype}"
+    return data
+
+
+def apply_packed_mask(x: Tensor, data: Tensor, out: Tensor, mode: int, s: float, *,
+                      grid: int | None = None) -> Tensor:
+    """The kernel's ``out`` for ``x`` and the packed mask ``data``."""
+    n = x.numel()
+    status = library("mask.cu").host_apply_packed_mask(
+        _dtype_code(x.dtype), _ptr(x), _ptr(data), _ptr(out), ctypes.c_int64(n),
+        ctypes.c_int(mode), ctypes.c_double(s), ctypes.c_int(grid or _elementwise_grid(n)),
+        ctypes.c_int(_THREADS))
+    assert status == 0, f"no host kernel for {x.dtype}"
     return out

@@ -1,6 +1,8 @@
-"""``cuda/quantize.cu`` run on the CPU (``tests/host_kernels.py``): the kernels' own source,
-warp by warp, against the torch reference, bit for bit, both ways the launcher runs them (by
-16-byte vectors and element by element), with given noise and with the seeded hash."""
+"""``cuda/quantize.cu`` and ``cuda/mask.cu`` run on the CPU (``tests/host_kernels.py``): the
+kernels' own source, warp by warp, against the torch path, bit for bit, every element type;
+the quantizer both ways the launcher runs it (by 16-byte vectors and element by element), with
+given noise and with the seeded hash; the mask ops in every mode, in place and not, on NaN,
+infinities, signed zeros and subnormals."""
 
 from __future__ import annotations
 
@@ -30,7 +32,10 @@ def _input(n: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
     return x
 
 
-@pytest.mark.parametrize("dtype", list(host_kernels.HOST_DTYPES))
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("bits", QUANT_BITS)
 @pytest.mark.parametrize(("n", "group_size"), CASES)
 def test_host_kernels_equal_reference(n, group_size, bits, dtype):
@@ -82,3 +87,51 @@ def test_host_kernels_keep_non_finite_and_constant_groups_as_the_reference():
         torch.testing.assert_close(a, b, equal_nan=True, rtol=0, atol=0)
     out = host_kernels.dequantize_groups(*got, 4, 512, x.numel(), torch.float32, vec=True)
     assert out[:1536].isnan().all() and (out[1536:] == 0.75).all()
+
+
+def _specials(n: int, dtype: torch.dtype) -> torch.Tensor:
+    """Random values led by NaN, +-0, +-inf, a negative value and a positive and a negative
+    subnormal."""
+    x = torch.randn(n, generator=torch.Generator().manual_seed(n)).to(dtype)
+    tiny = torch.finfo(dtype).smallest_normal / 4
+    specials = torch.tensor([float("nan"), 0.0, -0.0, float("inf"), -float("inf"), -1.5, tiny,
+                             -tiny], dtype=torch.float64).to(dtype)
+    x[: min(n, 8)] = specials[: min(n, 8)]
+    return x
+
+
+def _same_values(a: torch.Tensor, b: torch.Tensor) -> None:
+    torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+    keep = ~a.isnan()
+    assert torch.equal(a[keep].signbit(), b[keep].signbit())  # -0.0 stays -0.0
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n", [1, 31, 33, 1000, 70_001])
+@pytest.mark.parametrize("inplace", [False, True], ids=["out", "inplace"])
+def test_host_mask_kernels_equal_the_torch_path(dtype, n, inplace):
+    """sign_mask (ballot packing) and apply_packed_mask in every mode: ReLU, dropout's scale,
+    ReLU's backward, LeakyReLU; on a small grid, so that the loops stride."""
+    x = _specials(n, dtype)
+    for mode, s in ((reference.MASK_MUL, 1.0), (reference.MASK_MUL, 4.0 / 3.0),
+                    (reference.MASK_ZERO, 1.0), (reference.MASK_SELECT, 0.2)):
+        want = torch.empty_like(x)
+        want_bits = reference.sign_mask(x, want, mode, s)
+        got = x.clone() if inplace else torch.full_like(x, float("nan"))
+        got_bits = host_kernels.sign_mask(got if inplace else x, got, mode, s, grid=2)
+        assert torch.equal(got_bits, want_bits)
+        _same_values(got, want)
+        want = reference.apply_packed_mask(x, want_bits, torch.empty_like(x), mode, s)
+        got = x.clone() if inplace else torch.full_like(x, float("nan"))
+        host_kernels.apply_packed_mask(got if inplace else x, want_bits, got, mode, s, grid=2)
+        _same_values(got, want)
+
+
+def test_host_build_names_ptx_it_cannot_run():
+    """Every inline PTX statement becomes its host twin; one without a twin stops the build."""
+    known = 'asm("mul.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));'
+    assert host_kernels.host_source(known) == 'host_ptx("mul.rn.f32 %0, %1, %2;", r, a, b);'
+    with pytest.raises(ValueError, match="no host twin for the PTX statement 'add.f32"):
+        host_kernels.host_source('asm("add.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));')
+    with pytest.raises(ValueError, match="cannot translate"):
+        host_kernels.host_source('asm volatile("membar.gl;");')
