@@ -27,6 +27,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -217,6 +218,10 @@ def _mask_entries() -> str:
         apply.append(f"case {code}: run_grid(grid, block, [&] {{ apply_packed_mask_{name}("
                      f"(const {t}*)x, packed, ({t}*)y, n, mode, s); }}); return 0;")
     return (
+        'extern "C" void host_pack_mask(const u8* mask, u8* out, i64 n, i64 nbytes, int grid,'
+        " int block) {\n    run_grid(grid, block, [&] { pack_mask(mask, out, n, nbytes); });\n}\n"
+        'extern "C" void host_unpack_mask(const u8* packed, u8* out, i64 n, int grid,'
+        " int block) {\n    run_grid(grid, block, [&] { unpack_mask(packed, out, n); });\n}\n"
         'extern "C" int host_sign_mask(int kernel, const void* x, void* y, u8* packed, i64 n,'
         " int mode, double s, int grid, int block) {\n"
         "    switch (kernel) {\n        " + "\n        ".join(sign)
@@ -348,3 +353,31 @@ def apply_packed_mask(x: Tensor, data: Tensor, out: Tensor, mode: int, s: float,
         ctypes.c_int(_THREADS))
     assert status == 0, f"no host kernel for {x.dtype}"
     return out
+
+
+_C_ARGS = {np.uint64: ctypes.c_void_p, np.int64: ctypes.c_int64, np.uint32: ctypes.c_uint32,
+           np.int32: ctypes.c_int, np.float64: ctypes.c_double}
+
+
+def launch(filename: str, name: str, device: torch.device, grid: int, block: int,
+           args: tuple) -> None:
+    """A stand-in for :func:`gnnact.kernels._cupy.launch` that runs the kernel ``name`` on the
+    host with the launcher's own arguments (NumPy scalars, pointers as ``numpy.uint64``), so
+    that the Python launchers of :mod:`gnnact.kernels.quantize` run end to end on CPU
+    tensors: their grids, argument order and types, and the choice of vectors."""
+    assert device.type == "cpu", f"host kernels take CPU tensors, got {device}"
+    values = [_C_ARGS[type(a)](int(a) if isinstance(a, np.uint64) else a.item()) for a in args]
+    lib, launch_shape = library(filename), (ctypes.c_int(grid), ctypes.c_int(block))
+    op, _, rest = name.partition("_")
+    if name in ("pack_mask", "unpack_mask"):
+        getattr(lib, f"host_{name}")(*values, *launch_shape)
+        return
+    if op in ("quantize", "dequantize"):
+        dtype_name, bits = rest.rsplit("_", 1)
+        code = list(_DTYPE_NAMES.values()).index(dtype_name) * 16 + int(bits)
+        entry = lib.host_quantize if op == "quantize" else lib.host_dequantize
+    else:  # sign_mask_<dtype>, apply_packed_mask_<dtype>
+        kernel, dtype_name = name.rsplit("_", 1)
+        code = list(_DTYPE_NAMES.values()).index(dtype_name)
+        entry = getattr(lib, f"host_{kernel}")
+    assert entry(ctypes.c_int(code), *values, *launch_shape) == 0, f"no host kernel {name}"

@@ -135,3 +135,47 @@ def test_host_build_names_ptx_it_cannot_run():
         host_kernels.host_source('asm("add.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));')
     with pytest.raises(ValueError, match="cannot translate"):
         host_kernels.host_source('asm volatile("membar.gl;");')
+
+
+@pytest.fixture
+def launchers_on_host(monkeypatch):
+    """gnnact.kernels.quantize's launchers with their launches run on the host."""
+    from gnnact.kernels import quantize as kernels
+
+    monkeypatch.setattr(kernels, "launch", host_kernels.launch)
+    return kernels
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("bits", [1, 3, 8])
+def test_launchers_drive_the_kernels_as_on_a_gpu(launchers_on_host, dtype, bits):
+    """The Python launchers end to end (their grids, argument order and types, the choice of
+    vectors), on an aligned tensor and on a view 1 element in: the reference's results."""
+    kernels = launchers_on_host
+    base = _input(3 * 512 + 101, dtype, bits)
+    for x in (base[:-1], base[1:]):
+        noise = torch.rand(x.numel(), generator=torch.Generator().manual_seed(bits))
+        got = kernels.quantize_groups(x, bits, 512, noise=noise)
+        want = reference.quantize_groups(x, bits, 512, noise=noise)
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+        seeded = kernels.quantize_groups(x, bits, 512, seed=99)
+        hashed = reference.quantize_groups(x, bits, 512, noise=hash_uniform(99, 0, x.numel()))
+        assert all(torch.equal(a, b) for a, b in zip(seeded, hashed, strict=True))
+        args = (*want, bits, 512, x.numel(), dtype)
+        assert torch.equal(kernels.dequantize_groups(*args), reference.dequantize_groups(*args))
+
+
+def test_mask_launchers_drive_the_kernels_as_on_a_gpu(launchers_on_host):
+    kernels = launchers_on_host
+    x = _specials(1001, torch.float32)
+    mask = x > 0
+    assert torch.equal(kernels.pack_mask_bits(mask), reference.pack_mask_bits(mask))
+    assert torch.equal(kernels.unpack_mask_bits(reference.pack_mask_bits(mask), x.numel()), mask)
+    for mode, s in ((reference.MASK_MUL, 1.0), (reference.MASK_SELECT, 0.2)):
+        want = torch.empty_like(x)
+        bits = reference.sign_mask(x, want, mode, s)
+        got = torch.empty_like(x)
+        assert torch.equal(kernels.sign_mask(x, got, mode, s), bits)
+        _same_values(got, want)
+        _same_values(kernels.apply_packed_mask(x, bits, torch.empty_like(x), mode, s),
+                     reference.apply_packed_mask(x, bits, torch.empty_like(x), mode, s))
