@@ -31,8 +31,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from gnnact.kernels._cupy import kernel_source
-from gnnact.kernels.quantize import _DTYPE_NAMES, _THREADS, _elementwise_grid, _group_grid
+from gnnact.kernels._cupy import device_ptr, kernel_source
+from gnnact.kernels.quantize import _DTYPE_NAMES, _THREADS, _group_grid
 from gnnact.quant.packed import QUANT_BITS, packed_code_bytes
 from gnnact.quant.rng import split_seed
 
@@ -280,24 +280,16 @@ def library(filename: str) -> ctypes.CDLL:
     return ctypes.CDLL(str(lib))
 
 
-def _dtype_code(dtype: torch.dtype) -> int:
-    return list(_DTYPE_NAMES).index(dtype)
-
-
-def _kernel(dtype: torch.dtype, bits: int) -> int:
-    return _dtype_code(dtype) * 16 + bits
-
-
-def _ptr(t: Tensor | None) -> ctypes.c_void_p:
-    return ctypes.c_void_p(0 if t is None else t.data_ptr())
+def _name(dtype: torch.dtype) -> str:
+    return _DTYPE_NAMES[dtype]
 
 
 def quantize_groups(x: Tensor, bits: int, group_size: int, *, seed: int | None = None,
                     noise: Tensor | None = None, vec: bool, grid: int | None = None
                     ) -> tuple[Tensor, Tensor, Tensor]:
-    """The kernel's ``(codes, scales, zeros)`` for the CPU tensor ``x``, as
-    :func:`gnnact.kernels.quantize.quantize_groups` launches it (``vec`` and ``grid`` chosen
-    by the caller; the grid-stride loops cover any grid)."""
+    """The kernel's ``(codes, scales, zeros)`` for the CPU tensor ``x``, launched as
+    :func:`gnnact.kernels.quantize.quantize_groups` launches it but with ``vec`` and ``grid``
+    chosen by the caller (the grid-stride loops cover any grid)."""
     n = x.numel()
     num_groups = -(-n // group_size)
     bytes_per_group = packed_code_bytes(group_size, bits)
@@ -305,13 +297,11 @@ def quantize_groups(x: Tensor, bits: int, group_size: int, *, seed: int | None =
     scales = torch.empty(num_groups, dtype=torch.float32)
     zeros = torch.empty(num_groups, dtype=torch.float32)
     s0, s1 = split_seed(seed or 0)
-    status = library("quantize.cu").host_quantize(
-        _kernel(x.dtype, bits), _ptr(x), _ptr(noise), _ptr(codes), _ptr(scales), _ptr(zeros),
-        ctypes.c_int64(n), ctypes.c_int64(group_size), ctypes.c_int64(num_groups),
-        ctypes.c_int64(bytes_per_group), ctypes.c_uint32(s0), ctypes.c_uint32(s1),
-        ctypes.c_int(int(vec)), ctypes.c_int(grid or _group_grid(num_groups)),
-        ctypes.c_int(_THREADS))
-    assert status == 0, f"no host kernel for {x.dtype}, {bits} bits"
+    launch("quantize.cu", f"quantize_{_name(x.dtype)}_{bits}", x.device,
+           grid or _group_grid(num_groups), _THREADS,
+           (device_ptr(x), device_ptr(noise), device_ptr(codes), device_ptr(scales),
+            device_ptr(zeros), np.int64(n), np.int64(group_size), np.int64(num_groups),
+            np.int64(bytes_per_group), np.uint32(s0), np.uint32(s1), np.int32(vec)))
     return codes, scales, zeros
 
 
@@ -321,37 +311,31 @@ def dequantize_groups(codes: Tensor, scales: Tensor, zeros: Tensor, bits: int, g
     """The kernel's restored values (into ``out``, a flat CPU tensor, when given)."""
     num_groups, bytes_per_group = codes.shape
     out = torch.full((numel,), float("nan"), dtype=dtype) if out is None else out
-    status = library("quantize.cu").host_dequantize(
-        _kernel(dtype, bits), _ptr(codes), _ptr(scales), _ptr(zeros), _ptr(out),
-        ctypes.c_int64(numel), ctypes.c_int64(group_size), ctypes.c_int64(num_groups),
-        ctypes.c_int64(bytes_per_group), ctypes.c_int(int(vec)),
-        ctypes.c_int(grid or _group_grid(num_groups)), ctypes.c_int(_THREADS))
-    assert status == 0, f"no host kernel for {dtype}, {bits} bits"
+    launch("quantize.cu", f"dequantize_{_name(dtype)}_{bits}", codes.device,
+           grid or _group_grid(num_groups), _THREADS,
+           (device_ptr(codes), device_ptr(scales), device_ptr(zeros), device_ptr(out),
+            np.int64(numel), np.int64(group_size), np.int64(num_groups),
+            np.int64(bytes_per_group), np.int32(vec)))
     return out
 
 
-def sign_mask(x: Tensor, out: Tensor, mode: int, s: float, *, grid: int | None = None) -> Tensor:
+def sign_mask(x: Tensor, out: Tensor, mode: int, s: float, *, grid: int) -> Tensor:
     """The kernel's packed ``[x > 0]``, with the mode's output written into ``out`` (which may
-    be ``x``), as :func:`gnnact.kernels.quantize.sign_mask` launches it."""
+    be ``x``), on ``grid`` blocks."""
     n = x.numel()
     data = torch.full(((n + 7) // 8,), 0xAB, dtype=torch.uint8)
-    status = library("mask.cu").host_sign_mask(
-        _dtype_code(x.dtype), _ptr(x), _ptr(out), _ptr(data), ctypes.c_int64(n),
-        ctypes.c_int(mode), ctypes.c_double(s), ctypes.c_int(grid or _elementwise_grid(n)),
-        ctypes.c_int(_THREADS))
-    assert status == 0, f"no host kernel for {x.dtype}"
+    launch("mask.cu", f"sign_mask_{_name(x.dtype)}", x.device, grid, _THREADS,
+           (device_ptr(x), device_ptr(out), device_ptr(data), np.int64(n), np.int32(mode),
+            np.float64(s)))
     return data
 
 
 def apply_packed_mask(x: Tensor, data: Tensor, out: Tensor, mode: int, s: float, *,
-                      grid: int | None = None) -> Tensor:
-    """The kernel's ``out`` for ``x`` and the packed mask ``data``."""
-    n = x.numel()
-    status = library("mask.cu").host_apply_packed_mask(
-        _dtype_code(x.dtype), _ptr(x), _ptr(data), _ptr(out), ctypes.c_int64(n),
-        ctypes.c_int(mode), ctypes.c_double(s), ctypes.c_int(grid or _elementwise_grid(n)),
-        ctypes.c_int(_THREADS))
-    assert status == 0, f"no host kernel for {x.dtype}"
+                      grid: int) -> Tensor:
+    """The kernel's ``out`` for ``x`` and the packed mask ``data``, on ``grid`` blocks."""
+    launch("mask.cu", f"apply_packed_mask_{_name(x.dtype)}", x.device, grid, _THREADS,
+           (device_ptr(x), device_ptr(data), device_ptr(out), np.int64(x.numel()),
+            np.int32(mode), np.float64(s)))
     return out
 
 

@@ -179,3 +179,14 @@ def test_mask_launchers_drive_the_kernels_as_on_a_gpu(launchers_on_host):
         _same_values(got, want)
         _same_values(kernels.apply_packed_mask(x, bits, torch.empty_like(x), mode, s),
                      reference.apply_packed_mask(x, bits, torch.empty_like(x), mode, s))
+
+
+def test_the_self_checks_pass_kernels_that_agree(launchers_on_host):
+    """What backend="auto" runs before it takes a kernel (kernel_agrees, mask_kernels_agree),
+    with the host kernels: every width agrees, the seeded hash included, and the mask kernels
+    agree on every dtype and mode."""
+    from gnnact.quant.core import kernel_matches, mask_kernels_match
+
+    cpu = torch.device("cpu")
+    assert all(kernel_matches(launchers_on_host, cpu, bits) for bits in QUANT_BITS)
+    assert mask_kernels_match(launchers_on_host, cpu)

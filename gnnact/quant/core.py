@@ -26,7 +26,7 @@ from gnnact.quant.packed import (
     PackedTensor,
     packed_code_bytes,
 )
-from gnnact.quant.rng import draw_seed
+from gnnact.quant.rng import draw_seed, hash_uniform
 
 __all__ = ["DEFAULT_GROUP_SIZE", "dequantize", "pack_mask", "quantize", "unpack_mask"]
 
@@ -82,12 +82,23 @@ def kernel_agrees(device_index: int, bits: int) -> bool:
     from gnnact.kernels import quantize as kernels
 
     device = torch.device("cuda", device_index)
+    return _self_check(lambda: kernel_matches(kernels, device, bits),
+                       f"the {bits}-bit CUDA kernel is not used on cuda:{device_index}",
+                       f"{bits}-bit quantization runs on the torch path there (same format, "
+                       f"slower)")
+
+
+def kernel_matches(kernels: ModuleType, device: torch.device, bits: int) -> bool:
+    """:func:`kernel_agrees`'s check of the launchers in ``kernels`` on ``device`` against the
+    reference on the CPU (its seeded noise being the hash the kernels compute, as the
+    reference draws it on CUDA)."""
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(4 * 64 + 37, generator=generator)
-    noise = torch.rand(x.numel(), generator=generator)
+    fixed = torch.rand(x.numel(), generator=generator)
 
     def agree(group_size: int, noise: Tensor | None, seed: int | None) -> bool:
-        want = reference.quantize_groups(x, bits, group_size, noise=noise, seed=seed)
+        reference_noise = noise if noise is not None else hash_uniform(seed, 0, x.numel())
+        want = reference.quantize_groups(x, bits, group_size, noise=reference_noise)
         got = kernels.quantize_groups(x.to(device), bits, group_size, seed=seed,
                                       noise=None if noise is None else noise.to(device))
         back = kernels.dequantize_groups(*got, bits, group_size, x.numel(), torch.float32)
@@ -95,12 +106,7 @@ def kernel_agrees(device_index: int, bits: int) -> bool:
                 and torch.equal(back.cpu(), reference.dequantize_groups(
                     *want, bits, group_size, x.numel(), torch.float32)))
 
-    def check() -> bool:
-        return agree(64, noise, None) and agree(64, None, 7) and agree(13, noise, None)
-
-    return _self_check(check, f"the {bits}-bit CUDA kernel is not used on cuda:{device_index}",
-                       f"{bits}-bit quantization runs on the torch path there (same format, "
-                       f"slower)")
+    return agree(64, fixed, None) and agree(64, None, 7) and agree(13, fixed, None)
 
 
 def _self_check(check: Callable[[], bool], unused: str, instead: str) -> bool:
@@ -155,6 +161,15 @@ def mask_kernels_agree(device_index: int) -> bool:
     from gnnact.kernels import quantize as kernels
 
     device = torch.device("cuda", device_index)
+    return _self_check(lambda: mask_kernels_match(kernels, device),
+                       f"the fused mask kernels are not used on cuda:{device_index}",
+                       "ReLU, LeakyReLU and dropout run on the torch path there (same results, "
+                       "more passes)")
+
+
+def mask_kernels_match(kernels: ModuleType, device: torch.device) -> bool:
+    """:func:`mask_kernels_agree`'s check of the mask launchers in ``kernels`` against the
+    torch path, both on ``device``."""
     base = torch.randn(1000 + 37, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     # Subnormals of float32 and bfloat16 (1e-40) and of float16 (1e-5 after rounding), which
     # a kernel compiled with -ftz=true would flush.
@@ -162,29 +177,23 @@ def mask_kernels_agree(device_index: int) -> bool:
                               1e-40, -1e-40, 1e-5 / 2**5, -1e-5 / 2**5], dtype=torch.float64)
     modes = ((reference.MASK_MUL, 1.0), (reference.MASK_MUL, 2.0),
              (reference.MASK_ZERO, 1.0), (reference.MASK_SELECT, 0.2))
-
-    def check() -> bool:
-        for dtype in kernels.KERNEL_DTYPES:
-            x = base.to(device, dtype)
-            for mode, s in modes:
-                want = torch.empty_like(x)
-                want_bits = reference.sign_mask(x, want, mode, s)
-                got = torch.empty_like(x)
-                got_bits = kernels.sign_mask(x, got, mode, s)
-                in_place = x.clone()
-                kernels.sign_mask(in_place, in_place, mode, s)
-                applied = kernels.apply_packed_mask(x, want_bits, torch.empty_like(x), mode, s)
-                want_applied = reference.apply_packed_mask(x, want_bits, torch.empty_like(x),
-                                                           mode, s)
-                if not (torch.equal(got_bits, want_bits) and all(
-                        _same_values(a, b) for a, b in ((got, want), (in_place, want),
-                                                        (applied, want_applied)))):
-                    return False
-        return True
-
-    return _self_check(check, f"the fused mask kernels are not used on cuda:{device_index}",
-                       "ReLU, LeakyReLU and dropout run on the torch path there (same results, "
-                       "more passes)")
+    for dtype in kernels.KERNEL_DTYPES:
+        x = base.to(device, dtype)
+        for mode, s in modes:
+            want = torch.empty_like(x)
+            want_bits = reference.sign_mask(x, want, mode, s)
+            got = torch.empty_like(x)
+            got_bits = kernels.sign_mask(x, got, mode, s)
+            in_place = x.clone()
+            kernels.sign_mask(in_place, in_place, mode, s)
+            applied = kernels.apply_packed_mask(x, want_bits, torch.empty_like(x), mode, s)
+            want_applied = reference.apply_packed_mask(x, want_bits, torch.empty_like(x),
+                                                       mode, s)
+            if not (torch.equal(got_bits, want_bits) and all(
+                    _same_values(a, b) for a, b in ((got, want), (in_place, want),
+                                                    (applied, want_applied)))):
+                return False
+    return True
 
 
 def _check_int(name: str, value: object) -> int:
