@@ -261,13 +261,17 @@ def compiler() -> str | None:
     return shutil.which("g++") or shutil.which("clang++")
 
 
+_BUILDS: list[tempfile.TemporaryDirectory] = []  # removed when the process exits
+
+
 @functools.cache
 def library(filename: str) -> ctypes.CDLL:
     """``cuda/<filename>`` built for the host (once per process)."""
     cxx = compiler()
     if cxx is None:
         raise RuntimeError("no C++ compiler (g++ or clang++) on PATH")
-    folder = Path(tempfile.mkdtemp(prefix="gnnact_host_kernels_"))
+    _BUILDS.append(tempfile.TemporaryDirectory(prefix="gnnact_host_kernels_"))
+    folder = Path(_BUILDS[-1].name)
     source = folder / f"{Path(filename).stem}_host.cpp"
     source.write_text(_PRELUDE + host_source(kernel_source(filename)) + _LAUNCHER
                       + _ENTRIES[filename]())
