@@ -56,3 +56,37 @@ struct BF16 {
     static __device__ __forceinline__ Op op_load(T v) { return load(v); }
     static __device__ __forceinline__ T op_store(Op v) { return store(v); }
 };
+
+// ---- octets: 8 consecutive elements, moved as 16-byte words ----
+struct alignas(16) Word16 {
+    u32 a, b, c, d;
+};
+
+// 8 elements of T as sizeof(T) / 2 16-byte words, for vector loads and stores.
+template <typename T>
+union Octet {
+    Word16 w[sizeof(T) / 2];
+    T v[8];
+};
+
+// The 8 elements at p, which must be 16-byte aligned, by 16-byte loads.
+template <typename T>
+__device__ __forceinline__ void load8(const T* p, T (&v)[8]) {
+    Octet<T> o;
+    const Word16* w = reinterpret_cast<const Word16*>(p);
+#pragma unroll
+    for (int k = 0; k < (int)(sizeof(T) / 2); ++k) o.w[k] = w[k];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v[k] = o.v[k];
+}
+
+// v to the 8 elements at p, which must be 16-byte aligned, by 16-byte stores.
+template <typename T>
+__device__ __forceinline__ void store8(T* p, const T (&v)[8]) {
+    Octet<T> o;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) o.v[k] = v[k];
+    Word16* w = reinterpret_cast<Word16*>(p);
+#pragma unroll
+    for (int k = 0; k < (int)(sizeof(T) / 2); ++k) w[k] = o.w[k];
+}

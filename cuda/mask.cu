@@ -82,45 +82,89 @@ __device__ __forceinline__ typename D::T combine(typename D::T v, bool m, int mo
     return D::op_store(mul_rn(D::op_load(v), m ? s : (Op)0));
 }
 
-// One warp per 32 consecutive elements at a time (coalesced loads and stores): each lane
-// tests and writes its element, __ballot_sync gathers the 32 tests in lane order, which is
-// the packed layout (the word's little-endian bytes), and lanes 0-3 store its bytes. y may be
-// x (in place): each element is read before the same lane writes it.
-template <class D>
-__device__ __forceinline__ void sign_mask_impl(const typename D::T* x, typename D::T* y,
-                                               u8* __restrict__ packed, i64 n, int mode,
-                                               double s) {
-    typedef typename D::Op Op;
-    const int lane = threadIdx.x & 31;
-    const i64 warp = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    const i64 warps = ((i64)gridDim.x * blockDim.x) >> 5;
-    const i64 nbytes = (n + 7) >> 3;
-    const Op so = op_scale<Op>(s);
-    for (i64 base = warp << 5; base < n; base += warps << 5) {
-        const i64 i = base + lane;
-        bool m = false;
-        if (i < n) {
-            const typename D::T v = x[i];
-            m = positive(D::op_load(v));
-            y[i] = combine<D>(v, m, mode, so);
+// Elements [at, at + count) of x, count in 1..8: one or more 16-byte loads when `vec` (x + at
+// is then 16-byte aligned) and the octet is whole.
+template <typename T>
+__device__ __forceinline__ void load_elements(const T* x, i64 at, int count, bool vec,
+                                              T (&v)[8]) {
+    if (vec && count == 8) {
+        load8(x + at, v);
+    } else {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            if (k < count) v[k] = x[at + k];
         }
-        const u32 word = __ballot_sync(0xffffffffu, m);
-        const i64 b = (base >> 3) + lane;
-        if (lane < 4 && b < nbytes) packed[b] = (u8)(word >> (8 * lane));
     }
 }
 
-// One thread per element; the 8 lanes that share a mask byte read it once (broadcast).
+template <typename T>
+__device__ __forceinline__ void store_elements(T* y, i64 at, int count, bool vec,
+                                               const T (&v)[8]) {
+    if (vec && count == 8) {
+        store8(y + at, v);
+    } else {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            if (k < count) y[at + k] = v[k];
+        }
+    }
+}
+
+// One thread per octet, 8 consecutive elements, which is one byte of the packed mask: it
+// tests and writes its elements (16-byte loads and stores where the launcher found x and y
+// aligned, `vec`) and stores their byte, so no two threads share a byte and no ballot is
+// needed; a warp stores 32 consecutive bytes. y may be x (in place): each thread reads its
+// octet before it writes it.
+template <class D>
+__device__ __forceinline__ void sign_mask_impl(const typename D::T* x, typename D::T* y,
+                                               u8* __restrict__ packed, i64 n, int mode,
+                                               double s, int vec_flag) {
+    typedef typename D::Op Op;
+    const bool vec = vec_flag != 0;
+    const i64 octets = (n + 7) >> 3;
+    const i64 stride = (i64)gridDim.x * blockDim.x;
+    const Op so = op_scale<Op>(s);
+    for (i64 o = (i64)blockIdx.x * blockDim.x + threadIdx.x; o < octets; o += stride) {
+        const i64 at = o << 3;
+        const int count = (int)min((i64)8, n - at);
+        typename D::T v[8];
+        load_elements(x, at, count, vec, v);
+        u32 byte = 0;  // bits past count (the last byte's) stay 0
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            if (k < count) {
+                const bool m = positive(D::op_load(v[k]));
+                byte |= (u32)m << k;
+                v[k] = combine<D>(v[k], m, mode, so);
+            }
+        }
+        store_elements(y, at, count, vec, v);
+        packed[o] = (u8)byte;
+    }
+}
+
+// One thread per octet: it reads its mask byte once and its 8 elements (16-byte accesses
+// where `vec`).
 template <class D>
 __device__ __forceinline__ void apply_packed_mask_impl(const typename D::T* x,
                                                        const u8* __restrict__ packed,
                                                        typename D::T* y, i64 n, int mode,
-                                                       double s) {
+                                                       double s, int vec_flag) {
+    const bool vec = vec_flag != 0;
+    const i64 octets = (n + 7) >> 3;
     const i64 stride = (i64)gridDim.x * blockDim.x;
     const typename D::Op so = op_scale<typename D::Op>(s);
-    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        const bool m = (packed[i >> 3] >> (i & 7)) & 1;
-        y[i] = combine<D>(x[i], m, mode, so);
+    for (i64 o = (i64)blockIdx.x * blockDim.x + threadIdx.x; o < octets; o += stride) {
+        const i64 at = o << 3;
+        const int count = (int)min((i64)8, n - at);
+        const u32 byte = packed[o];
+        typename D::T v[8];
+        load_elements(x, at, count, vec, v);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            if (k < count) v[k] = combine<D>(v[k], (byte >> k) & 1u, mode, so);
+        }
+        store_elements(y, at, count, vec, v);
     }
 }
 
@@ -128,13 +172,14 @@ __device__ __forceinline__ void apply_packed_mask_impl(const typename D::T* x,
 #define GNNACT_MASK_OPS(NAME, D)                                                              \
     extern "C" __global__ void sign_mask_##NAME(const D::T* x, D::T* y,                     \
                                                 u8* __restrict__ packed, i64 n, int mode,    \
-                                                double s) {                                  \
-        sign_mask_impl<D>(x, y, packed, n, mode, s);                                         \
+                                                double s, int vec) {                         \
+        sign_mask_impl<D>(x, y, packed, n, mode, s, vec);                                    \
     }                                                                                        \
     extern "C" __global__ void apply_packed_mask_##NAME(const D::T* x,                      \
                                                         const u8* __restrict__ packed,       \
-                                                        D::T* y, i64 n, int mode, double s) { \
-        apply_packed_mask_impl<D>(x, packed, y, n, mode, s);                                 \
+                                                        D::T* y, i64 n, int mode, double s,  \
+                                                        int vec) {                           \
+        apply_packed_mask_impl<D>(x, packed, y, n, mode, s, vec);                            \
     }
 
 GNNACT_MASK_OPS(f32, F32)

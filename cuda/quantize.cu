@@ -62,32 +62,17 @@ __device__ __forceinline__ u32 round_code(float v, float r, float zero, float in
     return (u32)fminf(fmaxf(__fadd_rn(fl, up), 0.0f), levels);
 }
 
-// ---- octets: 8 consecutive elements ----
-struct alignas(16) Word16 {
-    u32 a, b, c, d;
-};
-
-// 8 elements of T as 16-byte words (sizeof(T) / 2 of them), for vector loads and stores.
-template <typename T>
-union Octet {
-    Word16 w[sizeof(T) / 2];
-    T v[8];
-};
-
 // Elements [at, at + count) of x as float, count in 1..8; the slots past count repeat the
 // first element, which changes neither a minimum, a maximum nor the finite flag. One or more
 // 16-byte loads when `vec` (x + at is then 16-byte aligned) and the octet is whole.
 template <typename L>
 __device__ __forceinline__ void load_octet(const typename L::T* __restrict__ x, i64 at,
                                            int count, bool vec, float (&v)[8]) {
-    typedef typename L::T T;
     if (vec && count == 8) {
-        Octet<T> o;
-        const Word16* p = reinterpret_cast<const Word16*>(x + at);
+        typename L::T raw[8];
+        load8(x + at, raw);
 #pragma unroll
-        for (int k = 0; k < (int)(sizeof(T) / 2); ++k) o.w[k] = p[k];
-#pragma unroll
-        for (int k = 0; k < 8; ++k) v[k] = L::load(o.v[k]);
+        for (int k = 0; k < 8; ++k) v[k] = L::load(raw[k]);
     } else {
         const float first = L::load(x[at]);
 #pragma unroll
@@ -99,14 +84,11 @@ __device__ __forceinline__ void load_octet(const typename L::T* __restrict__ x, 
 template <typename L>
 __device__ __forceinline__ void store_octet(typename L::T* __restrict__ out, i64 at, int count,
                                             bool vec, const float (&v)[8]) {
-    typedef typename L::T T;
     if (vec && count == 8) {
-        Octet<T> o;
+        typename L::T raw[8];
 #pragma unroll
-        for (int k = 0; k < 8; ++k) o.v[k] = L::store(v[k]);
-        Word16* p = reinterpret_cast<Word16*>(out + at);
-#pragma unroll
-        for (int k = 0; k < (int)(sizeof(T) / 2); ++k) p[k] = o.w[k];
+        for (int k = 0; k < 8; ++k) raw[k] = L::store(v[k]);
+        store8(out + at, raw);
     } else {
 #pragma unroll
         for (int k = 0; k < 8; ++k) {

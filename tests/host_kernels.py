@@ -11,7 +11,7 @@ conversions, the mask ops' product, sign test and scale) becomes a call of its h
 one the harness does not know fails the build.
 
 What this checks on a CPU: index arithmetic, vector accesses through the ``Octet`` union,
-the range reduction across lanes, rounding and packing, ballots, every element type, all
+the range reduction across lanes, rounding and packing, the mask ops, every element type, all
 against the torch path. What it does not: the GPU's memory system (coalescing, speed),
 ``quantize.cu``'s ``-ftz=true`` flush of subnormal values (the host keeps them), and anything
 NVRTC compiles differently.
@@ -214,20 +214,20 @@ def _mask_entries() -> str:
     for code, name in enumerate(_DTYPE_NAMES.values()):
         t = _C_TYPES[name]
         sign.append(f"case {code}: run_grid(grid, block, [&] {{ sign_mask_{name}((const {t}*)x, "
-                    f"({t}*)y, packed, n, mode, s); }}); return 0;")
+                    f"({t}*)y, packed, n, mode, s, vec); }}); return 0;")
         apply.append(f"case {code}: run_grid(grid, block, [&] {{ apply_packed_mask_{name}("
-                     f"(const {t}*)x, packed, ({t}*)y, n, mode, s); }}); return 0;")
+                     f"(const {t}*)x, packed, ({t}*)y, n, mode, s, vec); }}); return 0;")
     return (
         'extern "C" void host_pack_mask(const u8* mask, u8* out, i64 n, i64 nbytes, int grid,'
         " int block) {\n    run_grid(grid, block, [&] { pack_mask(mask, out, n, nbytes); });\n}\n"
         'extern "C" void host_unpack_mask(const u8* packed, u8* out, i64 n, int grid,'
         " int block) {\n    run_grid(grid, block, [&] { unpack_mask(packed, out, n); });\n}\n"
         'extern "C" int host_sign_mask(int kernel, const void* x, void* y, u8* packed, i64 n,'
-        " int mode, double s, int grid, int block) {\n"
+        " int mode, double s, int vec, int grid, int block) {\n"
         "    switch (kernel) {\n        " + "\n        ".join(sign)
         + "\n    }\n    return 1;\n}\n"
         'extern "C" int host_apply_packed_mask(int kernel, const void* x, const u8* packed,'
-        " void* y, i64 n, int mode, double s, int grid, int block) {\n"
+        " void* y, i64 n, int mode, double s, int vec, int grid, int block) {\n"
         "    switch (kernel) {\n        " + "\n        ".join(apply)
         + "\n    }\n    return 1;\n}\n")
 
@@ -323,23 +323,23 @@ def dequantize_groups(codes: Tensor, scales: Tensor, zeros: Tensor, bits: int, g
     return out
 
 
-def sign_mask(x: Tensor, out: Tensor, mode: int, s: float, *, grid: int) -> Tensor:
+def sign_mask(x: Tensor, out: Tensor, mode: int, s: float, *, vec: bool, grid: int) -> Tensor:
     """The kernel's packed ``[x > 0]``, with the mode's output written into ``out`` (which may
     be ``x``), on ``grid`` blocks."""
     n = x.numel()
     data = torch.full(((n + 7) // 8,), 0xAB, dtype=torch.uint8)
     launch("mask.cu", f"sign_mask_{_name(x.dtype)}", x.device, grid, _THREADS,
            (device_ptr(x), device_ptr(out), device_ptr(data), np.int64(n), np.int32(mode),
-            np.float64(s)))
+            np.float64(s), np.int32(vec)))
     return data
 
 
 def apply_packed_mask(x: Tensor, data: Tensor, out: Tensor, mode: int, s: float, *,
-                      grid: int) -> Tensor:
+                      vec: bool, grid: int) -> Tensor:
     """The kernel's ``out`` for ``x`` and the packed mask ``data``, on ``grid`` blocks."""
     launch("mask.cu", f"apply_packed_mask_{_name(x.dtype)}", x.device, grid, _THREADS,
            (device_ptr(x), device_ptr(data), device_ptr(out), np.int64(x.numel()),
-            np.int32(mode), np.float64(s)))
+            np.int32(mode), np.float64(s), np.int32(vec)))
     return out
 
 

@@ -39,7 +39,7 @@ KERNEL_LINES = (
     "if (k < count) word |= (u64)round_code(v[k], r[k], zero, inv, levels) << (k * BITS);",
     "for (int k = 0; k < 8; ++k) r[k] = hash_uniform((u64)(at + k), s0, s1);",
     "if (vec && count == 8) {",
-    "const Word16* p = reinterpret_cast<const Word16*>(x + at);",
+    "load8(x + at, raw);",
     "for (int k = 0; k < 8; ++k) v[k] = k < count ? L::load(x[at + k]) : first;",
     "if (vec && BITS == 2) return *reinterpret_cast<const u16*>(in + b);",
     "if (b + k < limit) word |= (u64)in[b + k] << (8 * k);",
@@ -224,16 +224,15 @@ def test_the_grid_takes_every_group_once(num_groups):
 
 # sign_mask_impl's loop and stores, as they read in cuda/mask.cu.
 MASK_LINES = (
-    "const int lane = threadIdx.x & 31;",
-    "const i64 warp = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;",
-    "const i64 warps = ((i64)gridDim.x * blockDim.x) >> 5;",
-    "const i64 nbytes = (n + 7) >> 3;",
-    "for (i64 base = warp << 5; base < n; base += warps << 5) {",
-    "const i64 i = base + lane;",
-    "const u32 word = __ballot_sync(0xffffffffu, m);",
-    "const i64 b = (base >> 3) + lane;",
-    "if (lane < 4 && b < nbytes) packed[b] = (u8)(word >> (8 * lane));",
-    "const bool m = (packed[i >> 3] >> (i & 7)) & 1;",
+    "const i64 octets = (n + 7) >> 3;",
+    "const i64 stride = (i64)gridDim.x * blockDim.x;",
+    "for (i64 o = (i64)blockIdx.x * blockDim.x + threadIdx.x; o < octets; o += stride) {",
+    "const i64 at = o << 3;",
+    "const int count = (int)min((i64)8, n - at);",
+    "byte |= (u32)m << k;",
+    "store_elements(y, at, count, vec, v);",
+    "packed[o] = (u8)byte;",
+    "if (k < count) v[k] = combine<D>(v[k], (byte >> k) & 1u, mode, so);",
 )
 
 
@@ -243,43 +242,44 @@ def test_the_emulated_mask_lines_are_the_kernels():
     assert not missing, f"cuda/mask.cu changed; update this emulation: {missing}"
 
 
-def emulate_sign_mask(mask: np.ndarray, blocks: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def emulate_sign_mask(mask: np.ndarray, blocks: int, vec: bool,
+                      itemsize: int = 4) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """sign_mask_impl's stores for the tests ``mask`` (one per element) on ``blocks`` blocks
-    of _THREADS threads: ``(packed, byte_writes, element_writes)``."""
+    of _THREADS threads: ``(packed, byte_writes, element_writes)``; vector accesses assert
+    their alignment (the buffers start aligned)."""
     n = mask.size
-    nbytes = (n + 7) >> 3
-    packed = np.full(nbytes, 0xAB, dtype=np.int64)
-    byte_writes = np.zeros(nbytes, dtype=np.int64)
+    octets = (n + 7) >> 3
+    packed = np.full(octets, 0xAB, dtype=np.int64)
+    byte_writes = np.zeros(octets, dtype=np.int64)
     element_writes = np.zeros(n, dtype=np.int64)
-    warps = (blocks * _THREADS) >> 5
-    for warp in range(warps):
-        base = warp << 5
-        while base < n:
-            word = 0
-            for lane in range(WARP):  # __ballot_sync: bit `lane` of every lane's test
-                i = base + lane
-                m = bool(mask[i]) if i < n else False
-                if i < n:
-                    element_writes[i] += 1
-                word |= int(m) << lane
-            for lane in range(WARP):
-                b = (base >> 3) + lane
-                if lane < 4 and b < nbytes:
-                    packed[b] = (word >> (8 * lane)) & 0xFF
-                    byte_writes[b] += 1
-            base += warps << 5
+    stride = blocks * _THREADS
+    for thread in range(stride):
+        for o in range(thread, octets, stride):
+            at = o << 3
+            count = min(8, n - at)
+            if vec and count == 8:
+                _vector_access(at * itemsize, 16)
+            byte = 0
+            for k in range(8):
+                if k < count:
+                    byte |= int(mask[at + k]) << k
+                    element_writes[at + k] += 1
+            packed[o] = byte
+            byte_writes[o] += 1
     return packed, byte_writes, element_writes
 
 
 @pytest.mark.parametrize("n", [1, 7, 8, 31, 32, 33, 1000, 70_001])
 @pytest.mark.parametrize("blocks", [1, 3, None])
-def test_ballot_packing_writes_each_byte_once_in_pack_mask_layout(n, blocks):
+@pytest.mark.parametrize("vec", [True, False], ids=["vectors", "elements"])
+def test_mask_bytes_written_once_in_pack_mask_layout(n, blocks, vec):
     """The launcher's grid (None) and smaller ones (the loop strides): every element is
-    written by one lane, every byte of the packed mask by one lane, in pack_mask's layout."""
-    from gnnact.kernels.quantize import _elementwise_grid
+    written by one thread, every byte of the packed mask by one thread, in pack_mask's
+    layout."""
+    from gnnact.kernels.quantize import octet_grid
 
     mask = torch.rand(n, generator=torch.Generator().manual_seed(n)) > 0.4
     packed, byte_writes, element_writes = emulate_sign_mask(
-        mask.numpy(), _elementwise_grid(n) if blocks is None else blocks)
+        mask.numpy(), octet_grid(n) if blocks is None else blocks, vec)
     assert (element_writes == 1).all() and (byte_writes == 1).all()
     assert np.array_equal(packed, reference.pack_mask_bits(mask).numpy().astype(np.int64))

@@ -109,21 +109,24 @@ def _same_values(a: torch.Tensor, b: torch.Tensor) -> None:
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("n", [1, 31, 33, 1000, 70_001])
 @pytest.mark.parametrize("inplace", [False, True], ids=["out", "inplace"])
-def test_host_mask_kernels_equal_the_torch_path(dtype, n, inplace):
-    """sign_mask (ballot packing) and apply_packed_mask in every mode: ReLU, dropout's scale,
-    ReLU's backward, LeakyReLU; on a small grid, so that the loops stride."""
+@pytest.mark.parametrize("vec", [True, False], ids=["vectors", "elements"])
+def test_host_mask_kernels_equal_the_torch_path(dtype, n, inplace, vec):
+    """sign_mask (a mask byte per thread) and apply_packed_mask in every mode: ReLU, dropout's
+    scale, ReLU's backward, LeakyReLU; by 16-byte vectors and element by element; on a small
+    grid, so that the loops stride."""
     x = _specials(n, dtype)
     for mode, s in ((reference.MASK_MUL, 1.0), (reference.MASK_MUL, 4.0 / 3.0),
                     (reference.MASK_ZERO, 1.0), (reference.MASK_SELECT, 0.2)):
         want = torch.empty_like(x)
         want_bits = reference.sign_mask(x, want, mode, s)
         got = x.clone() if inplace else torch.full_like(x, float("nan"))
-        got_bits = host_kernels.sign_mask(got if inplace else x, got, mode, s, grid=2)
+        got_bits = host_kernels.sign_mask(got if inplace else x, got, mode, s, vec=vec, grid=2)
         assert torch.equal(got_bits, want_bits)
         _same_values(got, want)
         want = reference.apply_packed_mask(x, want_bits, torch.empty_like(x), mode, s)
         got = x.clone() if inplace else torch.full_like(x, float("nan"))
-        host_kernels.apply_packed_mask(got if inplace else x, want_bits, got, mode, s, grid=2)
+        host_kernels.apply_packed_mask(got if inplace else x, want_bits, got, mode, s, vec=vec,
+                                       grid=2)
         _same_values(got, want)
 
 
@@ -165,9 +168,12 @@ def test_launchers_drive_the_kernels_as_on_a_gpu(launchers_on_host, dtype, bits)
         assert torch.equal(kernels.dequantize_groups(*args), reference.dequantize_groups(*args))
 
 
-def test_mask_launchers_drive_the_kernels_as_on_a_gpu(launchers_on_host):
+@pytest.mark.parametrize("view", ["aligned", "misaligned"])
+def test_mask_launchers_drive_the_kernels_as_on_a_gpu(launchers_on_host, view):
     kernels = launchers_on_host
-    x = _specials(1001, torch.float32)
+    base = _specials(1002, torch.float32)
+    x = base[:-1] if view == "aligned" else base[1:]
+    assert kernels.vector_ok(8, x) == (view == "aligned")
     mask = x > 0
     assert torch.equal(kernels.pack_mask_bits(mask), reference.pack_mask_bits(mask))
     assert torch.equal(kernels.unpack_mask_bits(reference.pack_mask_bits(mask), x.numel()), mask)

@@ -47,11 +47,11 @@ def _group_grid(num_groups: int) -> int:
 
 
 def vector_ok(group_size: int, *tensors: Tensor | None) -> bool:
-    """Whether ``cuda/quantize.cu`` may load and store whole octets (8 elements) with 16-byte
-    vector accesses and an octet's code bytes with one access: every group starts on an octet
-    (``group_size % 8 == 0``) and every buffer is 16-byte aligned. torch's own allocations
-    are; a view into the middle of one (``x[1:]``) need not be, and then the kernels access
-    element by element, with the same results."""
+    """Whether the kernels may load and store whole octets (8 elements) with 16-byte vector
+    accesses (and ``cuda/quantize.cu`` an octet's code bytes with one access): every group
+    starts on an octet (``group_size % 8 == 0``; the mask ops pass 8) and every buffer is
+    16-byte aligned. torch's own allocations are; a view into the middle of one (``x[1:]``)
+    need not be, and then the kernels access element by element, with the same results."""
     return group_size % 8 == 0 and all(t is None or t.data_ptr() % 16 == 0 for t in tensors)
 
 
@@ -118,26 +118,27 @@ def unpack_mask_bits(data: Tensor, numel: int) -> Tensor:
     return out
 
 
-def _elementwise_grid(n: int) -> int:
-    return max(1, -(-n // _THREADS))
+def octet_grid(n: int) -> int:
+    """Blocks for one thread per octet (8 elements, one mask byte) of ``n`` elements."""
+    return max(1, -(-n // (8 * _THREADS)))
 
 
 def sign_mask(x: Tensor, out: Tensor, mode: int, s: float) -> Tensor:
-    """Kernel twin of :func:`gnnact.quant.reference.sign_mask`: one pass over ``x``, the mask
-    packed by warp ballots."""
+    """Kernel twin of :func:`gnnact.quant.reference.sign_mask`: one pass over ``x``, each
+    thread an octet and its mask byte."""
     n = x.numel()
     data = torch.empty((n + 7) // 8, dtype=torch.uint8, device=x.device)
-    launch("mask.cu", f"sign_mask_{_dtype_name(x.dtype)}", x.device, _elementwise_grid(n),
-           _THREADS, (device_ptr(x), device_ptr(out), device_ptr(data), np.int64(n),
-                      np.int32(mode), np.float64(s)))
+    launch("mask.cu", f"sign_mask_{_dtype_name(x.dtype)}", x.device, octet_grid(n), _THREADS,
+           (device_ptr(x), device_ptr(out), device_ptr(data), np.int64(n), np.int32(mode),
+            np.float64(s), np.int32(vector_ok(8, x, out))))
     return data
 
 
 def apply_packed_mask(x: Tensor, data: Tensor, out: Tensor, mode: int, s: float) -> Tensor:
     """Kernel twin of :func:`gnnact.quant.reference.apply_packed_mask`: one pass."""
     n = x.numel()
-    launch("mask.cu", f"apply_packed_mask_{_dtype_name(x.dtype)}", x.device,
-           _elementwise_grid(n), _THREADS,
-           (device_ptr(x), device_ptr(data.contiguous()), device_ptr(out), np.int64(n),
-            np.int32(mode), np.float64(s)))
+    launch("mask.cu", f"apply_packed_mask_{_dtype_name(x.dtype)}", x.device, octet_grid(n),
+           _THREADS, (device_ptr(x), device_ptr(data.contiguous()), device_ptr(out),
+                      np.int64(n), np.int32(mode), np.float64(s),
+                      np.int32(vector_ok(8, x, out))))
     return out
