@@ -56,6 +56,11 @@ def quantize_lines(folder: Path, device: str) -> list[str]:
         frac = row.get("frac_of_copy")
         lines.append(f"  {row['op']:10s} {row['bits']} bits {row['dtype']:9s} "
                      f"{frac:6.1%}  {_verdict(frac, BANDWIDTH):7s} {row['commit']}")
+    masks = newest_by([r for r in rows_of(folder / "quantize.jsonl", device, "mask_throughput")
+                       if r.get("backend") != "torch"], "op", "dtype")
+    for row in masks:  # the fused mask ops, for comparison (no target of their own)
+        frac = row.get("frac_of_copy")
+        lines.append(f"  {row['op']:17s} {row['dtype']:9s} {frac:6.1%}  {row['commit']}")
     return lines
 
 

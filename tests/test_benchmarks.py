@@ -409,7 +409,9 @@ def test_evidence_table_from_rows(tmp_path, capsys):
           {**q, "op": "quantize", "backend": "torch", "frac_of_copy": 0.01, "commit": "new",
            "date": "2"},
           {**q, "op": "quantize", "device": "cpu", "frac_of_copy": 0.01, "commit": "new",
-           "date": "3"})
+           "date": "3"},
+          {"bench": "mask_throughput", "backend": "cupy", "op": "sign_mask",
+           "dtype": "float32", "frac_of_copy": 0.75, "commit": "new", "date": "2"})
     p = {"bench": "peak", "graph": "arxiv", "num_nodes": 169343, "commit": "c", "date": "1",
          "peak_bytes": 2**30}
     write("peak.jsonl", {**p, "model": "gcn", "bits": 32},
@@ -422,6 +424,7 @@ def test_evidence_table_from_rows(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "quantize   3 bits float32    80.0%  ok      new" in text
     assert "50.0%" not in text and "1.0%" not in text  # older, torch-path and CPU rows
+    assert "sign_mask         float32    75.0%  new" in text
     assert "gcn    module     169,343 nodes    1024 MiB   12.5x  ok" in text
     assert "sage   pyg        169,343 nodes    1024 MiB    8.0x  BELOW" in text
     assert "PyG 100,000 nodes, 2 bits 1,600,000 (16.0x)  ok c" in text
