@@ -7,6 +7,7 @@ import warnings
 
 import pytest
 import torch
+from mask_values import assert_same_values, specials
 
 import gnnact
 from gnnact.kernels import kernel_source_dir
@@ -231,24 +232,6 @@ def test_kernel_statistics_unbiased():
 _MASK_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 
 
-def _specials(n: int, dtype: torch.dtype, device: str = "cpu") -> torch.Tensor:
-    """Normal values after NaN, signed zeros, infinities, -1.5 and a positive and a negative
-    subnormal of ``dtype`` (which CuPy's -ftz=true would flush)."""
-    x = torch.randn(n, generator=torch.Generator().manual_seed(n)).to(device, dtype)
-    tiny = torch.finfo(dtype).smallest_normal / 4
-    specials = torch.tensor([float("nan"), 0.0, -0.0, float("inf"), -float("inf"), -1.5, tiny,
-                             -tiny], dtype=torch.float64).to(dtype)
-    assert specials[6] != 0 and specials[6] < torch.finfo(dtype).smallest_normal
-    x[:min(n, 8)] = specials[:min(n, 8)].to(device)
-    return x
-
-
-def _same_values(a: torch.Tensor, b: torch.Tensor) -> None:
-    torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
-    keep = ~a.isnan()
-    assert torch.equal(a[keep].signbit(), b[keep].signbit())  # -0.0 stays -0.0
-
-
 def _pytorch_forward(x: torch.Tensor, op: str, keep: torch.Tensor | None) -> torch.Tensor:
     """PyTorch's own forward of ``op`` (dropout: F.dropout's arithmetic with mask ``keep``,
     p = 0.25)."""
@@ -270,16 +253,16 @@ def test_mask_ops_torch_path_is_pytorch(dtype, n, inplace):
     from gnnact.ops.context import mask_mode
     from gnnact.quant import reference as ref
 
-    x = _specials(n, dtype)
+    x = specials(n, dtype)
     for op, slope, divisor in (("relu", 0.0, 1.0), ("leaky_relu", 0.2, 1.0)):
         mode, s = mask_mode(divisor, slope, dtype)
         out = x.clone() if inplace else torch.empty_like(x)
         data = ref.sign_mask(out if inplace else x, out, mode, s)
         assert torch.equal(data, gnnact.pack_mask(x > 0).data)
-        _same_values(out, _pytorch_forward(x, op, None))
+        assert_same_values(out, _pytorch_forward(x, op, None))
     keep = torch.rand(n, generator=torch.Generator().manual_seed(1)) > 0.25
     data = gnnact.pack_mask(keep).data
-    grad = _specials(n, dtype).flip(0)
+    grad = specials(n, dtype).flip(0)
     for op, slope, divisor in (("relu", 0.0, 1.0), ("leaky_relu", 0.2, 1.0),
                                ("dropout", 0.0, 0.75)):
         mask = (x > 0) if op != "dropout" else keep
@@ -288,7 +271,7 @@ def test_mask_ops_torch_path_is_pytorch(dtype, n, inplace):
             mode, s = mask_mode(divisor, slope, dtype)
             out = x.clone() if inplace else torch.empty_like(x)
             ref.apply_packed_mask(out if inplace else x, data, out, mode, s)
-            _same_values(out, _pytorch_forward(x, op, keep))
+            assert_same_values(out, _pytorch_forward(x, op, keep))
         # Backward: what PyTorch's backward of each op gives for the incoming gradient.
         want = {"relu": torch.where(mask, grad, 0.0),
                 "leaky_relu": torch.where(mask, grad, grad * 0.2),
@@ -296,7 +279,7 @@ def test_mask_ops_torch_path_is_pytorch(dtype, n, inplace):
         mode, s = mask_mode(divisor, slope, dtype, backward=True)
         out = grad.clone() if inplace else torch.empty_like(grad)
         ref.apply_packed_mask(out if inplace else grad, packed, out, mode, s)
-        _same_values(out, want)
+        assert_same_values(out, want)
 
 
 @cuda
@@ -312,7 +295,7 @@ def test_mask_kernels_equal_the_torch_path(dtype, n, inplace):
     from gnnact.quant.core import mask_kernels_agree
 
     assert mask_kernels_agree(0)
-    x = _specials(n, dtype, "cuda")
+    x = specials(n, dtype, "cuda")
     for mode, s in ((ref.MASK_MUL, 1.0), (ref.MASK_MUL, 4.0 / 3.0), (ref.MASK_ZERO, 1.0),
                     (ref.MASK_SELECT, 0.2)):
         want = torch.empty_like(x)
@@ -320,11 +303,11 @@ def test_mask_kernels_equal_the_torch_path(dtype, n, inplace):
         got = x.clone() if inplace else torch.empty_like(x)
         got_bits = kernels.sign_mask(got if inplace else x, got, mode, s)
         assert torch.equal(got_bits, want_bits)
-        _same_values(got, want)
+        assert_same_values(got, want)
         want = ref.apply_packed_mask(x, want_bits, torch.empty_like(x), mode, s)
         got = x.clone() if inplace else torch.empty_like(x)
         kernels.apply_packed_mask(got if inplace else x, want_bits, got, mode, s)
-        _same_values(got, want)
+        assert_same_values(got, want)
 
 
 @cuda

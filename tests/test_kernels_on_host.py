@@ -9,6 +9,7 @@ from __future__ import annotations
 import host_kernels
 import pytest
 import torch
+from mask_values import assert_same_values, specials
 
 from gnnact.kernels.quantize import vector_ok
 from gnnact.quant import reference
@@ -89,21 +90,6 @@ def test_host_kernels_keep_non_finite_and_constant_groups_as_the_reference():
     assert out[:1536].isnan().all() and (out[1536:] == 0.75).all()
 
 
-def _specials(n: int, dtype: torch.dtype) -> torch.Tensor:
-    """Random values led by NaN, +-0, +-inf, a negative value and a positive and a negative
-    subnormal."""
-    x = torch.randn(n, generator=torch.Generator().manual_seed(n)).to(dtype)
-    tiny = torch.finfo(dtype).smallest_normal / 4
-    specials = torch.tensor([float("nan"), 0.0, -0.0, float("inf"), -float("inf"), -1.5, tiny,
-                             -tiny], dtype=torch.float64).to(dtype)
-    x[: min(n, 8)] = specials[: min(n, 8)]
-    return x
-
-
-def _same_values(a: torch.Tensor, b: torch.Tensor) -> None:
-    torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
-    keep = ~a.isnan()
-    assert torch.equal(a[keep].signbit(), b[keep].signbit())  # -0.0 stays -0.0
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -114,7 +100,7 @@ def test_host_mask_kernels_equal_the_torch_path(dtype, n, inplace, vec):
     """sign_mask (a mask byte per thread) and apply_packed_mask in every mode: ReLU, dropout's
     scale, ReLU's backward, LeakyReLU; by 16-byte vectors and element by element; on a small
     grid, so that the loops stride."""
-    x = _specials(n, dtype)
+    x = specials(n, dtype)
     for mode, s in ((reference.MASK_MUL, 1.0), (reference.MASK_MUL, 4.0 / 3.0),
                     (reference.MASK_ZERO, 1.0), (reference.MASK_SELECT, 0.2)):
         want = torch.empty_like(x)
@@ -122,12 +108,12 @@ def test_host_mask_kernels_equal_the_torch_path(dtype, n, inplace, vec):
         got = x.clone() if inplace else torch.full_like(x, float("nan"))
         got_bits = host_kernels.sign_mask(got if inplace else x, got, mode, s, vec=vec, grid=2)
         assert torch.equal(got_bits, want_bits)
-        _same_values(got, want)
+        assert_same_values(got, want)
         want = reference.apply_packed_mask(x, want_bits, torch.empty_like(x), mode, s)
         got = x.clone() if inplace else torch.full_like(x, float("nan"))
         host_kernels.apply_packed_mask(got if inplace else x, want_bits, got, mode, s, vec=vec,
                                        grid=2)
-        _same_values(got, want)
+        assert_same_values(got, want)
 
 
 def test_host_build_names_ptx_it_cannot_run():
@@ -171,7 +157,7 @@ def test_launchers_drive_the_kernels_as_on_a_gpu(launchers_on_host, dtype, bits)
 @pytest.mark.parametrize("view", ["aligned", "misaligned"])
 def test_mask_launchers_drive_the_kernels_as_on_a_gpu(launchers_on_host, view):
     kernels = launchers_on_host
-    base = _specials(1002, torch.float32)
+    base = specials(1002, torch.float32)
     x = base[:-1] if view == "aligned" else base[1:]
     assert kernels.vector_ok(8, x) == (view == "aligned")
     mask = x > 0
@@ -182,8 +168,8 @@ def test_mask_launchers_drive_the_kernels_as_on_a_gpu(launchers_on_host, view):
         bits = reference.sign_mask(x, want, mode, s)
         got = torch.empty_like(x)
         assert torch.equal(kernels.sign_mask(x, got, mode, s), bits)
-        _same_values(got, want)
-        _same_values(kernels.apply_packed_mask(x, bits, torch.empty_like(x), mode, s),
+        assert_same_values(got, want)
+        assert_same_values(kernels.apply_packed_mask(x, bits, torch.empty_like(x), mode, s),
                      reference.apply_packed_mask(x, bits, torch.empty_like(x), mode, s))
 
 
