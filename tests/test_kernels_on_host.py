@@ -90,8 +90,6 @@ def test_host_kernels_keep_non_finite_and_constant_groups_as_the_reference():
     assert out[:1536].isnan().all() and (out[1536:] == 0.75).all()
 
 
-
-
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("n", [1, 31, 33, 1000, 70_001])
 @pytest.mark.parametrize("inplace", [False, True], ids=["out", "inplace"])
