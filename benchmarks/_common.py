@@ -17,7 +17,7 @@ from gnnact.env import environment
 
 __all__ = ["ADAPT_INTERVAL", "FIRST_INTERVAL", "PYG_MODELS", "RESULTS", "ROOT", "append_rows",
            "data_root", "environment", "finish", "median_time", "optional_int", "pyg_model",
-           "step_peak_bytes"]
+           "read_rows", "step_peak_bytes"]
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -80,6 +80,13 @@ def append_rows(path: Path, rows: list[dict]) -> None:
     with path.open("a") as f:
         for row in rows:
             f.write(json.dumps(row) + "\n")
+
+
+def read_rows(path: Path) -> list[dict]:
+    """The rows of the JSONL file ``path`` (none if it does not exist)."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def finish(path: Path, rows: list[dict], *, smoke: bool = False) -> int:

@@ -47,7 +47,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import json
 import math
 import statistics
 import sys
@@ -66,7 +65,7 @@ from torch_geometric.nn import GATConv
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RESULTS, append_rows, data_root, environment
+from _common import RESULTS, append_rows, data_root, environment, read_rows
 
 import gnnact
 from gnnact.data import load_dataset, synthetic_graph
@@ -263,10 +262,9 @@ def summarize(rows: list[dict], key: str = "test_acc") -> str:
     return "\n".join(lines)
 
 
-def read_rows(path: Path) -> list[dict]:
+def gat_cora_rows(path: Path) -> list[dict]:
     """This benchmark's rows in the JSONL file ``path``."""
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [r for r in rows if r.get("bench") == "gat_cora"]
+    return [r for r in read_rows(path) if r.get("bench") == "gat_cora"]
 
 
 def load(args: argparse.Namespace, tmp: str) -> Data:
@@ -300,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     for method in args.methods:
         parse_method(method)  # fail early
     if args.summary:
-        print(summarize(read_rows(args.out), args.metric))
+        print(summarize(gat_cora_rows(args.out), args.metric))
         return 0
     if args.smoke:
         args.epochs = min(args.epochs, 2)
@@ -328,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         print(summarize(rows, args.metric))
         return 0
     print(f"{len(rows)} rows -> {args.out}")
-    print(summarize(read_rows(args.out), args.metric))  # with the file's earlier runs (PyG's)
+    print(summarize(gat_cora_rows(args.out), args.metric))  # with the file's earlier runs (PyG's)
     return 0
 
 

@@ -17,19 +17,20 @@ commit. Exits 0 whatever the verdict: a missing row is a line saying so.
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import RESULTS, read_rows
+
 BANDWIDTH, PEAK, LARGEST = 0.70, 10.0, 15.0
 
 
 def rows_of(path: Path, device: str, bench: str) -> list[dict]:
     """The rows of ``bench`` on ``device`` in ``path``, oldest first."""
-    if not path.exists():
-        return []
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return sorted((r for r in rows if r.get("device") == device and r.get("bench") == bench),
+    return sorted((r for r in read_rows(path) if r.get("device") == device
+                   and r.get("bench") == bench),
                   key=lambda r: r.get("date", ""))
 
 

@@ -20,20 +20,15 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import ADAPT_INTERVAL, FIRST_INTERVAL, RESULTS, step_peak_bytes
+from _common import ADAPT_INTERVAL, FIRST_INTERVAL, RESULTS, read_rows, step_peak_bytes
 from table3 import MODELS, pick, settings
 
 GRAPHS = {"dblp": "DBLP", "computers": "Computers", "physics": "Physics"}
-
-
-def _rows(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def _newest(rows: list[dict], **match: object) -> dict | None:
@@ -47,8 +42,8 @@ def _mib(n: float) -> str:
 
 def headline(results: Path = RESULTS) -> str:
     """The markdown table and its caption."""
-    saved, train = _rows(results / "saved_bytes.jsonl"), _rows(results / "train.jsonl")
-    suite = [r for r in _rows(results / "suite.jsonl") if r.get("bench") == "suite"]
+    saved, train = read_rows(results / "saved_bytes.jsonl"), read_rows(results / "train.jsonl")
+    suite = [r for r in read_rows(results / "suite.jsonl") if r.get("bench") == "suite"]
     lines = ["| model | kept for backward: PyG fp32 → gnnact 2 bits | step peak: PyG fp32 → "
              "gnnact 2 bits | step time | accuracy change at adaptive 2 bits (points; "
              + ", ".join(GRAPHS.values()) + ") |",
