@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from gnnact.kernels._cupy import device_ptr, kernel_source
-from gnnact.kernels.quantize import _DTYPE_NAMES, _THREADS, _group_grid
+from gnnact.kernels.quantize import _DTYPE_NAMES, _THREADS, _dtype_name, _group_grid
 from gnnact.quant.packed import QUANT_BITS, packed_code_bytes
 from gnnact.quant.rng import split_seed
 
@@ -284,10 +284,6 @@ def library(filename: str) -> ctypes.CDLL:
     return ctypes.CDLL(str(lib))
 
 
-def _name(dtype: torch.dtype) -> str:
-    return _DTYPE_NAMES[dtype]
-
-
 def quantize_groups(x: Tensor, bits: int, group_size: int, *, seed: int | None = None,
                     noise: Tensor | None = None, vec: bool, grid: int | None = None
                     ) -> tuple[Tensor, Tensor, Tensor]:
@@ -301,7 +297,7 @@ def quantize_groups(x: Tensor, bits: int, group_size: int, *, seed: int | None =
     scales = torch.empty(num_groups, dtype=torch.float32)
     zeros = torch.empty(num_groups, dtype=torch.float32)
     s0, s1 = split_seed(seed or 0)
-    launch("quantize.cu", f"quantize_{_name(x.dtype)}_{bits}", x.device,
+    launch("quantize.cu", f"quantize_{_dtype_name(x.dtype)}_{bits}", x.device,
            grid or _group_grid(num_groups), _THREADS,
            (device_ptr(x), device_ptr(noise), device_ptr(codes), device_ptr(scales),
             device_ptr(zeros), np.int64(n), np.int64(group_size), np.int64(num_groups),
@@ -315,7 +311,7 @@ def dequantize_groups(codes: Tensor, scales: Tensor, zeros: Tensor, bits: int, g
     """The kernel's restored values (into ``out``, a flat CPU tensor, when given)."""
     num_groups, bytes_per_group = codes.shape
     out = torch.full((numel,), float("nan"), dtype=dtype) if out is None else out
-    launch("quantize.cu", f"dequantize_{_name(dtype)}_{bits}", codes.device,
+    launch("quantize.cu", f"dequantize_{_dtype_name(dtype)}_{bits}", codes.device,
            grid or _group_grid(num_groups), _THREADS,
            (device_ptr(codes), device_ptr(scales), device_ptr(zeros), device_ptr(out),
             np.int64(numel), np.int64(group_size), np.int64(num_groups),
@@ -328,7 +324,7 @@ def sign_mask(x: Tensor, out: Tensor, mode: int, s: float, *, vec: bool, grid: i
     be ``x``), on ``grid`` blocks."""
     n = x.numel()
     data = torch.full(((n + 7) // 8,), 0xAB, dtype=torch.uint8)
-    launch("mask.cu", f"sign_mask_{_name(x.dtype)}", x.device, grid, _THREADS,
+    launch("mask.cu", f"sign_mask_{_dtype_name(x.dtype)}", x.device, grid, _THREADS,
            (device_ptr(x), device_ptr(out), device_ptr(data), np.int64(n), np.int32(mode),
             np.float64(s), np.int32(vec)))
     return data
@@ -337,7 +333,7 @@ def sign_mask(x: Tensor, out: Tensor, mode: int, s: float, *, vec: bool, grid: i
 def apply_packed_mask(x: Tensor, data: Tensor, out: Tensor, mode: int, s: float, *,
                       vec: bool, grid: int) -> Tensor:
     """The kernel's ``out`` for ``x`` and the packed mask ``data``, on ``grid`` blocks."""
-    launch("mask.cu", f"apply_packed_mask_{_name(x.dtype)}", x.device, grid, _THREADS,
+    launch("mask.cu", f"apply_packed_mask_{_dtype_name(x.dtype)}", x.device, grid, _THREADS,
            (device_ptr(x), device_ptr(data), device_ptr(out), np.int64(x.numel()),
             np.int32(mode), np.float64(s), np.int32(vec)))
     return out
@@ -360,12 +356,13 @@ def launch(filename: str, name: str, device: torch.device, grid: int, block: int
     if name in ("pack_mask", "unpack_mask"):
         getattr(lib, f"host_{name}")(*values, *launch_shape)
         return
+    names = list(_DTYPE_NAMES.values())  # a dtype's code in the generated entry points
     if op in ("quantize", "dequantize"):
         dtype_name, bits = rest.rsplit("_", 1)
-        code = list(_DTYPE_NAMES.values()).index(dtype_name) * 16 + int(bits)
+        code = names.index(dtype_name) * 16 + int(bits)
         entry = lib.host_quantize if op == "quantize" else lib.host_dequantize
     else:  # sign_mask_<dtype>, apply_packed_mask_<dtype>
         kernel, dtype_name = name.rsplit("_", 1)
-        code = list(_DTYPE_NAMES.values()).index(dtype_name)
+        code = names.index(dtype_name)
         entry = getattr(lib, f"host_{kernel}")
     assert entry(ctypes.c_int(code), *values, *launch_shape) == 0, f"no host kernel {name}"
