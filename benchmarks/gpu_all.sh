@@ -116,7 +116,7 @@ for part in "${parts[@]}"; do
       "$py" benchmarks/bench_quantize.py --device cuda --out "$out/quantize.jsonl" || status=1
       "$py" benchmarks/bench_quantize.py --device cuda --dtype bfloat16 --bits 2 4 8 \
         --out "$out/quantize.jsonl" || status=1
-      # The 3/5/6/7-bit kernels, called directly until the dispatch takes them.
+      # The widths between (3, 5, 6, 7), the ones the adaptive controller picks.
       "$py" benchmarks/bench_quantize.py --device cuda --bits 3 5 6 7 \
         --out "$out/quantize.jsonl" || status=1
       ;;

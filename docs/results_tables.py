@@ -565,9 +565,10 @@ def _largest(results: Path) -> list[str]:
                     else _mib(r["products_peak_bytes"]) or "out of memory")
         body.append([device, _LABEL.get(model, model), method, f"{cap / 2**30:g} ({how})",
                      f"{r['largest_nodes']:,}", _x1(r["largest_nodes"] / pyg) if pyg else "",
-                     _mib(r.get("peak_bytes_at_largest")), products])
+                     _mib(r.get("peak_bytes_at_largest")),
+                     _mib(r.get("graph_build_peak_bytes")) or "–", products])
     header = ["device", "model", "method", "cap (GiB)", "largest graph (nodes)", "vs PyG",
-              "peak there (MiB)", "peak at products' size (MiB)"]
+              "peak there (MiB)", "graph build alone (MiB)", "peak at products' size (MiB)"]
     return [*_source(name, best.values()), *_list_table([header, *body])]
 
 

@@ -278,6 +278,13 @@ def test_largest_under_a_counted_cap_on_the_cpu(tmp_path, capsys):
         assert 0 < row["peak_bytes_at_largest"] <= row["cap_bytes"]
         assert "products_peak_bytes" not in row
     assert rows["gnnact2"]["largest_nodes"] > 5 * rows["pyg"]["largest_nodes"]
+    # The graph's build at that size, measured alone: the graph plus at most 24 B per edge
+    # (bench_largest's degree: 50.5 edges per node), below the whole step's peak.
+    gnnact2 = rows["gnnact2"]
+    edges = round(gnnact2["largest_nodes"] * gnnact2["degree"])
+    assert 0 < gnnact2["graph_bytes"] < gnnact2["graph_build_peak_bytes"] <= 24 * edges + 10**5
+    assert gnnact2["graph_build_peak_bytes"] < gnnact2["peak_bytes_at_largest"]
+    assert "graph_build_peak_bytes" not in rows["pyg"]
     with pytest.raises(SystemExit):
         largest.main(["--device", "cpu", "--methods", "gnnact2_swap"])
 

@@ -15,8 +15,11 @@ A :class:`Graph` describes :math:`Y = A X` with :math:`A \in \mathbb{R}^{N_{dst}
 What a graph keeps depends on what its user needs (``per_edge``, ``keep_dst``): a fixed
 adjacency aggregated with its own values (GCN, SAGE, GCNII) keeps :math:`A` and, only if it is
 not symmetric, the transposed structure. Indices and permutations are int32 when :math:`N` and
-:math:`E` fit, int64 otherwise. No node features, and nothing derived only for speed: the
-per-edge targets (when not kept) and all-ones values are made in the call that needs them.
+:math:`E` fit, int64 otherwise. Building one from an edge list holds at most 24 bytes per edge
+beside it (int64 sort keys, their sorted copy and the permutation; every other per-edge tensor
+int32, made by blocks): the first step of a large graph needs little beyond what later steps
+do. No node features, and nothing derived only for speed: the per-edge targets (when not kept)
+and all-ones values are made in the call that needs them.
 Where the caller's adjacency already is this CSR (a ``torch.sparse`` CSR or
 ``torch_sparse.SparseTensor`` ``adj_t``, or an ``EdgeIndex`` sorted by target, with sorted
 columns), the graph refers to its tensors instead of copying them (``borrowed``): those bytes
@@ -38,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
@@ -48,6 +52,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from gnnact.ops.blocks import row_starts
 from gnnact.ops.state import eager_op
 
 __all__ = ["Graph", "GraphCache", "active_graph_cache", "build_graph", "cache_on",
@@ -328,21 +333,22 @@ class Graph:
         """
         num_edges = src.numel()
         idx = _index_dtype(num_src + 1, num_dst + 1, num_edges)
-        key = dst.long() * num_src + src.long()
-        if num_edges < 2 or bool((key[1:] >= key[:-1]).all()):
-            perm = None  # already in CSR order; copied all the same (the caller's tensors)
-            src_s, dst_s = src.to(idx, copy=True), dst
-            value = None if value is None else value.clone()
-        else:
-            perm = torch.argsort(key, stable=True)
-            src_s, dst_s = src[perm].to(idx), dst[perm]
-            if value is not None:
-                value = value[perm]
-        del key
-        ptr = _compress(dst_s, num_dst)
+        # The CSR order is the order of the keys dst * N_src + src: one stable sort of them,
+        # and both endpoints read back from the sorted keys (no gather of the inputs). Every
+        # per-edge tensor beyond the keys is `idx` and made by blocks, so the build holds
+        # 24 bytes per edge at most (the keys, their sorted copy and the permutation).
+        key = _edge_keys(src, dst, num_src)
+        perm = None
+        if num_edges >= 2 and not bool((key[1:] >= key[:-1]).all()):
+            key, perm = torch.sort(key, stable=True)
+        if value is not None:  # (the caller's: copied in CSR order)
+            value = value.clone() if perm is None else value[perm]
         input_perm = perm.to(idx) if per_edge and perm is not None else None
-        return cls._finish(num_src, num_dst, ptr.to(idx), src_s, dst_s, value, input_perm,
-                           per_edge=per_edge, keep_dst=keep_dst)
+        del perm
+        src_s, dst_s = _split_keys(key, num_src, idx)
+        del key
+        return cls._finish(num_src, num_dst, _compress(dst_s, num_dst).to(idx), src_s, dst_s,
+                           value, input_perm, per_edge=per_edge, keep_dst=keep_dst)
 
     @classmethod
     def from_csr(cls, ptr: Tensor, col: Tensor, num_src: int, num_dst: int,
@@ -355,8 +361,9 @@ class Graph:
                 copying them, when their order serves (columns sorted within each row): for
                 the caller's own adjacency, which lives anyway. (default: :obj:`False`)
         """
+        idx = _index_dtype(num_src + 1, num_dst + 1, col.numel())
         counts = (ptr[1:] - ptr[:-1]).long()
-        dst = torch.arange(num_dst, device=ptr.device).repeat_interleave(
+        dst = torch.arange(num_dst, dtype=idx, device=ptr.device).repeat_interleave(
             counts, output_size=col.numel())
         if not _sorted_within_rows(ptr, col):
             # A CSR may list a row's columns in any order: re-sorting through from_coo gives
@@ -364,7 +371,6 @@ class Graph:
             # back to the caller's.
             return cls.from_coo(col, dst, num_src, num_dst, value, per_edge=per_edge,
                                 keep_dst=keep_dst)
-        idx = _index_dtype(num_src + 1, num_dst + 1, col.numel())
         borrowed: tuple[str, ...] = ()
         if borrow and ptr.dtype == col.dtype and ptr.is_contiguous() and col.is_contiguous():
             borrowed = ("ptr", "src", "value")
@@ -385,31 +391,59 @@ class Graph:
             value = None  # all ones: made per call, exactly the same products
         # Stable: within a source, edges stay sorted by target, so t_dst is sorted per row and
         # equals src exactly when the structure is symmetric (both in canonical order).
-        t_perm = torch.argsort(src, stable=True)
-        t_ptr = _compress(src.index_select(0, t_perm), num_src)
+        t_src, t_perm = torch.sort(src, stable=True)
+        t_ptr = _compress(t_src, num_src)
+        del t_src
         t_dst = dst.index_select(0, t_perm)
         symmetric = (num_src == num_dst and torch.equal(t_ptr, ptr.long())
-                     and torch.equal(t_dst.long(), src.long()))
-        del t_dst
+                     and _equal(t_dst, src))
         if symmetric and value is not None:
             symmetric = torch.equal(value.index_select(0, t_perm), value)
         keep_perm = per_edge or (value is not None and not symmetric)
-        graph = cls(num_src, num_dst, ptr, src, value=value,
-                    t_perm=t_perm.to(idx) if keep_perm else None, input_perm=input_perm,
-                    targets=dst.to(idx, copy=True) if keep_dst else None, per_edge=per_edge,
+        if symmetric or keep_perm:  # (with t_perm, t_dst = dst[t_perm] is made per call)
+            del t_dst
+        t_perm = t_perm.to(idx) if keep_perm else None
+        graph = cls(num_src, num_dst, ptr, src, value=value, t_perm=t_perm,
+                    input_perm=input_perm, targets=dst.to(idx) if keep_dst else None,
+                    per_edge=per_edge,
                     borrowed=tuple(b for b in borrowed if not (b == "value" and value is None)))
         if not symmetric:
             graph.t_ptr = t_ptr.to(idx)
-            if not keep_perm:  # with t_perm, t_dst = dst[t_perm] is made per call instead
-                graph.t_dst = dst.index_select(0, t_perm).to(idx)
+            if not keep_perm:
+                graph.t_dst = t_dst.to(idx)
         return graph
 
 
 def _compress(sorted_index: Tensor, size: int) -> Tensor:
-    """Row pointers (int64) of an index sorted ascending."""
-    ptr = torch.zeros(size + 1, dtype=torch.int64, device=sorted_index.device)
-    torch.cumsum(torch.bincount(sorted_index.long(), minlength=size), 0, out=ptr[1:])
-    return ptr
+    """Row pointers (int64) of an index sorted ascending: entry :math:`i` counts the values
+    below :math:`i` (a binary search per row: no temporary as long as the index)."""
+    bounds = torch.arange(size + 1, dtype=sorted_index.dtype, device=sorted_index.device)
+    return torch.searchsorted(sorted_index, bounds)
+
+
+def _edge_keys(src: Tensor, dst: Tensor, num_src: int) -> Tensor:
+    """The int64 keys ``dst * num_src + src`` of edges, by blocks (no full-size int64 copy of
+    an int32 input beside them)."""
+    key = torch.empty(src.numel(), dtype=torch.int64, device=src.device)
+    for a, b in itertools.pairwise(row_starts(src.numel(), 1)):
+        key[a:b].copy_(dst[a:b]).mul_(num_src).add_(src[a:b])
+    return key
+
+
+def _split_keys(key: Tensor, num_src: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """Inverse of :func:`_edge_keys`: ``(src, dst)`` in ``dtype``, by blocks."""
+    src = torch.empty(key.numel(), dtype=dtype, device=key.device)
+    dst = torch.empty_like(src)
+    for a, b in itertools.pairwise(row_starts(key.numel(), 1)):
+        q = torch.div(key[a:b], num_src, rounding_mode="floor")
+        dst[a:b] = q
+        src[a:b] = key[a:b] - q.mul_(num_src)
+    return src, dst
+
+
+def _equal(a: Tensor, b: Tensor) -> bool:
+    """``torch.equal`` of two index tensors that may differ in dtype (int32 and int64)."""
+    return torch.equal(a, b if a.dtype == b.dtype else b.to(a.dtype))
 
 
 def _sorted_within_rows(ptr: Tensor, col: Tensor) -> bool:
