@@ -426,7 +426,8 @@ def test_evidence_table_from_rows(tmp_path, capsys):
           {**p, "model": "sage", "style": "pyg", "bits": 2, "peak_ratio_vs_fp32": 8.0})
     largest = {"bench": "largest", "cap_bytes": 16 * 2**30, "commit": "c", "date": "1"}
     write("largest.jsonl", {**largest, "method": "pyg", "largest_nodes": 100_000},
-          {**largest, "method": "gnnact2", "largest_nodes": 1_600_000})
+          {**largest, "method": "gnnact2", "largest_nodes": 1_600_000,
+           "graph_build_peak_bytes": 3 * 2**30, "peak_bytes_at_largest": 15 * 2**30})
     assert evidence.main([str(tmp_path)]) == 0
     text = capsys.readouterr().out
     assert "quantize   3 bits float32    80.0%  ok      new" in text
@@ -435,4 +436,5 @@ def test_evidence_table_from_rows(tmp_path, capsys):
     assert "gcn    module     169,343 nodes    1024 MiB   12.5x  ok" in text
     assert "sage   pyg        169,343 nodes    1024 MiB    8.0x  BELOW" in text
     assert "PyG 100,000 nodes, 2 bits 1,600,000 (16.0x)  ok c" in text
+    assert "the graph's build alone 3,072 MiB, the whole step 15,360 MiB" in text
     assert "swap on GCNII: no rows" in text

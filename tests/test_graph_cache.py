@@ -445,6 +445,18 @@ def test_built_graph_is_the_plain_sort(sizes, order, values, per_edge, keep_dst)
     """The CSR and transposed structure read back from sorted int64 keys, by blocks, equal
     the plain argsort-and-gather build, field by field and dtype by dtype (multi-edges,
     bipartite shapes, input already in CSR order, per-edge values)."""
+    _check_build("cpu", sizes, order, values, per_edge, keep_dst)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("values", ["none", "random"])
+@pytest.mark.parametrize("per_edge,keep_dst", [(True, True), (False, False)])
+def test_built_graph_is_the_plain_sort_on_cuda(values, per_edge, keep_dst):
+    _check_build("cuda", (25, 60), "random", values, per_edge, keep_dst)
+
+
+def _check_build(device: str, sizes: tuple[int, int], order: str, values: str, per_edge: bool,
+                 keep_dst: bool) -> None:
     num_src, num_dst = sizes
     gen = torch.Generator().manual_seed(sum(sizes))
     src = torch.randint(0, num_src, (500,), generator=gen)
@@ -454,14 +466,16 @@ def test_built_graph_is_the_plain_sort(sizes, order, values, per_edge, keep_dst)
         src, dst = src[perm], dst[perm]
     value = {"none": None, "random": torch.rand(500, generator=gen, dtype=torch.float64),
              "ones": torch.ones(500)}[values]
+    expected = _reference_graph(src, dst, num_src, num_dst, value, per_edge, keep_dst)
+    src, dst = src.to(device), dst.to(device)
+    value = None if value is None else value.to(device)
     graph = Graph.from_coo(src, dst, num_src, num_dst, value, per_edge=per_edge,
                            keep_dst=keep_dst)
-    expected = _reference_graph(src, dst, num_src, num_dst, value, per_edge, keep_dst)
     for name, want in expected.items():
         got = getattr(graph, name)
         assert (got is None) == (want is None), name
         if want is not None:
-            assert got.dtype == want.dtype and torch.equal(got, want), name
+            assert got.dtype == want.dtype and torch.equal(got.cpu(), want), name
     # int32 endpoints build the same graph
     same = Graph.from_coo(src.int(), dst.int(), num_src, num_dst, value, per_edge=per_edge,
                           keep_dst=keep_dst)
