@@ -496,3 +496,26 @@ def test_building_holds_24_bytes_per_edge(per_edge):
     assert not graph.symmetric
     assert meter.peak_bytes <= 24 * e + 64 * (n + 1)
     assert meter.peak_bytes > 16 * e  # (the keys and their sorted copy at least: measured)
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_int64_indices_past_the_int32_range(kind, symmetric, monkeypatch):
+    """Graphs whose nodes or edges do not fit int32 keep int64 indices (shown here with the
+    limit lowered to 10): the same outputs and gradients as PyG, every index tensor int64."""
+    import gnnact.ops.graph as graph_module
+
+    monkeypatch.setattr(graph_module, "_INT32_MAX", 10)
+    ei = _edges(symmetric)
+    ref, ours = _pair(kind)
+    call = KINDS[kind][2]
+    x = _x()
+    out, expected = call(ours, x, ei), call(ref, x, ei)
+    torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-12)
+    g = torch.randn_like(out)
+    for a, b in zip(torch.autograd.grad(out, [x, *ours.parameters()], g),
+                    torch.autograd.grad(expected, [x, *ref.parameters()], g), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    graph = _only_graph(ours)
+    assert graph.symmetric is symmetric
+    assert all(t.dtype == torch.int64 for name, t in graph.tensors() if name != "value")
