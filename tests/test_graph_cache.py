@@ -6,6 +6,7 @@ exact byte counts per conv for symmetric and asymmetric graphs, at most the call
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import gc
 import pickle
@@ -519,3 +520,91 @@ def test_int64_indices_past_the_int32_range(kind, symmetric, monkeypatch):
     graph = _only_graph(ours)
     assert graph.symmetric is symmetric
     assert all(t.dtype == torch.int64 for name, t in graph.tensors() if name != "value")
+
+
+def _gcn_norm_graph(ei: Tensor, n: int, loops: bool, improved: bool,
+                    dtype: torch.dtype) -> Graph:
+    """The GCN graph as PyG's gcn_norm and the plain build make it."""
+    from torch_geometric.nn.conv.gcn_conv import gcn_norm
+
+    adj, weight = gcn_norm(ei, None, n, improved, loops, "source_to_target", dtype)
+    return build_graph(adj, n, edge_weight=weight, per_edge=False, keep_dst=False)
+
+
+@pytest.mark.parametrize("shape", ["random", "undirected", "hub", "empty"])
+@pytest.mark.parametrize("loops", [True, False])
+@pytest.mark.parametrize("improved", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_gcn_graph_from_keys_is_gcn_norms(shape, loops, improved, dtype):
+    """An edge_index without weights is normalised from the keys it sorts (its in-degrees),
+    not through gcn_norm's copies of the edge list: every field of the graph, values
+    included, equals gcn_norm's followed by the plain build, bit for bit (multi-edges,
+    self-loops in the input, a hub, isolated nodes, no edges)."""
+    from gnnact.nn.conv.norm import normalized_graph
+
+    n = 60
+    gen = torch.Generator().manual_seed(3)
+    ei = torch.randint(0, n, (2, 0 if shape == "empty" else 700), generator=gen)
+    if shape == "undirected":
+        ei = to_undirected(ei, num_nodes=n)
+    elif shape == "hub":
+        ei = torch.cat([ei, torch.stack([torch.randint(0, n, (500,), generator=gen),
+                                         torch.zeros(500, dtype=torch.long)])], dim=1)
+    ours, value = normalized_graph(ei, None, n, improved=improved, add_self_loops=loops,
+                                   flow="source_to_target", dtype=dtype)
+    assert value is None
+    expected = _gcn_norm_graph(ei, n, loops, improved, dtype)
+    for field in dataclasses.fields(Graph):
+        got, want = getattr(ours, field.name), getattr(expected, field.name)
+        if isinstance(want, Tensor):
+            assert got.dtype == want.dtype and torch.equal(got, want), field.name
+        else:
+            assert got == want, field.name
+
+
+def test_gcn_graph_takes_gcn_norm_past_exact_counts(monkeypatch):
+    """Past the in-degree that float32 counts exactly (lowered here to 100), and for 16-bit
+    values, the graph is gcn_norm's; below it, it is built from the keys. Equal either way."""
+    import gnnact.nn.conv.norm as norm
+
+    from_keys = norm._normalized_edges
+    built: list[torch.dtype] = []
+
+    def spy(edge_index, num_nodes, loops, dtype):
+        built.append(dtype)
+        return from_keys(edge_index, num_nodes, loops, dtype)
+
+    monkeypatch.setattr(norm, "_EXACT_COUNT", 100)
+    monkeypatch.setattr(norm, "_normalized_edges", spy)
+    n = 60
+    gen = torch.Generator().manual_seed(4)
+    spread = torch.stack([torch.randint(0, n, (600,), generator=gen),
+                          torch.arange(600) % n])  # in-degree 10 everywhere
+    hub = torch.cat([spread, torch.stack([torch.arange(150) % n,
+                                          torch.zeros(150, dtype=torch.long)])], dim=1)
+    for ei, dtype, from_keys_expected in [(spread, torch.float32, True),
+                                          (hub, torch.float32, False),
+                                          (hub, torch.float64, True),
+                                          (spread, torch.float16, False)]:
+        built.clear()
+        ours, _ = norm.normalized_graph(ei, None, n, improved=False, add_self_loops=True,
+                                        flow="source_to_target", dtype=dtype)
+        assert bool(built) is from_keys_expected
+        expected = _gcn_norm_graph(ei, n, True, False, dtype)
+        assert all(torch.equal(a, b) for (_, a), (_, b) in
+                   zip(ours.tensors(), expected.tensors(), strict=True))
+
+
+@pytest.mark.parametrize("loops", [True, False])
+def test_gcn_graph_build_holds_24_bytes_per_edge(loops):
+    """Normalising and building GCN's graph of an edge_index holds about 24 bytes per edge
+    (where gcn_norm's copies of the edge list and the build beside them held about 45)."""
+    from gnnact.nn.conv.norm import normalized_graph
+
+    n, e = 2_000, 400_000
+    ei = torch.randint(0, n, (2, e), generator=torch.Generator().manual_seed(0))
+    with PeakMeter(torch.device("cpu")) as meter:
+        graph, _ = normalized_graph(ei, None, n, improved=False, add_self_loops=loops,
+                                    flow="source_to_target", dtype=torch.float32)
+    assert not graph.symmetric
+    assert meter.peak_bytes <= 24 * (e + n) + 64 * (n + 1)

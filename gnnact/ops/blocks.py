@@ -12,7 +12,7 @@ from torch import Tensor
 
 from gnnact.quant.reference import block_elements
 
-__all__ = ["row_starts", "sum_of_products"]
+__all__ = ["element_blocks", "row_starts", "sum_of_products"]
 
 
 def row_starts(rows: int, width: int) -> list[int]:
@@ -20,6 +20,13 @@ def row_starts(rows: int, width: int) -> list[int]:
     of about ``gnnact.quant.reference.block_elements`` values (at least one row)."""
     step = max(1, block_elements(rows * width) // max(1, width))
     return [*range(0, rows, step), rows]
+
+
+def element_blocks(n: int) -> list[tuple[int, int]]:
+    """``(start, stop)`` of consecutive blocks of about
+    ``gnnact.quant.reference.block_elements(n)`` values covering ``range(n)`` (a flat
+    tensor's :func:`row_starts`)."""
+    return list(itertools.pairwise(row_starts(n, 1)))
 
 
 def sum_of_products(a: Tensor, b: Tensor, dims: list[int]) -> Tensor:

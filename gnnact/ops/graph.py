@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import itertools
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
@@ -52,11 +51,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gnnact.ops.blocks import row_starts
+from gnnact.ops.blocks import element_blocks
 from gnnact.ops.state import eager_op
 
 __all__ = ["Graph", "GraphCache", "active_graph_cache", "build_graph", "cache_on",
-           "check_edge_index", "check_sparse_flow", "csr_tensor", "graph_cache_for", "graph_from",
+           "check_edge_index", "check_sparse_flow", "csr_tensor", "edge_keys",
+           "graph_cache_for", "graph_from",
            "is_sparse_adjacency", "is_sparse_tensor", "sparse_compute_dtype", "use_graph_cache"]
 
 _INT32_MAX = 2**31 - 1
@@ -331,13 +331,35 @@ class Graph:
                 (keeps ``input_perm`` and ``t_perm``). (default: :obj:`True`)
             keep_dst (bool, optional): keep the per-edge targets. (default: :obj:`True`)
         """
-        num_edges = src.numel()
+        return cls.from_keys(lambda: edge_keys(src, dst, num_src), num_src, num_dst, value,
+                             per_edge=per_edge, keep_dst=keep_dst)
+
+    @classmethod
+    def from_keys(cls, make_keys: Callable[[], Tensor], num_src: int, num_dst: int,
+                  value: Tensor | None = None, *,
+                  values_of: Callable[[Tensor, Tensor, Tensor], Tensor] | None = None,
+                  per_edge: bool = True, keep_dst: bool = True) -> Graph:
+        """Build from the edges' keys ``dst * num_src + src`` (:func:`edge_keys`), in any order.
+
+        The CSR order is the keys' order: one stable sort of them, and both endpoints read
+        back from the sorted keys by blocks (no gather), so the build holds 24 bytes per edge
+        at most (the keys, their sorted copy and the permutation; every other per-edge tensor
+        int32 where it fits).
+
+        Args:
+            make_keys (Callable): makes the int64 keys ``[E]`` when called, so that the build
+                is their only holder and lets them go once sorted.
+            value (torch.Tensor, optional): edge values in the keys' order.
+            values_of (Callable, optional): instead of ``value``, makes the values in CSR
+                order from the int64 row pointers and the CSR-ordered sources and targets
+                (values that follow from the structure, such as GCN's normalisation).
+            per_edge, keep_dst: as in :meth:`from_coo`.
+        """
+        if value is not None and values_of is not None:
+            raise ValueError("from_keys takes value or values_of, not both")
+        key = make_keys()
+        num_edges = key.numel()
         idx = _index_dtype(num_src + 1, num_dst + 1, num_edges)
-        # The CSR order is the order of the keys dst * N_src + src: one stable sort of them,
-        # and both endpoints read back from the sorted keys (no gather of the inputs). Every
-        # per-edge tensor beyond the keys is `idx` and made by blocks, so the build holds
-        # 24 bytes per edge at most (the keys, their sorted copy and the permutation).
-        key = _edge_keys(src, dst, num_src)
         perm = None
         if num_edges >= 2 and not bool((key[1:] >= key[:-1]).all()):
             key, perm = torch.sort(key, stable=True)
@@ -347,8 +369,11 @@ class Graph:
         del perm
         src_s, dst_s = _split_keys(key, num_src, idx)
         del key
-        return cls._finish(num_src, num_dst, _compress(dst_s, num_dst).to(idx), src_s, dst_s,
-                           value, input_perm, per_edge=per_edge, keep_dst=keep_dst)
+        ptr = _compress(dst_s, num_dst)
+        if values_of is not None:
+            value = values_of(ptr, src_s, dst_s)
+        return cls._finish(num_src, num_dst, ptr.to(idx), src_s, dst_s, value, input_perm,
+                           per_edge=per_edge, keep_dst=keep_dst)
 
     @classmethod
     def from_csr(cls, ptr: Tensor, col: Tensor, num_src: int, num_dst: int,
@@ -421,20 +446,20 @@ def _compress(sorted_index: Tensor, size: int) -> Tensor:
     return torch.searchsorted(sorted_index, bounds)
 
 
-def _edge_keys(src: Tensor, dst: Tensor, num_src: int) -> Tensor:
-    """The int64 keys ``dst * num_src + src`` of edges, by blocks (no full-size int64 copy of
-    an int32 input beside them)."""
+def edge_keys(src: Tensor, dst: Tensor, num_src: int) -> Tensor:
+    """The int64 keys ``dst * num_src + src`` of edges (their order is the CSR order of
+    :class:`Graph`), by blocks: no full-size int64 copy of an int32 input beside them."""
     key = torch.empty(src.numel(), dtype=torch.int64, device=src.device)
-    for a, b in itertools.pairwise(row_starts(src.numel(), 1)):
+    for a, b in element_blocks(src.numel()):
         key[a:b].copy_(dst[a:b]).mul_(num_src).add_(src[a:b])
     return key
 
 
 def _split_keys(key: Tensor, num_src: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """Inverse of :func:`_edge_keys`: ``(src, dst)`` in ``dtype``, by blocks."""
+    """Inverse of :func:`edge_keys`: ``(src, dst)`` in ``dtype``, by blocks."""
     src = torch.empty(key.numel(), dtype=dtype, device=key.device)
     dst = torch.empty_like(src)
-    for a, b in itertools.pairwise(row_starts(key.numel(), 1)):
+    for a, b in element_blocks(key.numel()):
         q = torch.div(key[a:b], num_src, rounding_mode="floor")
         dst[a:b] = q
         src[a:b] = key[a:b] - q.mul_(num_src)
