@@ -608,3 +608,29 @@ def test_gcn_graph_build_holds_24_bytes_per_edge(loops):
                                     flow="source_to_target", dtype=torch.float32)
     assert not graph.symmetric
     assert meter.peak_bytes <= 24 * (e + n) + 64 * (n + 1)
+
+
+@pytest.mark.parametrize("keep_dst", [False, True])  # GATConv's options, GATv2Conv's
+@pytest.mark.parametrize("sizes", [(40, 40), (40, 25), (25, 40)])
+def test_attention_graph_with_loops_from_keys(sizes, keep_dst):
+    """GAT's and GATv2's graph of an edge_index whose self-loops PyG replaces is built from
+    the edges' keys: equal, field by field, to the graph of PyG's looped edge_index
+    (bipartite sizes too, loops on the first min(N_src, N_dst) nodes)."""
+    from gnnact.nn.conv.gat_conv import _with_self_loops, looped_graph
+
+    n_src, n_dst = sizes
+    loops = min(sizes)
+    gen = torch.Generator().manual_seed(5)
+    ei = torch.stack([torch.randint(0, n_src, (300,), generator=gen),
+                      torch.randint(0, n_dst, (300,), generator=gen)])
+    ei[1, :40] = ei[0, :40].clamp(max=n_dst - 1)  # some loops in the input
+    ours = looped_graph(ei, loops, n_src, n_dst, "source_to_target", None, per_edge=True,
+                        keep_dst=keep_dst)
+    looped, _ = _with_self_loops(ei, None, None, loops)
+    expected = build_graph(looped, n_src, n_dst, per_edge=True, keep_dst=keep_dst)
+    for field in dataclasses.fields(Graph):
+        got, want = getattr(ours, field.name), getattr(expected, field.name)
+        if isinstance(want, Tensor):
+            assert got.dtype == want.dtype and torch.equal(got, want), field.name
+        else:
+            assert got == want, field.name

@@ -56,8 +56,8 @@ from gnnact.ops.state import eager_op
 
 __all__ = ["Graph", "GraphCache", "active_graph_cache", "build_graph", "cache_on",
            "check_edge_index", "check_sparse_flow", "csr_tensor", "edge_keys",
-           "graph_cache_for", "graph_from",
-           "is_sparse_adjacency", "is_sparse_tensor", "sparse_compute_dtype", "use_graph_cache"]
+           "graph_cache_for", "graph_from", "is_sparse_adjacency", "is_sparse_tensor",
+           "keys_with_self_loops", "sparse_compute_dtype", "use_graph_cache"]
 
 _INT32_MAX = 2**31 - 1
 
@@ -452,6 +452,25 @@ def edge_keys(src: Tensor, dst: Tensor, num_src: int) -> Tensor:
     key = torch.empty(src.numel(), dtype=torch.int64, device=src.device)
     for a, b in element_blocks(src.numel()):
         key[a:b].copy_(dst[a:b]).mul_(num_src).add_(src[a:b])
+    return key
+
+
+def keys_with_self_loops(src: Tensor, dst: Tensor, num_src: int, loops: int) -> Tensor:
+    """The keys (:func:`edge_keys`) of the edges left when PyG replaces the self-loops of an
+    ``edge_index`` without edge features (``remove_self_loops`` then ``add_self_loops``, as
+    GAT does; ``add_remaining_self_loops`` without weights, as GCN does): every edge that is
+    not a loop, in order, then the loops of nodes ``0 … loops - 1``. Made by blocks, without
+    the copies of the edge list PyG's functions make."""
+    blocks = element_blocks(src.numel())
+    # How many edges of each block stay (one count per block), then the kept keys packed.
+    kept = [int((src[a:b] != dst[a:b]).sum()) for a, b in blocks]
+    key = torch.empty(sum(kept) + loops, dtype=torch.int64, device=src.device)
+    at = 0
+    for (a, b), k in zip(blocks, kept, strict=True):
+        not_loop = src[a:b] != dst[a:b]
+        key[at:at + k] = edge_keys(src[a:b], dst[a:b], num_src)[not_loop]
+        at += k
+    torch.arange(loops, device=src.device, out=key[at:]).mul_(num_src + 1)
     return key
 
 

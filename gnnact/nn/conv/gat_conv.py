@@ -2,6 +2,7 @@ r"""``GATConv`` whose context is compressed."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch_geometric.nn as pyg_nn
@@ -28,7 +29,14 @@ from gnnact.config import Config
 from gnnact.nn._lazy import linear_weight
 from gnnact.nn.conv.base import CompressedConv, propagate_sizes
 from gnnact.ops.gat import gat_attention
-from gnnact.ops.graph import Graph, build_graph, cache_on, graph_cache_for
+from gnnact.ops.graph import (
+    Graph,
+    build_graph,
+    cache_on,
+    check_edge_index,
+    graph_cache_for,
+    keys_with_self_loops,
+)
 
 __all__ = ["GATConv"]
 
@@ -52,6 +60,20 @@ def _with_self_loops(edge_index: Tensor, edge_attr: Tensor | None, fill_value: A
     """``edge_index`` (and ``edge_attr``) with its self-loops replaced, as PyG's GAT does."""
     edge_index, edge_attr = remove_self_loops(edge_index, edge_attr)
     return add_self_loops(edge_index, edge_attr, fill_value=fill_value, num_nodes=num_nodes)
+
+
+def looped_graph(edge_index: Tensor, loops: int, num_src: int, num_dst: int, flow: str,
+                 build: Callable[[Tensor], Graph], **options: bool) -> Graph:
+    """The graph of ``edge_index`` (no edge features) with its self-loops replaced as
+    :func:`_with_self_loops` replaces them (loops of nodes ``0 … loops - 1``): built from the
+    edges' keys (:meth:`Graph.from_keys` with ``options``), the same graph without PyG's two
+    copies of the edge list; for ``target_to_source``, ``build`` of the looped edge_index."""
+    if flow != "source_to_target":
+        looped, _ = _with_self_loops(edge_index, None, None, loops)
+        return build(looped)
+    src, dst = check_edge_index(edge_index, num_src, num_dst, flow=flow)
+    return Graph.from_keys(lambda: keys_with_self_loops(src, dst, num_src, loops), num_src,
+                           num_dst, **options)
 
 
 def attention_output(conv: Any, result: Any, want_alpha: bool, res: Tensor | None,
@@ -257,9 +279,9 @@ class GATConv(CompressedConv, pyg_nn.GATConv):
                 num_nodes = min(size) if size is not None else num_nodes
                 loops_key = ("loops", num_nodes)
                 # Without edge features or returned weights nothing but the cached graph reads
-                # the looped edge_index: it is made only when that graph is built, not in
-                # every forward (removing loops syncs with the host, and breaks a compiled
-                # graph).
+                # the looped edge_index: the loops are replaced only when that graph is built
+                # (looped_graph, on the edges' keys), not in every forward (removing loops
+                # syncs with the host, and breaks a compiled graph).
                 # (A sparse adjacency's values and an EdgeIndex's sizes change with the
                 # loops: those are looped here.)
                 looped_later = (edge_attr is None and not want_alpha
@@ -281,10 +303,11 @@ class GATConv(CompressedConv, pyg_nn.GATConv):
         n_src, n_dst = propagate_sizes(self, edge_index, size, x_src.size(0),
                                        None if x_dst is None else x_dst.size(0))
         def build() -> Graph:
-            looped = edge_index
             if looped_later:
-                looped, _ = _with_self_loops(edge_index, None, self.fill_value, loops_key[1])
-            return _build(looped, n_src, n_dst, self.flow, looped is adj)
+                return looped_graph(edge_index, loops_key[1], n_src, n_dst, self.flow,
+                                    lambda ei: _build(ei, n_src, n_dst, self.flow, False),
+                                    per_edge=True, keep_dst=False)
+            return _build(edge_index, n_src, n_dst, self.flow, edge_index is adj)
 
         graph = cache_on(adj, ("gat", loops_key, n_src, n_dst, self.flow), build,
                          cache=graph_cache_for(self))

@@ -23,7 +23,7 @@ from gnnact import ops
 from gnnact.config import Config
 from gnnact.nn._lazy import linear_weight
 from gnnact.nn.conv.base import CompressedConv, propagate_sizes
-from gnnact.nn.conv.gat_conv import _with_self_loops, attention_output
+from gnnact.nn.conv.gat_conv import _with_self_loops, attention_output, looped_graph
 from gnnact.ops.context import transient
 from gnnact.ops.gatv2 import gatv2_attention
 from gnnact.ops.graph import Graph, build_graph, cache_on, graph_cache_for
@@ -266,10 +266,10 @@ class GATv2Conv(CompressedConv, pyg_nn.GATv2Conv):
 
         n_src, n_dst = propagate_sizes(self, edge_index, None, x_l.size(0), x_r.size(0))
         def build() -> Graph:
-            looped = edge_index
             if looped_later:
-                looped, _ = _with_self_loops(edge_index, None, self.fill_value, loops_key[1])
-            return _build(looped, n_src, n_dst, self.flow)
+                return looped_graph(edge_index, loops_key[1], n_src, n_dst, self.flow,
+                                    lambda ei: _build(ei, n_src, n_dst, self.flow))
+            return _build(edge_index, n_src, n_dst, self.flow)
 
         graph = cache_on(adj, ("gatv2", loops_key, n_src, n_dst, self.flow), build,
                          cache=graph_cache_for(self))

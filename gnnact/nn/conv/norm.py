@@ -39,6 +39,7 @@ from gnnact.ops.graph import (
     check_sparse_flow,
     edge_keys,
     is_sparse_adjacency,
+    keys_with_self_loops,
 )
 
 __all__ = ["normalized_graph"]
@@ -46,23 +47,6 @@ __all__ = ["normalized_graph"]
 #: In-degrees (self-loop included) below this count exactly in float32, as gcn_norm's sum of
 #: ones does: the bound of :func:`_normalized_edges`' float32 values.
 _EXACT_COUNT = 2**24
-
-
-def _keys_with_self_loops(src: Tensor, dst: Tensor, num_nodes: int) -> Tensor:
-    """The keys (:func:`~gnnact.ops.graph.edge_keys`) of the edges PyG's
-    ``add_remaining_self_loops`` leaves without edge weights: every edge that is not a loop,
-    in order, then one loop per node. Made by blocks."""
-    blocks = element_blocks(src.numel())
-    # How many edges of each block stay (one count per block), then the kept keys packed.
-    kept = [int((src[a:b] != dst[a:b]).sum()) for a, b in blocks]
-    key = torch.empty(sum(kept) + num_nodes, dtype=torch.int64, device=src.device)
-    at = 0
-    for (a, b), k in zip(blocks, kept, strict=True):
-        not_loop = src[a:b] != dst[a:b]
-        key[at:at + k] = edge_keys(src[a:b], dst[a:b], num_nodes)[not_loop]
-        at += k
-    torch.arange(num_nodes, device=src.device, out=key[at:]).mul_(num_nodes + 1)
-    return key
 
 
 def _degree_normalized(dtype: torch.dtype) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
@@ -108,7 +92,9 @@ def _normalized_edges(edge_index: Tensor, num_nodes: int, add_self_loops: bool,
     src, dst = edge_index
 
     def keys() -> Tensor:
-        return (_keys_with_self_loops if add_self_loops else edge_keys)(src, dst, num_nodes)
+        if add_self_loops:
+            return keys_with_self_loops(src, dst, num_nodes, num_nodes)
+        return edge_keys(src, dst, num_nodes)
 
     return Graph.from_keys(keys, num_nodes, num_nodes, values_of=_degree_normalized(dtype),
                            per_edge=False, keep_dst=False)
