@@ -522,6 +522,16 @@ def test_int64_indices_past_the_int32_range(kind, symmetric, monkeypatch):
     assert all(t.dtype == torch.int64 for name, t in graph.tensors() if name != "value")
 
 
+def _assert_same_graph(ours: Graph, expected: Graph) -> None:
+    """Every field of two graphs equal, tensors in value and dtype."""
+    for field in dataclasses.fields(Graph):
+        got, want = getattr(ours, field.name), getattr(expected, field.name)
+        if isinstance(want, Tensor):
+            assert got.dtype == want.dtype and torch.equal(got, want), field.name
+        else:
+            assert got == want, field.name
+
+
 def _gcn_norm_graph(ei: Tensor, n: int, loops: bool, improved: bool,
                     dtype: torch.dtype) -> Graph:
     """The GCN graph as PyG's gcn_norm and the plain build make it."""
@@ -554,12 +564,7 @@ def test_gcn_graph_from_keys_is_gcn_norms(shape, loops, improved, dtype):
                                    flow="source_to_target", dtype=dtype)
     assert value is None
     expected = _gcn_norm_graph(ei, n, loops, improved, dtype)
-    for field in dataclasses.fields(Graph):
-        got, want = getattr(ours, field.name), getattr(expected, field.name)
-        if isinstance(want, Tensor):
-            assert got.dtype == want.dtype and torch.equal(got, want), field.name
-        else:
-            assert got == want, field.name
+    _assert_same_graph(ours, expected)
 
 
 def test_gcn_graph_takes_gcn_norm_past_exact_counts(monkeypatch):
@@ -628,9 +633,4 @@ def test_attention_graph_with_loops_from_keys(sizes, keep_dst):
                         keep_dst=keep_dst)
     looped, _ = _with_self_loops(ei, None, None, loops)
     expected = build_graph(looped, n_src, n_dst, per_edge=True, keep_dst=keep_dst)
-    for field in dataclasses.fields(Graph):
-        got, want = getattr(ours, field.name), getattr(expected, field.name)
-        if isinstance(want, Tensor):
-            assert got.dtype == want.dtype and torch.equal(got, want), field.name
-        else:
-            assert got == want, field.name
+    _assert_same_graph(ours, expected)
