@@ -3,9 +3,9 @@ r"""GCN normalisation :math:`\hat A = \hat D^{-1/2} (A + I) \hat D^{-1/2}` folde
 
 PyG's own :func:`~torch_geometric.nn.conv.gcn_conv.gcn_norm` computes the values, so they equal
 PyG's bit for bit; for an ``edge_index`` without weights in float32 or float64 the graph is
-built from the edges' keys instead, its values from the in-degrees it sorts out, which are the
-same values in the same edge order (tested) without ``gcn_norm``'s copies of the edge list at
-the first call's peak. Constant edge weights (none given, or weights that need no gradient) become
+built from the edges' keys instead, its values from the in-degrees it sorts out: the same
+values in the same edge order (tested), without ``gcn_norm``'s copies of the edge list at the
+first call's peak. Constant edge weights (none given, or weights that need no gradient) become
 the graph's own values and the result is cached on the adjacency object: a fixed graph is
 normalised and sorted into CSR once, across layers and epochs, like PyG's ``cached=True`` but
 invalidated by any in-place change. Weights that need a gradient are normalised in every call
