@@ -634,3 +634,26 @@ def test_attention_graph_with_loops_from_keys(sizes, keep_dst):
     looped, _ = _with_self_loops(ei, None, None, loops)
     expected = build_graph(looped, n_src, n_dst, per_edge=True, keep_dst=keep_dst)
     _assert_same_graph(ours, expected)
+
+
+def test_derived_targets_are_the_rows_in_four_bytes_per_edge():
+    """The per-edge targets a graph derives from its row pointers (not kept) equal
+    ``repeat_interleave``'s, empty rows first, last and between included, in the index
+    dtype; deriving them holds the result alone (``repeat_interleave`` also made an int64
+    index of every edge)."""
+    gen = torch.Generator().manual_seed(6)
+    for n in (0, 1, 7, 300):
+        counts = torch.randint(0, 4, (n,), generator=gen) * (torch.rand(n, generator=gen) > 0.3)
+        counts[:1] = 0  # an empty first row
+        ptr = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
+        e = int(ptr[-1])
+        graph = Graph(n, n, ptr.int(), torch.zeros(e, dtype=torch.int32))
+        expected = torch.arange(n, dtype=torch.int32).repeat_interleave(counts)
+        assert graph.dst.dtype == torch.int32 and torch.equal(graph.dst, expected)
+    n, e = 1_000, 200_000
+    src, dst = torch.randint(0, n, (2, e), generator=gen)
+    graph = Graph.from_coo(src, dst, n, n, per_edge=False, keep_dst=False)
+    with PeakMeter(torch.device("cpu")) as meter:
+        targets = graph.dst
+    assert torch.equal(targets, dst.sort().values.int())
+    assert meter.peak_bytes <= 4 * (e + 1) + 8 * n

@@ -169,9 +169,7 @@ class Graph:
         from ``ptr`` (one sequential pass, in the call that needs it)."""
         if self.targets is not None:
             return self.targets
-        counts = (self.ptr[1:] - self.ptr[:-1]).long()
-        nodes = torch.arange(self.num_dst, dtype=self.src.dtype, device=self.device)
-        return nodes.repeat_interleave(counts, output_size=self.num_edges)
+        return _rows_of_edges(self.ptr, self.num_edges, self.src.dtype)
 
     def in_degree(self, dtype: torch.dtype) -> Tensor:
         """Edges into each target, ``[num_dst]``."""
@@ -387,9 +385,7 @@ class Graph:
                 the caller's own adjacency, which lives anyway. (default: :obj:`False`)
         """
         idx = _index_dtype(num_src + 1, num_dst + 1, col.numel())
-        counts = (ptr[1:] - ptr[:-1]).long()
-        dst = torch.arange(num_dst, dtype=idx, device=ptr.device).repeat_interleave(
-            counts, output_size=col.numel())
+        dst = _rows_of_edges(ptr, col.numel(), idx)
         if not _sorted_within_rows(ptr, col):
             # A CSR may list a row's columns in any order: re-sorting through from_coo gives
             # one canonical order (which symmetry detection compares), and input_perm maps it
@@ -444,6 +440,15 @@ def _compress(sorted_index: Tensor, size: int) -> Tensor:
     below :math:`i` (a binary search per row: no temporary as long as the index)."""
     bounds = torch.arange(size + 1, dtype=sorted_index.dtype, device=sorted_index.device)
     return torch.searchsorted(sorted_index, bounds)
+
+
+def _rows_of_edges(ptr: Tensor, num_edges: int, dtype: torch.dtype) -> Tensor:
+    """The row of each edge of a CSR with row pointers ``ptr``, ``[num_edges]`` in ``dtype``:
+    a one where each row after the first starts, then a running sum, in place. No int64 index
+    of every edge (``repeat_interleave`` makes one) and no host sync."""
+    starts = torch.zeros(num_edges + 1, dtype=dtype, device=ptr.device)
+    starts.index_add_(0, ptr[1:], torch.ones(ptr.numel() - 1, dtype=dtype, device=ptr.device))
+    return starts.cumsum_(0)[:num_edges]
 
 
 def edge_keys(src: Tensor, dst: Tensor, num_src: int) -> Tensor:
