@@ -416,7 +416,7 @@ class Graph:
         t_ptr = _compress(t_src, num_src)
         del t_src
         t_dst = dst.index_select(0, t_perm)
-        symmetric = (num_src == num_dst and torch.equal(t_ptr, ptr.long())
+        symmetric = (num_src == num_dst and _equal(t_ptr, ptr)
                      and _equal(t_dst, src))
         if symmetric and value is not None:
             symmetric = torch.equal(value.index_select(0, t_perm), value)
@@ -467,8 +467,10 @@ def keys_with_self_loops(src: Tensor, dst: Tensor, num_src: int, loops: int) -> 
     not a loop, in order, then the loops of nodes ``0 … loops - 1``. Made by blocks, without
     the copies of the edge list PyG's functions make."""
     blocks = element_blocks(src.numel())
-    # How many edges of each block stay (one count per block), then the kept keys packed.
-    kept = [int((src[a:b] != dst[a:b]).sum()) for a, b in blocks]
+    # How many edges of each block stay (read to the host at once: one sync, not one per
+    # block), then the kept keys packed.
+    counts = [(src[a:b] != dst[a:b]).sum() for a, b in blocks]
+    kept: list[int] = torch.stack(counts).tolist() if counts else []
     key = torch.empty(sum(kept) + loops, dtype=torch.int64, device=src.device)
     at = 0
     for (a, b), k in zip(blocks, kept, strict=True):
