@@ -9,12 +9,15 @@ test accuracy of the first epoch with the best validation accuracy (and, beside 
 accuracy after the last epoch).
 
 A seed draws the initial weights and every dropout mask, and each method runs every seed, so
-each seed is a paired comparison with PyG. With ``--rng shared`` (what a user gets) gnnact's
-quantizers draw their seeds from the global generator, so from the first compressed step on
-the dropout masks differ from PyG's. With ``--rng matched`` every quantization draws from its
-own stream (:func:`gnnact.ops.context.controlled_noise`, seeded by the run's seed): the global
-generator then serves the dropout masks alone, which are then PyG's, and a pair differs only
-by the rounding noise.
+each seed is a paired comparison with PyG. With ``--rng shared`` (what a user gets) the
+rounding seeds come from the converted model's own per-pass stream
+(:class:`gnnact.quant.rng.PassSeeds`), which leaves the global generator to the dropout masks:
+they are PyG's, and a pair differs only by the rounding noise. (Rows recorded as ``shared``
+before that stream existed drew the rounding seeds from the global generator, so from the
+first compressed step on their dropout masks differed from PyG's; each row names its commit.)
+With ``--rng matched`` every quantization draws from a stream of its own seeded by the run's
+seed (:func:`gnnact.ops.context.controlled_noise`): the masks are PyG's too, and the rounding
+noise is fixed by the seed, tensor by tensor.
 
 Methods: ``pyg``; ``gnnact<b>`` (``gnnact.convert(model, Config(bits=b))``); and ablations
 ``gnnact<b>:key=value,...`` with keys
@@ -189,8 +192,7 @@ def train(data: Data, method: str, seed: int, epochs: int, rng: str) -> dict:
     optimizer = torch.optim.Adam(model.parameters(), lr=SETTINGS["lr"],
                                  weight_decay=SETTINGS["weight_decay"])
     _, ablation = parse_method(method)
-    # Matched: quantization noise from per-tensor streams, so the global generator draws the
-    # dropout masks alone, as in the PyG run of the same seed.
+    # Matched: quantization noise from per-tensor streams seeded by the run's seed.
     noise = (controlled_noise(seed) if rng == "matched" and method != "pyg"
              else contextlib.nullcontext())
     best_val = test_at_best = 0.0
@@ -281,8 +283,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", nargs="+", type=int, default=list(range(30)))
     parser.add_argument("--epochs", type=int, default=200)
     parser.add_argument("--rng", choices=("shared", "matched"), default="shared",
-                        help="quantization noise from the global generator (shared) or from "
-                             "per-tensor streams, leaving PyG's dropout masks (matched)")
+                        help="rounding seeds from the model's per-pass stream (shared, what "
+                             "a user gets) or from per-tensor streams seeded by the run's "
+                             "seed (matched); both leave PyG's dropout masks")
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
     parser.add_argument("--root", type=Path, default=None,
                         help="datasets root (default: $GNNACT_DATA or ../shared/datasets)")

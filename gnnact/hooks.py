@@ -43,6 +43,7 @@ from gnnact.ops.context import (
 from gnnact.ops.state import ForwardState, forward_pass
 from gnnact.quant import PackedMask, PackedTensor, pack_mask, unpack_mask
 from gnnact.quant.core import FLOAT_DTYPES
+from gnnact.quant.rng import PassSeeds
 from gnnact.swap import Offloader, Swapped
 
 __all__ = ["SavedEntry", "active_pipeline", "compress_saved_tensors"]
@@ -213,8 +214,10 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         offload_paths (Iterable[str], optional): module paths whose tensors (and their
             submodules') are offloaded as with ``config.offload``, which offloads all.
             (default: :obj:`()`)
-        generator (torch.Generator, optional): source of the rounding-noise seeds; by default
-            the global CPU generator, which then advances once per compressed tensor.
+        generator (torch.Generator, optional): source of the rounding-noise seeds. By
+            default each block (a forward pass) draws them from a stream of its own
+            (:class:`~gnnact.quant.rng.PassSeeds`) and leaves the global generators' streams
+            alone: dropout masks and every other random draw are the uncompressed run's.
             (default: :obj:`None`)
 
     Example:
@@ -266,6 +269,7 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         # Exact mode stays exact to the bit: no masks either.
         self.relu_masks = relu_masks and config.bits != 32
         self.generator = generator
+        self._seeds = PassSeeds()
         self._offloaders: dict[torch.device, Offloader] = {}
         # cache key -> (weakref to the owner, its version, weakref to the Swapped item)
         self._swapped: dict[tuple, tuple] = {}
@@ -314,7 +318,7 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
                          register_module_forward_hook(self._leave_module, always_call=True)]
         # The block is one forward pass (joining an enclosing one): what gnnact's ops share in
         # it is gone when it ends.
-        state = self._region.enter_context(forward_pass())
+        state = self._region.enter_context(forward_pass(seeds=self._seeds))
         self._state = weakref.ref(state)
         if self.config.offload or self.offload_paths:
             # gnnact ops share packed copies through weak references; offloading leaves nothing
@@ -394,9 +398,9 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         if shared is not None:
             self.num_shared += 1
             return shared
-        generator = noise_generator(path, str(index), t, compressor.bits or 8)
+        generator = noise_generator(path, str(index), t, compressor.bits or 8, self.generator)
         with torch.no_grad():
-            packed = compressor.compress(t.detach(), name, generator or self.generator)
+            packed = compressor.compress(t.detach(), name, generator)
         if isinstance(packed, PackedTensor) and packed.codes is t:  # 16 bits of a 16-bit tensor
             self._pass(t, path)
             return t

@@ -6,9 +6,10 @@ it builds the graph).
 The CPU tests use the ``aot_eager`` backend: it runs the captured graphs as the same ATen ops
 eager mode runs, so the compiled training run is *bit-identical* to the eager one, at 32 bits
 and at 2 bits alike (the quantizer's rounding noise is drawn inside gnnact's ops, eagerly, from
-the default generator, in the same order). Inductor fuses the code between the ops: a few
-steps then match within float round-off (32 bits), or within the spread of the 2-bit
-rounding noise (a value moved by round-off can round to the neighbouring level).
+the pass's seeds, which follow the default generator's state, in the same order). Inductor
+fuses the code between the ops: a few steps then match within float round-off (32 bits), or
+within the spread of the 2-bit rounding noise (a value moved by round-off can round to the
+neighbouring level).
 """
 
 from __future__ import annotations

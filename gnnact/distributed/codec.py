@@ -65,13 +65,16 @@ def payload_nbytes(numel: int, dtype: torch.dtype, bits: int,
     return packed_nbytes(numel, bits, group_size)
 
 
-def encode(x: Tensor, bits: int, group_size: int = DEFAULT_GROUP_SIZE) -> Tensor:
+def encode(x: Tensor, bits: int, group_size: int = DEFAULT_GROUP_SIZE,
+           generator: torch.Generator | None = None) -> Tensor:
     """``x`` as a flat ``uint8`` payload at ``bits`` (module docstring).
 
     Args:
         x (torch.Tensor): a floating-point tensor, non-empty.
         bits (int): one of :data:`EXCHANGE_BITS`.
         group_size (int, optional): :math:`G`. (default: :obj:`512`)
+        generator (torch.Generator, optional): source of the rounding seed.
+            (default: the default CPU generator)
 
     Example:
         >>> from gnnact.distributed.codec import decode, encode
@@ -82,7 +85,7 @@ def encode(x: Tensor, bits: int, group_size: int = DEFAULT_GROUP_SIZE) -> Tensor
         >>> decode(payload, x.shape, x.dtype, 4).shape
         torch.Size([100, 8])
     """
-    packed = quantize(x.contiguous(), bits, group_size)
+    packed = quantize(x.contiguous(), bits, group_size, generator=generator)
     if packed.is_passthrough:
         return packed.codes.contiguous().view(-1).view(torch.uint8)
     # Scales and zeros first: their float32 views then start at a 4-byte aligned offset.

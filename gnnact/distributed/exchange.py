@@ -34,6 +34,7 @@ from torch import Tensor
 from gnnact.distributed.codec import check_bits, decode, encode, payload_nbytes
 from gnnact.distributed.shard import GraphShard
 from gnnact.quant import DEFAULT_GROUP_SIZE
+from gnnact.quant.rng import PassSeeds
 
 __all__ = ["ExchangeStats", "HaloExchange"]
 
@@ -126,11 +127,17 @@ class HaloExchange:
             self._recv_slices[peer] = slice(start, start + count)
             start += count
         self.stats = ExchangeStats()
+        # Rounding seeds of the exchange's own (not from the default generator, whose stream
+        # is the dropout masks'): a fresh stream for each forward call, which its backward
+        # continues.
+        self._seeds = PassSeeds()
+        self._rounding = self._seeds.generator()
 
     def __call__(self, x: Tensor) -> Tensor:
         if not isinstance(x, Tensor) or x.dim() < 1 or x.size(0) != self.shard.num_owned:
             shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
             raise ValueError(f"x must have num_owned={self.shard.num_owned} rows, got {shape}")
+        self._rounding = self._seeds.generator()
         return _Exchange.apply(x, self)
 
     def reset_stats(self) -> None:
@@ -186,7 +193,7 @@ class HaloExchange:
         for peer, rows in sends.items():
             if rows.numel() == 0:
                 continue
-            payload = encode(rows, bits, self.group_size)
+            payload = encode(rows, bits, self.group_size, self._rounding)
             payloads.append(payload)
             sent += payload.numel()
             requests.append(dist.isend(payload, dist.get_global_rank(group, peer),

@@ -7,6 +7,9 @@ on) then runs as one gnnact forward pass:
 * a fresh :class:`~gnnact.ops.state.ForwardState`: the registries gnnact's ops share (packed
   copies, derived tensors) belong to this pass alone and are gone when it ends, finished or
   failed; another thread's pass never sees them;
+* the pass's rounding seeds, from the model's :class:`~gnnact.quant.rng.PassSeeds`: nothing
+  is drawn from PyTorch's generators for them, so under one ``torch.manual_seed`` the
+  compressed model draws the dropout masks the original draws;
 * the root's graph cache (:class:`~gnnact.ops.graph.GraphCache`): every layer of the model
   builds and keeps one graph per adjacency, for as long as the model and the adjacency live;
 * :class:`~gnnact.nn.functional.FunctionalOps`: ``F.relu``, ``x.relu()``, ``F.dropout``,
@@ -41,6 +44,7 @@ from gnnact.memory import storage_keys
 from gnnact.nn.functional import FunctionalOps
 from gnnact.ops.graph import GraphCache, use_graph_cache
 from gnnact.ops.state import eager_op, forward_pass
+from gnnact.quant.rng import PassSeeds
 
 __all__ = ["PassRecord", "Scope", "scope_of"]
 
@@ -109,7 +113,7 @@ class _Pass:
     def enter(self) -> None:
         scope, stack = self.scope, self._stack
         try:
-            state = stack.enter_context(forward_pass(scope.row_gradients))
+            state = stack.enter_context(forward_pass(scope.row_gradients, seeds=scope.seeds))
             # Only the forward's inputs are resident: any other tensor that needs no gradient
             # (an aggregate of the input features, say) is a temporary. (Restored at the end:
             # the pass may be a pipeline's around the model.)
@@ -162,6 +166,7 @@ class Scope:
             for functional ops, ``"<module path>:<index>"`` for the generic pipeline), set by
             :class:`gnnact.Controller`.
         graphs (GraphCache): the model's graph cache.
+        seeds (PassSeeds): the source of each pass's rounding seeds.
         last (PassRecord or None): what the last training forward pass kept.
     """
 
@@ -170,6 +175,7 @@ class Scope:
         self.bits: dict[str, int] = {}
         self.graphs = GraphCache()
         self.row_gradients: dict[tuple, Tensor] = {}
+        self.seeds = PassSeeds()
         self.last: PassRecord | None = None
         self._configs: dict[tuple[str, str, int], Config] = {}
 

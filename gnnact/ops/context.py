@@ -62,9 +62,9 @@ from gnnact.quant.reference import MASK_MUL, MASK_SELECT, MASK_ZERO, combine_mas
 
 __all__ = ["alias_derived", "apply_mask", "cache_key", "cached", "controlled_noise", "derive",
            "derived_steps", "hold_parts", "independent_quantize", "input_bits", "load_context",
-           "mask_mode", "noise_generator", "overwritable", "own_context", "per_node_quantize",
-           "records_graph", "release", "remember", "resident", "save_context",
-           "shared_quantize", "transient"]
+           "mask_mode", "noise_generator", "overwritable", "own_context", "pass_generator",
+           "per_node_quantize", "records_graph", "release", "remember", "resident",
+           "save_context", "shared_quantize", "transient"]
 
 def cache_key(x: Tensor) -> tuple[tuple, Tensor]:
     """The key of ``x`` and the object whose identity it rests on: the tensor ``x`` views
@@ -333,11 +333,22 @@ class _NoiseControl:
 _NOISE: ContextVar[_NoiseControl | None] = ContextVar("gnnact_noise", default=None)
 
 
-def noise_generator(tag: str | None, role: str, x: Tensor, bits: int) -> torch.Generator | None:
-    """The generator of tensor ``(tag, role)``'s rounding noise inside
-    :func:`controlled_noise` (which also records the quantization), else ``None``."""
+def noise_generator(tag: str | None, role: str, x: Tensor, bits: int,
+                    default: torch.Generator | None = None) -> torch.Generator | None:
+    """The generator of tensor ``(tag, role)``'s rounding seed: inside
+    :func:`controlled_noise`, its own (and the quantization is recorded); else ``default``
+    if given; else the running forward pass's (:attr:`ForwardState.rounding`); else ``None``
+    (the default CPU generator)."""
     control = _NOISE.get()
-    return None if control is None else control.generator(tag, role, x, bits)
+    if control is not None:
+        return control.generator(tag, role, x, bits)
+    return default if default is not None else pass_generator()
+
+
+def pass_generator() -> torch.Generator | None:
+    """The running forward pass's source of rounding seeds, ``None`` outside a pass that has
+    one (see :class:`gnnact.quant.rng.PassSeeds`)."""
+    return forward_state().rounding
 
 
 @contextlib.contextmanager

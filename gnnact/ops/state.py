@@ -37,6 +37,8 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor
 
+from gnnact.quant.rng import PassSeeds
+
 __all__ = ["ForwardState", "eager_op", "forward_pass", "forward_state"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -76,6 +78,9 @@ class ForwardState:
             pass's inputs, when the pass knows them (a converted model's): only those, of the
             tensors that need no gradient, are kept by reference; any other is a temporary
             of the pass and is packed. ``None``: every such tensor is taken for an input.
+        rounding (torch.Generator, optional): the source of this pass's rounding seeds
+            (:class:`gnnact.quant.rng.PassSeeds`), when its owner gives one; ``None``: the
+            default CPU generator, as a direct :func:`gnnact.quantize` call draws them.
     """
 
     shared: dict[tuple, tuple] = field(default_factory=dict)
@@ -84,6 +89,7 @@ class ForwardState:
     held: dict[tuple, tuple[Tensor, ...]] = field(default_factory=dict)
     row_gradients: dict[tuple, Tensor] = field(default_factory=dict)
     resident: set[tuple] | None = None
+    rounding: torch.Generator | None = None
     holding: int = 0
     scoped: bool = False  # opened by forward_pass (else the context's own)
 
@@ -152,15 +158,18 @@ def forward_state() -> ForwardState:
 
 
 @contextlib.contextmanager
-def forward_pass(row_gradients: dict | None = None, *, fresh: bool = False
-                 ) -> Iterator[ForwardState]:
+def forward_pass(row_gradients: dict | None = None, *, seeds: PassSeeds | None = None,
+                 fresh: bool = False) -> Iterator[ForwardState]:
     """Run the block in a forward pass of its own: a fresh :class:`ForwardState`, dropped at
     the end (also on an exception). Inside another :func:`forward_pass` the block joins the
-    outer one unless ``fresh`` is set.
+    outer one (and its rounding seeds) unless ``fresh`` is set.
 
     Args:
         row_gradients (dict, optional): the dict per-node precision reads and writes, owned by
             the caller so that it outlives the pass. (default: a new dict)
+        seeds (PassSeeds, optional): the caller's source of per-pass rounding seeds: the
+            pass's quantizations then draw none from the default generator.
+            (default: :obj:`None`, they do)
         fresh (bool, optional): start a new pass even inside another one.
             (default: :obj:`False`)
     """
@@ -169,7 +178,7 @@ def forward_pass(row_gradients: dict | None = None, *, fresh: bool = False
         yield outer
         return
     state = ForwardState(row_gradients={} if row_gradients is None else row_gradients,
-                         scoped=True)
+                         scoped=True, rounding=None if seeds is None else seeds.generator())
     token = _STATE.set(state)
     try:
         yield state

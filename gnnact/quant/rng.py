@@ -17,17 +17,28 @@ it bit for bit: on a CUDA device the torch and CuPy backends give identical code
 On the CPU, :func:`seeded_uniform` draws the noise with ``torch.rand`` from a generator seeded
 with :math:`s` instead: the int64 hash costs about 20× more there (0.63 s vs 0.03 s for 4M
 elements on 2 cores), and no CPU kernel needs to match it.
+
+**Where the seeds come from.** A direct :func:`gnnact.quantize` call draws its seed from a
+generator (the default CPU one when none is given), as any random torch op does. The forward
+passes of a converted model or a :class:`gnnact.compress_saved_tensors` block draw theirs from
+a stream of the pass's own instead (:class:`PassSeeds`): rounding then draws nothing from the
+process's generators (it reads the default one's state, without advancing it), so a
+compressed run draws the very dropout masks and shuffles that an uncompressed run draws under
+the same ``torch.manual_seed``, and differs from it by the rounding alone.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import threading
 from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
-__all__ = ["draw_seed", "hash_uniform", "seeded_uniform", "split_seed", "uniform_stream"]
+__all__ = ["PassSeeds", "draw_seed", "hash_uniform", "seeded_uniform", "split_seed",
+           "uniform_stream"]
 
 _MASK32 = 0xFFFFFFFF
 _MUL1 = 0x21F0AAAD
@@ -92,3 +103,56 @@ def uniform_stream(seed: int, device: torch.device | str = "cpu") -> Callable[[i
         return torch.rand(count, generator=generator, device=device)
 
     return draw
+
+
+class PassSeeds:
+    r"""The seeds of the rounding noise of an owner's successive forward passes (a converted
+    model's, a :class:`gnnact.compress_saved_tensors`'), taken from no generator's stream.
+
+    Pass :math:`t` gets
+
+    .. math::
+        s_t = H(\sigma_t, r_t),
+
+    with :math:`\sigma_t` the state of the default CPU generator when the pass starts (read,
+    not advanced), :math:`r_t` the number of this owner's passes right before :math:`t`, in a
+    row, that started from that same state, and :math:`H` a 63-bit BLAKE2b digest. Each
+    quantization of the pass then draws its seed from a generator seeded with :math:`s_t`
+    (:meth:`generator`), in the pass's order.
+
+    So a run is reproduced by ``torch.manual_seed``, as before, but rounding draws nothing from
+    the generators a run shares with PyTorch: a compressed run's dropout masks (PyTorch's own,
+    drawn from those generators) are an uncompressed run's. Passes differ: dropout, or any CPU
+    draw, moves :math:`\sigma`; where nothing does (no dropout, or dropout on a GPU only),
+    :math:`r` counts the passes. Thread-safe: the replicas of
+    :class:`~torch.nn.DataParallel` share their model's.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last: bytes | None = None
+        self._repeats = 0
+
+    # A copied or pickled model takes the count along, with a lock of its own.
+    def __getstate__(self) -> dict:
+        return {"_last": self._last, "_repeats": self._repeats}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__()
+        self.__dict__.update(state)
+
+    def next_seed(self) -> int:
+        """:math:`s_t` of the pass starting now."""
+        state = torch.default_generator.get_state().numpy().tobytes()
+        key = hashlib.blake2b(state, digest_size=16).digest()
+        with self._lock:
+            self._repeats = self._repeats + 1 if key == self._last else 0
+            self._last = key
+            repeats = self._repeats
+        digest = hashlib.blake2b(key + repeats.to_bytes(8, "little"), digest_size=8).digest()
+        return int.from_bytes(digest, "little") >> 1
+
+    def generator(self) -> torch.Generator:
+        """A CPU generator seeded with :meth:`next_seed`: the seeds of one pass's
+        quantizations (read on the host, so a CUDA tensor's costs no sync)."""
+        return torch.Generator().manual_seed(self.next_seed())
