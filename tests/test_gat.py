@@ -432,6 +432,20 @@ def test_saved_bytes_bipartite_and_edge_features():
     assert all(math.prod(r.shape) != e * heads * c for r in records)
 
 
+def test_self_loop_edge_features_are_packed():
+    """With self-loops added, the edge features the layer uses are a temporary it made (PyG's
+    loop fill appended): packed at ``bits`` like any activation, as GATv2Conv packs them, not
+    kept whole by reference as if they were the caller's."""
+    n, e, d = 30, 200, 4
+    x, ei, ea = _feats(n, 16), _edges(n_src=n, n_dst=n, e=e), _feats(e, d, seed=3)
+    conv = GATConv(16, 8, heads=2, edge_dim=d, config=Config(bits=2)).double()
+    out = conv(x, ei, edge_attr=ea)
+    records = [r for r in saved_tensors(out.sum(), exclude=[x, ei, ea])
+               if r.kind == "context"]
+    assert records and not any(r.dtype == torch.float64 and r.shape[-1:] == (d,)
+                               for r in records)
+
+
 def test_saved_bytes_per_row_attention_groups():
     # per_row: alpha is grouped per head (one group of E edges), X^s per (node, head) row of C.
     graph, xs, xd, att_s, att_d, _ = _op_inputs(e=40, heads=2, channels=3)

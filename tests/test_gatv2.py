@@ -46,7 +46,7 @@ from gnnact.nn.conv.gatv2_conv import GATv2Conv
 from gnnact.nn.convert import CONVERSIONS
 from gnnact.ops import gatv2 as gatv2_ops
 from gnnact.ops.gatv2 import gatv2_attention
-from gnnact.ops.graph import Graph
+from gnnact.ops.graph import Graph, graph_cache_for
 from gnnact.quant.packed import packed_code_bytes
 
 pytestmark = [
@@ -205,20 +205,37 @@ def test_parity_edge_features(fill_value, loops):
     _assert_parity(ref, ours, _feats(N, F_IN), _edges(), _feats(E, 1, seed=5).view(-1))
 
 
-@pytest.mark.parametrize("kind", ["coo", "csr", "SparseTensor"])
-def test_parity_edge_features_from_sparse_values(kind):
-    # PyG's propagate reads the edge features from a sparse adjacency's (2-D) values.
+def _with_edge_features(kind: str) -> Tensor | SparseTensor:
+    """A sparse adjacency (``adj_t``) of :func:`_edges` holding 3-D edge features as values."""
     if kind == "SparseTensor" and not WITH_TORCH_SPARSE:
         pytest.skip("torch-sparse is not installed")
     ei, ea = _edges(), _feats(E, 3, seed=4)
-    adj = {"coo": lambda: to_torch_coo_tensor(ei.flip(0), edge_attr=ea, size=(N, N)),
-           "csr": lambda: to_torch_csr_tensor(ei.flip(0), edge_attr=ea, size=(N, N)),
-           "SparseTensor": lambda: SparseTensor(row=ei[1], col=ei[0], value=ea,
-                                                sparse_sizes=(N, N))}[kind]()
+    if kind == "SparseTensor":
+        return SparseTensor(row=ei[1], col=ei[0], value=ea, sparse_sizes=(N, N))
+    to_sparse = to_torch_coo_tensor if kind == "coo" else to_torch_csr_tensor
+    return to_sparse(ei.flip(0), edge_attr=ea, size=(N, N))
+
+
+@pytest.mark.parametrize("kind", ["coo", "csr", "SparseTensor"])
+def test_parity_edge_features_from_sparse_values(kind):
+    # PyG's propagate reads the edge features from a sparse adjacency's (2-D) values.
+    adj = _with_edge_features(kind)
     ref, ours = _pair(in_channels=F_IN, out_channels=4, heads=3, edge_dim=3,
                       add_self_loops=False)
     # (Without return_attention_weights: PyG's set_sparse_value fails on a hybrid COO.)
     _assert_parity(ref, ours, _feats(N, F_IN), adj)
+
+
+@pytest.mark.parametrize("kind", ["coo", "csr", "SparseTensor"])
+def test_graph_keeps_no_copy_of_the_edge_features(kind):
+    """The edge features a sparse adjacency carries are read by the op, not copied into the
+    cached graph (its structure and the attention's permutations only)."""
+    adj = _with_edge_features(kind)
+    conv = GATv2Conv(F_IN, 4, heads=3, edge_dim=3, add_self_loops=False,
+                     config=Config(bits=2)).double()
+    conv(_feats(N, F_IN), adj)
+    (graph,) = graph_cache_for(conv).values()
+    assert graph.value is None
 
 
 def test_parity_residual_no_bias_and_eval_dropout():

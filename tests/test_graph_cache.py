@@ -621,7 +621,7 @@ def test_attention_graph_with_loops_from_keys(sizes, keep_dst):
     """GAT's and GATv2's graph of an edge_index whose self-loops PyG replaces is built from
     the edges' keys: equal, field by field, to the graph of PyG's looped edge_index
     (bipartite sizes too, loops on the first min(N_src, N_dst) nodes)."""
-    from gnnact.nn.conv.gat_conv import _with_self_loops, looped_graph
+    from gnnact.nn.conv.attention import _with_self_loops, looped_graph
 
     n_src, n_dst = sizes
     loops = min(sizes)

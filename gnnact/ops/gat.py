@@ -347,6 +347,47 @@ class _GATAttention(torch.autograd.Function):
                 None, None, None, None, None, None, None, None)
 
 
+def _check_sources(name: str, x: Any, graph: Graph) -> tuple[int, int]:
+    """``(H, C)`` of an attention op's source features ``x``, ``[N_src, H, C]`` (checked
+    against the graph; a clear error naming ``name`` otherwise)."""
+    if not isinstance(x, Tensor) or not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got "
+                        f"{getattr(x, 'dtype', type(x).__name__)}")
+    if x.dim() != 3:
+        raise ValueError(f"{name} must have shape [N_src, H, C], got {tuple(x.shape)}")
+    if x.size(0) != graph.num_src:
+        raise ValueError(f"{name} has {x.size(0)} rows but the graph has {graph.num_src} "
+                         f"source nodes")
+    return x.shape[1], x.shape[2]
+
+
+def _check_targets(name: str, x: Any, source: str | None, heads: int, channels: int,
+                   graph: Graph) -> None:
+    """An attention op's target features ``x``, ``[N_dst, H, C]``; ``source``: the name of
+    the source features when ``x`` is that very tensor."""
+    if source is None and (not isinstance(x, Tensor) or x.dim() != 3
+                           or tuple(x.shape[1:]) != (heads, channels)):
+        got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+        raise ValueError(f"{name} must have shape [N_dst, {heads}, {channels}], got {got}")
+    if x.size(0) != graph.num_dst:
+        what = f"{name} has" if source is None else f"{name} is {source} with"
+        raise ValueError(f"{what} {x.size(0)} rows but the graph has {graph.num_dst} target "
+                         f"nodes")
+
+
+def _check_attention_vector(name: str, att: Any, heads: int, channels: int) -> None:
+    """An attention vector, ``[1, H, C]``."""
+    if not isinstance(att, Tensor) or tuple(att.shape) != (1, heads, channels):
+        got = tuple(att.shape) if isinstance(att, Tensor) else att
+        raise ValueError(f"{name} must have shape (1, {heads}, {channels}), got {got}")
+
+
+def _check_dropout(p: float) -> None:
+    """A dropout probability in :math:`[0, 1]`."""
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout probability must be in [0, 1], got {p}")
+
+
 @eager_op
 def gat_attention(xs: Tensor, xd: Tensor | None, att_src: Tensor, att_dst: Tensor | None,
                   graph: Graph, a_edge: Tensor | None = None, negative_slope: float = 0.2,
@@ -383,43 +424,24 @@ def gat_attention(xs: Tensor, xd: Tensor | None, att_src: Tensor, att_dst: Tenso
             probability outside :math:`[0, 1]`.
         TypeError: non-floating-point features.
     """
-    if not isinstance(xs, Tensor) or not xs.is_floating_point():
-        raise TypeError(f"xs must be a floating-point tensor, got "
-                        f"{getattr(xs, 'dtype', type(xs).__name__)}")
-    if xs.dim() != 3:
-        raise ValueError(f"xs must have shape [N_src, H, C], got {tuple(xs.shape)}")
-    heads, channels = xs.shape[1], xs.shape[2]
-    if xs.size(0) != graph.num_src:
-        raise ValueError(f"xs has {xs.size(0)} rows but the graph has {graph.num_src} source "
-                         f"nodes")
-    if tuple(att_src.shape) != (1, heads, channels):
-        raise ValueError(f"att_src must have shape (1, {heads}, {channels}), got "
-                         f"{tuple(att_src.shape)}")
+    heads, channels = _check_sources("xs", xs, graph)
+    _check_attention_vector("att_src", att_src, heads, channels)
     if xd is xs:
         dst_mode = _SAME
-        if xs.size(0) != graph.num_dst:
-            raise ValueError(f"xd is xs with {xs.size(0)} rows but the graph has "
-                             f"{graph.num_dst} target nodes")
+        _check_targets("xd", xs, "xs", heads, channels, graph)
         xd = None
     elif xd is None:
         dst_mode = _NONE
         att_dst = None
     else:
         dst_mode = _SEPARATE
-        if xd.dim() != 3 or tuple(xd.shape[1:]) != (heads, channels):
-            raise ValueError(f"xd must have shape [N_dst, {heads}, {channels}], got "
-                             f"{tuple(xd.shape)}")
-        if xd.size(0) != graph.num_dst:
-            raise ValueError(f"xd has {xd.size(0)} rows but the graph has {graph.num_dst} "
-                             f"target nodes")
-    if dst_mode != _NONE and (att_dst is None or tuple(att_dst.shape) != (1, heads, channels)):
-        raise ValueError(f"att_dst must have shape (1, {heads}, {channels}), got "
-                         f"{None if att_dst is None else tuple(att_dst.shape)}")
+        _check_targets("xd", xd, None, heads, channels, graph)
+    if dst_mode != _NONE:
+        _check_attention_vector("att_dst", att_dst, heads, channels)
     if a_edge is not None and tuple(a_edge.shape) != (graph.num_edges, heads):
         raise ValueError(f"a_edge must have shape ({graph.num_edges}, {heads}), got "
                          f"{tuple(a_edge.shape)}")
-    if not 0.0 <= dropout <= 1.0:
-        raise ValueError(f"dropout probability must be in [0, 1], got {dropout}")
+    _check_dropout(dropout)
     return _GATAttention.apply(xs, xd, att_src, att_dst, a_edge, graph, dst_mode,
                                float(negative_slope), float(dropout), bool(training),
                                bool(return_attention), config or Config(),

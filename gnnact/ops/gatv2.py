@@ -96,7 +96,17 @@ from gnnact.ops.context import (
     records_graph,
     save_context,
 )
-from gnnact.ops.gat import _aggregate, _edge_dot, _segment_sum, _to_csr, _to_input
+from gnnact.ops.gat import (
+    _aggregate,
+    _check_attention_vector,
+    _check_dropout,
+    _check_sources,
+    _check_targets,
+    _edge_dot,
+    _segment_sum,
+    _to_csr,
+    _to_input,
+)
 from gnnact.ops.graph import Graph
 from gnnact.ops.higher_order import first_order_only
 from gnnact.ops.state import eager_op
@@ -347,31 +357,10 @@ def gatv2_attention(x_l: Tensor, x_r: Tensor, att: Tensor, graph: Graph,
         >>> out.shape
         torch.Size([10, 2, 4])
     """
-    if not isinstance(x_l, Tensor) or not x_l.is_floating_point():
-        raise TypeError(f"x_l must be a floating-point tensor, got "
-                        f"{getattr(x_l, 'dtype', type(x_l).__name__)}")
-    if x_l.dim() != 3:
-        raise ValueError(f"x_l must have shape [N_src, H, C], got {tuple(x_l.shape)}")
-    heads, channels = x_l.shape[1], x_l.shape[2]
-    if x_l.size(0) != graph.num_src:
-        raise ValueError(f"x_l has {x_l.size(0)} rows but the graph has {graph.num_src} source "
-                         f"nodes")
+    heads, channels = _check_sources("x_l", x_l, graph)
     same = x_r is x_l
-    if same:
-        if x_l.size(0) != graph.num_dst:
-            raise ValueError(f"x_r is x_l with {x_l.size(0)} rows but the graph has "
-                             f"{graph.num_dst} target nodes")
-    else:
-        if not isinstance(x_r, Tensor) or x_r.dim() != 3 or (
-                tuple(x_r.shape[1:]) != (heads, channels)):
-            got = tuple(x_r.shape) if isinstance(x_r, Tensor) else type(x_r).__name__
-            raise ValueError(f"x_r must have shape [N_dst, {heads}, {channels}], got {got}")
-        if x_r.size(0) != graph.num_dst:
-            raise ValueError(f"x_r has {x_r.size(0)} rows but the graph has {graph.num_dst} "
-                             f"target nodes")
-    if not isinstance(att, Tensor) or tuple(att.shape) != (1, heads, channels):
-        raise ValueError(f"att must have shape (1, {heads}, {channels}), got "
-                         f"{getattr(att, 'shape', att)}")
+    _check_targets("x_r", x_r, "x_l" if same else None, heads, channels, graph)
+    _check_attention_vector("att", att, heads, channels)
     if edge_attr is not None:
         if w_edge is None:
             raise ValueError("edge_attr needs its projection w_edge, got w_edge=None")
@@ -383,8 +372,7 @@ def gatv2_attention(x_l: Tensor, x_r: Tensor, att: Tensor, graph: Graph,
                              f"{edge_attr.size(1)}), got {tuple(w_edge.shape)}")
     else:
         w_edge = None
-    if not 0.0 <= dropout <= 1.0:
-        raise ValueError(f"dropout probability must be in [0, 1], got {dropout}")
+    _check_dropout(dropout)
     return _GATv2Attention.apply(x_l, None if same else x_r, att, edge_attr, w_edge, graph,
                                  same, float(negative_slope), float(dropout), bool(training),
                                  bool(return_attention), config or Config(),

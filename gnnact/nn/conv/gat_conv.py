@@ -2,99 +2,20 @@ r"""``GATConv`` whose context is compressed."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch_geometric.nn as pyg_nn
 from torch import Tensor
-from torch_geometric import EdgeIndex
-from torch_geometric.typing import (
-    Adj,
-    OptPairTensor,
-    OptTensor,
-    Size,
-    SparseTensor,
-    torch_sparse,
-)
-from torch_geometric.utils import (
-    add_self_loops,
-    is_torch_sparse_tensor,
-    remove_self_loops,
-    to_edge_index,
-)
-from torch_geometric.utils.sparse import set_sparse_value
+from torch_geometric.typing import Adj, OptPairTensor, OptTensor, Size, SparseTensor
 
 from gnnact import ops
 from gnnact.config import Config
 from gnnact.nn._lazy import linear_weight
-from gnnact.nn.conv.base import CompressedConv, propagate_sizes
+from gnnact.nn.conv.attention import attention_graph, attention_output, sparse_edge_features
+from gnnact.nn.conv.base import CompressedConv
 from gnnact.ops.gat import gat_attention
-from gnnact.ops.graph import (
-    Graph,
-    build_graph,
-    cache_on,
-    check_edge_index,
-    graph_cache_for,
-    keys_with_self_loops,
-)
 
 __all__ = ["GATConv"]
-
-
-def _build(adj: Any, num_src: int, num_dst: int, flow: str, borrow: bool) -> Graph:
-    """The graph of ``adj`` with its edges in the order PyG's message passing sees them."""
-    # Attention weights are per-call edge values in input order (input_perm, t_perm); the
-    # per-edge targets are derived from the row pointers when read.
-    options = {"per_edge": True, "keep_dst": False}
-    if is_torch_sparse_tensor(adj):
-        # to_edge_index is what PyG's propagate uses: same edge order (for COO too, which
-        # it takes as given rather than coalescing), so attention weights line up.
-        (row, col), _ = to_edge_index(adj)
-        return Graph.from_coo(col, row, num_src, num_dst, **options)
-    return build_graph(adj, num_src, num_dst, flow=flow, own_values=False, borrow=borrow,
-                       **options)
-
-
-def _with_self_loops(edge_index: Tensor, edge_attr: Tensor | None, fill_value: Any,
-                     num_nodes: int) -> tuple[Tensor, Tensor | None]:
-    """``edge_index`` (and ``edge_attr``) with its self-loops replaced, as PyG's GAT does."""
-    edge_index, edge_attr = remove_self_loops(edge_index, edge_attr)
-    return add_self_loops(edge_index, edge_attr, fill_value=fill_value, num_nodes=num_nodes)
-
-
-def looped_graph(edge_index: Tensor, loops: int, num_src: int, num_dst: int, flow: str,
-                 build: Callable[[Tensor], Graph], **options: bool) -> Graph:
-    """The graph of ``edge_index`` (no edge features) with its self-loops replaced as
-    :func:`_with_self_loops` replaces them (loops of nodes ``0 … loops - 1``): built from the
-    edges' keys (:meth:`Graph.from_keys` with ``options``), the same graph without PyG's two
-    copies of the edge list; for ``target_to_source``, ``build`` of the looped edge_index."""
-    if flow != "source_to_target":
-        looped, _ = _with_self_loops(edge_index, None, None, loops)
-        return build(looped)
-    src, dst = check_edge_index(edge_index, num_src, num_dst, flow=flow)
-    return Graph.from_keys(lambda: keys_with_self_loops(src, dst, num_src, loops), num_src,
-                           num_dst, **options)
-
-
-def attention_output(conv: Any, result: Any, want_alpha: bool, res: Tensor | None,
-                     edge_index: Adj) -> Any:
-    """What an attention conv (``GATConv``, ``GATv2Conv``) returns, as PyG's: the heads
-    concatenated or averaged, plus the residual and the bias, and with
-    ``return_attention_weights`` the coefficients beside the (self-looped) adjacency."""
-    out, alpha = result if want_alpha else (result, None)
-    out = out.view(-1, conv.heads * conv.out_channels) if conv.concat else out.mean(dim=1)
-    if res is not None:
-        out = out + res
-    if conv.bias is not None:
-        out = out + conv.bias
-    if not want_alpha:
-        return out
-    assert alpha is not None
-    if isinstance(edge_index, Tensor):
-        if is_torch_sparse_tensor(edge_index):
-            return out, (set_sparse_value(edge_index, alpha), alpha)
-        return out, (edge_index, alpha)
-    return out, edge_index.set_value(alpha, layout="coo")
 
 
 class GATConv(CompressedConv, pyg_nn.GATConv):
@@ -264,63 +185,15 @@ class GATConv(CompressedConv, pyg_nn.GATConv):
             if x_dst is not None:
                 x_dst = self._project(lin_dst, x_dst).view(-1, H, C)
 
-        # Self-loops exactly as PyG adds them (the returned edge_index / adjacency and the
-        # self-loop edge features depend on it); only the CSR graph built from the result is
-        # cached, on the caller's adjacency.
-        adj = edge_index
-        loops_key: tuple = ("no_loops",)
         want_alpha = bool(return_attention_weights)
-        looped_later = False
-        if self.add_self_loops:
-            if isinstance(edge_index, Tensor):
-                num_nodes = x_src.size(0)
-                if x_dst is not None:
-                    num_nodes = min(num_nodes, x_dst.size(0))
-                num_nodes = min(size) if size is not None else num_nodes
-                loops_key = ("loops", num_nodes)
-                # Without edge features or returned weights nothing but the cached graph reads
-                # the looped edge_index: the loops are replaced only when that graph is built
-                # (looped_graph, on the edges' keys), not in every forward (removing loops
-                # syncs with the host, and breaks a compiled graph).
-                # (A sparse adjacency's values and an EdgeIndex's sizes change with the
-                # loops: those are looped here.)
-                looped_later = (edge_attr is None and not want_alpha
-                                and not is_torch_sparse_tensor(edge_index)
-                                and not isinstance(edge_index, EdgeIndex))
-                if not looped_later:
-                    edge_index, edge_attr = _with_self_loops(edge_index, edge_attr,
-                                                             self.fill_value, num_nodes)
-            elif isinstance(edge_index, SparseTensor):
-                if self.edge_dim is None:
-                    edge_index = torch_sparse.set_diag(edge_index)
-                    loops_key = ("set_diag",)
-                else:
-                    raise NotImplementedError(
-                        "The usage of 'edge_attr' and 'add_self_loops' simultaneously is "
-                        "currently not yet supported for 'edge_index' in a 'SparseTensor' "
-                        "form")
-
-        n_src, n_dst = propagate_sizes(self, edge_index, size, x_src.size(0),
-                                       None if x_dst is None else x_dst.size(0))
-        def build() -> Graph:
-            if looped_later:
-                return looped_graph(edge_index, loops_key[1], n_src, n_dst, self.flow,
-                                    lambda ei: _build(ei, n_src, n_dst, self.flow, False),
-                                    per_edge=True, keep_dst=False)
-            return _build(edge_index, n_src, n_dst, self.flow, edge_index is adj)
-
-        graph = cache_on(adj, ("gat", loops_key, n_src, n_dst, self.flow), build,
-                         cache=graph_cache_for(self))
+        graph, edge_index, edge_attr = attention_graph(
+            self, edge_index, edge_attr, size, x_src.size(0),
+            None if x_dst is None else x_dst.size(0), want_alpha, keep_dst=False)
 
         a_edge = None
         if self.lin_edge is not None and graph.num_edges > 0:
             if edge_attr is None:
-                # PyG's propagate reads edge features from a sparse adjacency's values.
-                if is_torch_sparse_tensor(edge_index):
-                    values = to_edge_index(edge_index)[1]
-                    edge_attr = values if values.dim() > 1 else None
-                elif isinstance(edge_index, SparseTensor):
-                    edge_attr = edge_index.storage.value()
+                edge_attr = sparse_edge_features(edge_index)
             if edge_attr is not None:
                 a_edge = self._edge_logits(edge_attr)
 

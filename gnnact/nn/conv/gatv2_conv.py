@@ -6,41 +6,19 @@ from typing import Any, ClassVar
 
 import torch_geometric.nn as pyg_nn
 from torch import Tensor
-from torch_geometric import EdgeIndex
-from torch_geometric.typing import (
-    Adj,
-    OptTensor,
-    PairTensor,
-    SparseTensor,
-    torch_sparse,
-)
-from torch_geometric.utils import (
-    is_torch_sparse_tensor,
-    to_edge_index,
-)
+from torch_geometric.typing import Adj, OptTensor, PairTensor, SparseTensor
 
 from gnnact import ops
 from gnnact.config import Config
 from gnnact.nn._lazy import linear_weight
-from gnnact.nn.conv.base import CompressedConv, propagate_sizes
-from gnnact.nn.conv.gat_conv import _with_self_loops, attention_output, looped_graph
-from gnnact.ops.context import transient
+from gnnact.nn.conv.attention import attention_graph, attention_output, sparse_edge_features
+from gnnact.nn.conv.base import CompressedConv
 from gnnact.ops.gatv2 import gatv2_attention
-from gnnact.ops.graph import Graph, build_graph, cache_on, graph_cache_for
 
 __all__ = ["GATv2Conv"]
 
 #: Aggregations the fused op computes (a weighted sum); PyG's GATv2Conv default is "add".
 SUPPORTED_AGGR = ("add", "sum")
-
-def _build(adj: Any, num_src: int, num_dst: int, flow: str) -> Graph:
-    """The graph of ``adj`` with its edges in the order PyG's message passing sees them."""
-    if is_torch_sparse_tensor(adj):
-        # to_edge_index is what PyG's propagate uses: same edge order (for COO too, which
-        # it takes as given rather than coalescing), so attention weights line up.
-        (row, col), _ = to_edge_index(adj)
-        return Graph.from_coo(col, row, num_src, num_dst)
-    return build_graph(adj, num_src, num_dst, flow=flow)
 
 
 class GATv2Conv(CompressedConv, pyg_nn.GATv2Conv):
@@ -229,58 +207,13 @@ class GATv2Conv(CompressedConv, pyg_nn.GATv2Conv):
             x_l = self._project(self.lin_l, x_l).view(-1, H, C)
             x_r = self._project(self.lin_r, x_r).view(-1, H, C)
 
-        # Self-loops exactly as PyG adds them (the returned edge_index / adjacency and the
-        # self-loop edge features depend on it); only the CSR graph built from the result is
-        # cached, on the caller's adjacency.
-        adj = edge_index
-        loops_key: tuple = ("no_loops",)
         want_alpha = bool(return_attention_weights)
-        looped_later = False
-        if self.add_self_loops:
-            if isinstance(edge_index, Tensor):
-                num_nodes = min(x_l.size(0), x_r.size(0))
-                loops_key = ("loops", num_nodes)
-                # As in GATConv: made only when the cached graph is built, if nothing else
-                # reads the looped edge_index.
-                # (A sparse adjacency's values and an EdgeIndex's sizes change with the
-                # loops: those are looped here.)
-                looped_later = (edge_attr is None and not want_alpha
-                                and not is_torch_sparse_tensor(edge_index)
-                                and not isinstance(edge_index, EdgeIndex))
-                if not looped_later:
-                    edge_index, edge_attr = _with_self_loops(edge_index, edge_attr,
-                                                             self.fill_value, num_nodes)
-                if edge_attr is not None:
-                    # A temporary made here, not the caller's resident tensor: packed at
-                    # `bits` rather than kept by reference (input_bits).
-                    edge_attr = transient(edge_attr)
-            elif isinstance(edge_index, SparseTensor):
-                if self.edge_dim is None:
-                    edge_index = torch_sparse.set_diag(edge_index)
-                    loops_key = ("set_diag",)
-                else:
-                    raise NotImplementedError(
-                        "The usage of 'edge_attr' and 'add_self_loops' simultaneously is "
-                        "currently not yet supported for 'edge_index' in a 'SparseTensor' "
-                        "form")
-
-        n_src, n_dst = propagate_sizes(self, edge_index, None, x_l.size(0), x_r.size(0))
-        def build() -> Graph:
-            if looped_later:
-                return looped_graph(edge_index, loops_key[1], n_src, n_dst, self.flow,
-                                    lambda ei: _build(ei, n_src, n_dst, self.flow))
-            return _build(edge_index, n_src, n_dst, self.flow)
-
-        graph = cache_on(adj, ("gatv2", loops_key, n_src, n_dst, self.flow), build,
-                         cache=graph_cache_for(self))
-
+        # (The per-edge targets are kept: the op reads them block by block.)
+        graph, edge_index, edge_attr = attention_graph(
+            self, edge_index, edge_attr, None, x_l.size(0), x_r.size(0), want_alpha,
+            keep_dst=True)
         if edge_attr is None:
-            # PyG's propagate reads edge features from a sparse adjacency's values.
-            if is_torch_sparse_tensor(edge_index):
-                values = to_edge_index(edge_index)[1]
-                edge_attr = values if values.dim() > 1 else None
-            elif isinstance(edge_index, SparseTensor):
-                edge_attr = edge_index.storage.value()
+            edge_attr = sparse_edge_features(edge_index)
         w_edge = None
         if edge_attr is not None:
             if self.lin_edge is None:
