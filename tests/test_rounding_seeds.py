@@ -50,10 +50,20 @@ def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
     return all(torch.equal(u, v) for u, v in zip(a, b, strict=True))
 
 
-def _train(model: nn.Module, steps: int, seed: int = 1) -> tuple[list, list, list]:
+def _generator_states(device: str) -> torch.Tensor:
+    """The default CPU generator's state, and the device's (where its dropout draws)."""
+    states = [torch.get_rng_state()]
+    if device == "cuda":
+        states.append(torch.cuda.get_rng_state())
+    return torch.cat(states)
+
+
+def _train(model: nn.Module, steps: int, seed: int = 1,
+           device: str = "cpu") -> tuple[list, list, list]:
     """``steps`` full-batch Adam steps after ``torch.manual_seed(seed)``: the outputs, the
-    default generator's state after each step, and the last gradients."""
-    x, edge_index, y = _graph()
+    default generators' states after each step, and the last gradients."""
+    x, edge_index, y = (t.to(device) for t in _graph())
+    model = model.to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     torch.manual_seed(seed)
     outs, states = [], []
@@ -63,20 +73,22 @@ def _train(model: nn.Module, steps: int, seed: int = 1) -> tuple[list, list, lis
         F.cross_entropy(out, y).backward()
         optimizer.step()
         outs.append(out.detach())
-        states.append(torch.get_rng_state())
+        states.append(_generator_states(device))
     return outs, states, [p.grad.clone() for p in model.parameters()]
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
 @pytest.mark.parametrize("config", [gnnact.Config(bits=2), gnnact.Config(bits=4),
                                     gnnact.Config(bits=2, per_node=True)],
                          ids=["2 bits", "4 bits", "per-node"])
-def test_compressed_run_draws_the_uncompressed_runs_masks(config):
+def test_compressed_run_draws_the_uncompressed_runs_masks(config, device):
     torch.manual_seed(0)
     base = PyGStyle()
-    pyg_outs, pyg_states, _ = _train(copy.deepcopy(base), 3)
+    pyg_outs, pyg_states, _ = _train(copy.deepcopy(base), 3, device=device)
     model = gnnact.convert(copy.deepcopy(base), config)
-    outs, states, _ = _train(model, 3)
-    # The generator is where PyG's run leaves it after every step: the same draws, in order.
+    outs, states, _ = _train(model, 3, device=device)
+    # The generators are where PyG's run leaves them after every step: the same draws, in
+    # order (on a GPU, the CPU one is not touched at all).
     assert _same(states, pyg_states)
     # The first forward (same weights, same masks) is PyG's; the rounding only reaches the
     # gradients, and through them the later steps.

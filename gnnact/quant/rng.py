@@ -105,6 +105,18 @@ def uniform_stream(seed: int, device: torch.device | str = "cpu") -> Callable[[i
     return draw
 
 
+def _generator_states() -> bytes:
+    """The states of the default CPU generator and of each initialised CUDA device's (seed
+    and offset, read on the host: no sync)."""
+    states = [torch.default_generator.get_state()]
+    if torch.cuda.is_initialized():
+        try:
+            states += [g.get_state() for g in torch.cuda.default_generators]
+        except RuntimeError:  # inside a CUDA graph capture: the CPU state (and the count)
+            pass
+    return b"".join(state.numpy().tobytes() for state in states)
+
+
 class PassSeeds:
     r"""The seeds of the rounding noise of an owner's successive forward passes (a converted
     model's, a :class:`gnnact.compress_saved_tensors`'), taken from no generator's stream.
@@ -114,18 +126,21 @@ class PassSeeds:
     .. math::
         s_t = H(\sigma_t, r_t),
 
-    with :math:`\sigma_t` the state of the default CPU generator when the pass starts (read,
-    not advanced), :math:`r_t` the number of this owner's passes right before :math:`t`, in a
-    row, that started from that same state, and :math:`H` a 63-bit BLAKE2b digest. Each
-    quantization of the pass then draws its seed from a generator seeded with :math:`s_t`
-    (:meth:`generator`), in the pass's order.
+    with :math:`\sigma_t` the state of the default generators when the pass starts (the CPU
+    one's, and each initialised CUDA device's; read, not advanced), :math:`r_t` the number of
+    this owner's passes right before :math:`t`, in a row, that started from that same state,
+    and :math:`H` a 63-bit BLAKE2b digest. Each quantization of the pass then draws its seed
+    from a generator seeded with :math:`s_t` (:meth:`generator`), in the pass's order.
 
     So a run is reproduced by ``torch.manual_seed``, as before, but rounding draws nothing from
     the generators a run shares with PyTorch: a compressed run's dropout masks (PyTorch's own,
-    drawn from those generators) are an uncompressed run's. Passes differ: dropout, or any CPU
-    draw, moves :math:`\sigma`; where nothing does (no dropout, or dropout on a GPU only),
-    :math:`r` counts the passes. Thread-safe: the replicas of
-    :class:`~torch.nn.DataParallel` share their model's.
+    drawn from those generators) are an uncompressed run's. Passes differ: dropout, or any
+    other draw, moves :math:`\sigma`; where nothing does (no random op in the model),
+    :math:`r` counts the passes. That count cannot tell a ``torch.manual_seed`` back to the
+    state of the previous pass from no draw at all: a model without any random op, seeded
+    again before each of two passes, rounds them with different noise (a new model, or any
+    draw in between, such as its initialisation, rounds as the first did). Thread-safe: the
+    replicas of :class:`~torch.nn.DataParallel` share their model's.
     """
 
     def __init__(self) -> None:
@@ -143,8 +158,7 @@ class PassSeeds:
 
     def next_seed(self) -> int:
         """:math:`s_t` of the pass starting now."""
-        state = torch.default_generator.get_state().numpy().tobytes()
-        key = hashlib.blake2b(state, digest_size=16).digest()
+        key = hashlib.blake2b(_generator_states(), digest_size=16).digest()
         with self._lock:
             self._repeats = self._repeats + 1 if key == self._last else 0
             self._last = key
