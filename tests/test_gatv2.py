@@ -238,6 +238,18 @@ def test_graph_keeps_no_copy_of_the_edge_features(kind):
     assert graph.value is None
 
 
+def test_graph_derives_its_targets():
+    """Like GATConv's, the graph keeps no per-edge targets: the op finds those of each block
+    of edges in the row pointers (outputs and gradients as PyG's, tested above)."""
+    conv = GATv2Conv(F_IN, 4, heads=2, config=Config(bits=2)).double()
+    x, edge_index = _feats(N, F_IN).requires_grad_(), _edges()
+    conv(x, edge_index).sum().backward()
+    (graph,) = graph_cache_for(conv).values()  # (kept while edge_index lives)
+    assert graph.targets is None
+    # ptr and t_ptr; src, t_perm and input_perm (the edges are neither sorted nor symmetric)
+    assert graph.nbytes() == 2 * 4 * (N + 1) + 3 * 4 * graph.num_edges
+
+
 def test_parity_residual_no_bias_and_eval_dropout():
     ref, ours = _pair(in_channels=F_IN, out_channels=5, heads=2, residual=True, bias=False,
                       dropout=0.6, negative_slope=0.1)

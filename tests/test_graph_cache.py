@@ -657,3 +657,23 @@ def test_derived_targets_are_the_rows_in_four_bytes_per_edge():
         targets = graph.dst
     assert torch.equal(targets, dst.sort().values.int())
     assert meter.peak_bytes <= 4 * (e + 1) + 8 * n
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_targets_of_a_block_of_edges(dtype):
+    """``Graph.dst_of(slice)``: the targets of a block of CSR edges, found in the row
+    pointers, equal that block of :attr:`Graph.dst` (empty rows anywhere, empty and whole
+    blocks), in the index dtype; kept targets are sliced."""
+    gen = torch.Generator().manual_seed(7)
+    n = 300
+    counts = torch.randint(0, 4, (n,), generator=gen) * (torch.rand(n, generator=gen) > 0.3)
+    counts[:1] = counts[-1:] = 0
+    ptr = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)]).to(dtype)
+    e = int(ptr[-1])
+    graph = Graph(n, n, ptr, torch.zeros(e, dtype=dtype))
+    whole = graph.dst
+    for a, b in [(0, e), (0, 0), (e, e), (5, 6), (17, e - 3), (e - 1, e)]:
+        block = graph.dst_of(slice(a, b))
+        assert block.dtype == dtype and torch.equal(block, whole[a:b])
+    kept = dataclasses.replace(graph, targets=whole)
+    assert torch.equal(kept.dst_of(slice(17, 40)), whole[17:40])

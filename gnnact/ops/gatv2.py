@@ -146,7 +146,7 @@ def _pre_activation(x_l: Tensor, x_r: Tensor, edge_attr: Tensor | None, w_edge: 
                     graph: Graph, sl: slice) -> Tensor:
     r""":math:`z = X^r_i + X^l_j (+ \mathbf{E} W_e^\top)` for the CSR edges ``sl``,
     ``[n, H, C]``: PyG's ``x_i + x_j`` then ``+ lin_edge(edge_attr)``, so fp64 agrees."""
-    z = x_r.index_select(0, graph.dst[sl]) + x_l.index_select(0, graph.src[sl])
+    z = x_r.index_select(0, graph.dst_of(sl)) + x_l.index_select(0, graph.src[sl])
     if edge_attr is not None:
         z = z + F.linear(_edge_rows(edge_attr, graph, sl), w_edge).view_as(z)
     return z
@@ -290,12 +290,13 @@ class _GATv2Attention(torch.autograd.Function):
                 continue
             grad_z = g_s * att  # d s / d LeakyReLU(z), then through the exact mask
             grad_z = torch.where(positive, grad_z, grad_z * slope)
+            dst = graph.dst_of(sl) if (need_xl and ctx.same) or need_xr else None
             if need_xl:
                 grad_xl.index_add_(0, graph.src[sl], grad_z)
                 if ctx.same:  # X^r is X^l: one input, one gradient
-                    grad_xl.index_add_(0, graph.dst[sl], grad_z)
+                    grad_xl.index_add_(0, dst, grad_z)
             if need_xr:
-                grad_xr.index_add_(0, graph.dst[sl], grad_z)
+                grad_xr.index_add_(0, dst, grad_z)
             if need_edge or need_w_edge:
                 flat = grad_z.reshape(n, per_edge)
                 if need_w_edge:

@@ -171,6 +171,17 @@ class Graph:
             return self.targets
         return _rows_of_edges(self.ptr, self.num_edges, self.src.dtype)
 
+    def dst_of(self, edges: slice) -> Tensor:
+        """The targets of the CSR edges ``edges`` (a slice of ``range(E)``, step 1):
+        ``targets[edges]`` if kept, else each edge's row found in ``ptr`` by binary search,
+        for a block of edges without the ``[E]`` tensor of :attr:`dst`."""
+        if self.targets is not None:
+            return self.targets[edges]
+        ids = torch.arange(edges.start, edges.stop, dtype=self.ptr.dtype, device=self.device)
+        rows = torch.searchsorted(self.ptr, ids, right=True,
+                                  out_int32=self.src.dtype == torch.int32)
+        return rows.sub_(1)
+
     def in_degree(self, dtype: torch.dtype) -> Tensor:
         """Edges into each target, ``[num_dst]``."""
         return (self.ptr[1:] - self.ptr[:-1]).to(dtype)

@@ -29,6 +29,7 @@ the same ``torch.manual_seed``, and differs from it by the rounding alone.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import threading
@@ -109,11 +110,10 @@ def _generator_states() -> bytes:
     """The states of the default CPU generator and of each initialised CUDA device's (seed
     and offset, read on the host: no sync)."""
     states = [torch.default_generator.get_state()]
-    if torch.cuda.is_initialized():
-        try:
+    # (Inside a CUDA graph capture the CUDA states cannot be read: the CPU one and the count.)
+    with contextlib.suppress(RuntimeError):
+        if torch.cuda.is_initialized():
             states += [g.get_state() for g in torch.cuda.default_generators]
-        except RuntimeError:  # inside a CUDA graph capture: the CPU state (and the count)
-            pass
     return b"".join(state.numpy().tobytes() for state in states)
 
 

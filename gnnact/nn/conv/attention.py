@@ -32,19 +32,21 @@ from gnnact.ops.graph import (
 __all__ = ["attention_graph", "attention_output", "looped_graph", "sparse_edge_features"]
 
 
-def _build(adj: Any, num_src: int, num_dst: int, flow: str, borrow: bool,
-           keep_dst: bool) -> Graph:
-    """The graph of ``adj`` with its edges in the order PyG's message passing sees them."""
-    # Attention weights are per-call edge values in input order (input_perm, t_perm); the
-    # edge features, a sparse adjacency's values included, are read by the op, not kept here.
-    options = {"per_edge": True, "keep_dst": keep_dst}
+#: The attention ops' graphs: per-call edge values (the attention weights, in input order:
+#: input_perm, t_perm), and the per-edge targets derived from the row pointers when read.
+_OPTIONS = {"per_edge": True, "keep_dst": False}
+
+
+def _build(adj: Any, num_src: int, num_dst: int, flow: str, borrow: bool) -> Graph:
+    """The graph of ``adj`` with its edges in the order PyG's message passing sees them (the
+    edge features, a sparse adjacency's values included, are read by the op, not kept)."""
     if is_torch_sparse_tensor(adj):
         # to_edge_index is what PyG's propagate uses: same edge order (for COO too, which
         # it takes as given rather than coalescing), so attention weights line up.
         (row, col), _ = to_edge_index(adj)
-        return Graph.from_coo(col, row, num_src, num_dst, **options)
+        return Graph.from_coo(col, row, num_src, num_dst, **_OPTIONS)
     return build_graph(adj, num_src, num_dst, flow=flow, own_values=False, borrow=borrow,
-                       **options)
+                       **_OPTIONS)
 
 
 def _with_self_loops(edge_index: Tensor, edge_attr: Tensor | None, fill_value: Any,
@@ -69,8 +71,8 @@ def looped_graph(edge_index: Tensor, loops: int, num_src: int, num_dst: int, flo
 
 
 def attention_graph(conv: Any, edge_index: Adj, edge_attr: OptTensor, size: Size,
-                    num_src_rows: int, num_dst_rows: int | None, want_alpha: bool,
-                    keep_dst: bool) -> tuple[Graph, Adj, OptTensor]:
+                    num_src_rows: int, num_dst_rows: int | None,
+                    want_alpha: bool) -> tuple[Graph, Adj, OptTensor]:
     """The cached graph of an attention conv's adjacency, with self-loops exactly as PyG adds
     them, and the adjacency and edge features PyG's propagate would see:
     ``(graph, edge_index, edge_attr)``.
@@ -86,7 +88,6 @@ def attention_graph(conv: Any, edge_index: Adj, edge_attr: OptTensor, size: Size
         conv: the layer (``add_self_loops``, ``fill_value``, ``edge_dim``, ``flow``).
         num_src_rows (int): rows of the source features.
         num_dst_rows (int, optional): rows of the target features (:obj:`None`: none given).
-        keep_dst (bool): keep the per-edge targets in the graph (see :class:`Graph`).
     """
     adj = edge_index
     loops_key: tuple = ("no_loops",)
@@ -119,10 +120,9 @@ def attention_graph(conv: Any, edge_index: Adj, edge_attr: OptTensor, size: Size
     def build() -> Graph:
         if looped_later:
             return looped_graph(looped, loops_key[1], n_src, n_dst, conv.flow,
-                                lambda ei: _build(ei, n_src, n_dst, conv.flow, False,
-                                                  keep_dst),
-                                per_edge=True, keep_dst=keep_dst)
-        return _build(looped, n_src, n_dst, conv.flow, looped is adj, keep_dst)
+                                lambda ei: _build(ei, n_src, n_dst, conv.flow, False),
+                                **_OPTIONS)
+        return _build(looped, n_src, n_dst, conv.flow, looped is adj)
 
     graph = cache_on(adj, (type(conv).__name__, loops_key, n_src, n_dst, conv.flow), build,
                      cache=graph_cache_for(conv))

@@ -188,7 +188,7 @@ class GATConv(CompressedConv, pyg_nn.GATConv):
         want_alpha = bool(return_attention_weights)
         graph, edge_index, edge_attr = attention_graph(
             self, edge_index, edge_attr, size, x_src.size(0),
-            None if x_dst is None else x_dst.size(0), want_alpha, keep_dst=False)
+            None if x_dst is None else x_dst.size(0), want_alpha)
 
         a_edge = None
         if self.lin_edge is not None and graph.num_edges > 0:

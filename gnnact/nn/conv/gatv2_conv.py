@@ -208,10 +208,8 @@ class GATv2Conv(CompressedConv, pyg_nn.GATv2Conv):
             x_r = self._project(self.lin_r, x_r).view(-1, H, C)
 
         want_alpha = bool(return_attention_weights)
-        # (The per-edge targets are kept: the op reads them block by block.)
         graph, edge_index, edge_attr = attention_graph(
-            self, edge_index, edge_attr, None, x_l.size(0), x_r.size(0), want_alpha,
-            keep_dst=True)
+            self, edge_index, edge_attr, None, x_l.size(0), x_r.size(0), want_alpha)
         if edge_attr is None:
             edge_attr = sparse_edge_features(edge_index)
         w_edge = None
