@@ -62,9 +62,9 @@ from gnnact.quant.reference import MASK_MUL, MASK_SELECT, MASK_ZERO, combine_mas
 
 __all__ = ["alias_derived", "apply_mask", "cache_key", "cached", "controlled_noise", "derive",
            "derived_steps", "hold_parts", "independent_quantize", "input_bits", "load_context",
-           "mask_mode", "noise_generator", "overwritable", "own_context", "pass_generator",
-           "per_node_quantize", "records_graph", "release", "remember", "resident",
-           "save_context", "shared_quantize", "transient"]
+           "mask_mode", "noise_generator", "overwritable", "own_context", "per_node_quantize",
+           "records_graph", "release", "remember", "resident", "save_context",
+           "shared_quantize", "transient"]
 
 def cache_key(x: Tensor) -> tuple[tuple, Tensor]:
     """The key of ``x`` and the object whose identity it rests on: the tensor ``x`` views
@@ -342,13 +342,7 @@ def noise_generator(tag: str | None, role: str, x: Tensor, bits: int,
     control = _NOISE.get()
     if control is not None:
         return control.generator(tag, role, x, bits)
-    return default if default is not None else pass_generator()
-
-
-def pass_generator() -> torch.Generator | None:
-    """The running forward pass's source of rounding seeds, ``None`` outside a pass that has
-    one (see :class:`gnnact.quant.rng.PassSeeds`)."""
-    return forward_state().rounding
+    return default if default is not None else forward_state().rounding
 
 
 @contextlib.contextmanager

@@ -22,7 +22,7 @@ elements on 2 cores), and no CPU kernel needs to match it.
 generator (the default CPU one when none is given), as any random torch op does. The forward
 passes of a converted model or a :class:`gnnact.compress_saved_tensors` block draw theirs from
 a stream of the pass's own instead (:class:`PassSeeds`): rounding then draws nothing from the
-process's generators (it reads the default one's state, without advancing it), so a
+process's generators (it reads the default ones' states, without advancing them), so a
 compressed run draws the very dropout masks and shuffles that an uncompressed run draws under
 the same ``torch.manual_seed``, and differs from it by the rounding alone.
 """
