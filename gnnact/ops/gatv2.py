@@ -143,10 +143,11 @@ def _edge_rows(edge_attr: Tensor, graph: Graph, sl: slice) -> Tensor:
 
 
 def _pre_activation(x_l: Tensor, x_r: Tensor, edge_attr: Tensor | None, w_edge: Tensor | None,
-                    graph: Graph, sl: slice) -> Tensor:
-    r""":math:`z = X^r_i + X^l_j (+ \mathbf{E} W_e^\top)` for the CSR edges ``sl``,
-    ``[n, H, C]``: PyG's ``x_i + x_j`` then ``+ lin_edge(edge_attr)``, so fp64 agrees."""
-    z = x_r.index_select(0, graph.dst_of(sl)) + x_l.index_select(0, graph.src[sl])
+                    graph: Graph, sl: slice, dst: Tensor) -> Tensor:
+    r""":math:`z = X^r_i + X^l_j (+ \mathbf{E} W_e^\top)` for the CSR edges ``sl`` (whose
+    targets are ``dst``), ``[n, H, C]``: PyG's ``x_i + x_j`` then ``+ lin_edge(edge_attr)``,
+    so fp64 agrees."""
+    z = x_r.index_select(0, dst) + x_l.index_select(0, graph.src[sl])
     if edge_attr is not None:
         z = z + F.linear(_edge_rows(edge_attr, graph, sl), w_edge).view_as(z)
     return z
@@ -171,7 +172,7 @@ class _GATv2Attention(torch.autograd.Function):
         mask = torch.empty(math.ceil(num_edges * per_edge / 8), dtype=torch.uint8,
                            device=x_l.device) if record else None
         for sl in _chunks(num_edges, per_edge, graph.num_dst):
-            z = _pre_activation(x_l, x_dst, edge_attr, w_edge, graph, sl)
+            z = _pre_activation(x_l, x_dst, edge_attr, w_edge, graph, sl, graph.dst_of(sl))
             if mask is not None:
                 mask[_mask_bytes(sl, per_edge)] = pack_mask(z > 0).data
             z = F.leaky_relu(z, negative_slope)
@@ -280,17 +281,20 @@ class _GATv2Attention(torch.autograd.Function):
             positive = unpack_mask(PackedMask(mask[_mask_bytes(sl, per_edge)],
                                               torch.Size((n, heads, channels))))
             g_s = grad_s[sl].unsqueeze(-1)
+            # This block's targets, found once for every use below.
+            dst = (graph.dst_of(sl) if need_att or need_xr or (need_xl and ctx.same)
+                   else None)
             if need_att:
                 # LeakyReLU(z)~ = z~ (m + slope (1 - m)): linear in the rounded features, whose
                 # X~^l noise is independent of the X^l noise in grad_s.
-                z_tilde = _pre_activation(x_l_tilde, x_r_hat, edge_hat, w_edge, graph, sl)
+                z_tilde = _pre_activation(x_l_tilde, x_r_hat, edge_hat, w_edge, graph, sl,
+                                          dst)
                 z_tilde = torch.where(positive, z_tilde, z_tilde * slope)
                 grad_att += (g_s * z_tilde).sum(0)
             if not (need_xl or need_xr or need_edge or need_w_edge):
                 continue
             grad_z = g_s * att  # d s / d LeakyReLU(z), then through the exact mask
             grad_z = torch.where(positive, grad_z, grad_z * slope)
-            dst = graph.dst_of(sl) if (need_xl and ctx.same) or need_xr else None
             if need_xl:
                 grad_xl.index_add_(0, graph.src[sl], grad_z)
                 if ctx.same:  # X^r is X^l: one input, one gradient
