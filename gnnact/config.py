@@ -56,6 +56,12 @@ class Config:
             blocks of targets (``TransformerConv``, ``GINEConv``, ``PNAConv``, ``NNConv``,
             …: :data:`gnnact.nn.chunked.BY_TARGET`; equal to PyG's up to float rounding).
             (default: :obj:`True`)
+        compact_indices (bool, optional): in :class:`gnnact.compress_saved_tensors` (and so in
+            a converted model), keep the integer and boolean tensors autograd saves (a
+            scatter's edge targets, a gather's sources, masks) exactly in fewer bytes: once per
+            broadcast, in the narrowest integer dtype that holds them, booleans at one bit
+            (:mod:`gnnact.compress.lossless`). Backward computes the same. Not with ``bits``
+            of 32, which keeps everything as it is. (default: :obj:`True`)
 
     Raises:
         TypeError: if a field has the wrong type (``per_row="yes"``, ``bits=2.0``, a
@@ -85,6 +91,7 @@ class Config:
     offload: bool = False
     prefetch_depth: int = 1
     chunk_messages: bool = True
+    compact_indices: bool = True
 
     def __post_init__(self) -> None:
         # Every field, at construction: a wrong value fails here, naming the field, not deep
@@ -100,7 +107,8 @@ class Config:
         if _check_int("Config.prefetch_depth", self.prefetch_depth) < 0:
             raise ValueError(f"Config.prefetch_depth must be a non-negative int, got "
                              f"{self.prefetch_depth!r}")
-        for name in ("per_row", "resident_inputs", "per_node", "offload", "chunk_messages"):
+        for name in ("per_row", "resident_inputs", "per_node", "offload", "chunk_messages",
+                     "compact_indices"):
             value = getattr(self, name)
             if not isinstance(value, bool):
                 raise TypeError(f"Config.{name} must be a bool, got {value!r} "

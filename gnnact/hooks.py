@@ -27,10 +27,12 @@ from torch.nn.modules.module import (
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from gnnact.compress import OUTSIDE, Policy
+from gnnact.compress.lossless import INDEX_DTYPES, CompactTensor, compact, unbroadcast
 from gnnact.compress.policy import within
 from gnnact.config import Config
-from gnnact.memory import storage_keys, tensor_storages
+from gnnact.memory import argument_tensors, storage_keys, tensor_storages
 from gnnact.ops.context import (
+    Reshaped,
     cache_key,
     cached,
     hold_parts,
@@ -60,10 +62,16 @@ def active_pipeline() -> compress_saved_tensors | None:
 
 @dataclass(frozen=True)
 class _SharedSwap:
-    """An offloaded copy read back in the shape of another view of the same data."""
+    """An offloaded copy read back in the shape of another view of the same data, then
+    expanded to ``broadcast`` if given (a broadcast tensor's values are kept once)."""
 
     item: Swapped
     shape: torch.Size
+    broadcast: torch.Size | None = None
+
+
+# The format key of compact index copies in gnnact's cache of shared copies.
+_INDEX_FMT = ("index",)
 
 
 def _as_tensor(parts: tuple[Tensor, ...]) -> Tensor:
@@ -133,8 +141,8 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
 
     These pass through as they are (the hook returns the tensor itself):
 
-    * tensors that are not floating point (indices, masks), sparse tensors, tensor
-      subclasses, 0-d tensors, and tensors of fewer than :obj:`min_numel` elements (per-channel
+    * sparse tensors, tensor subclasses, 0-d tensors, integer and boolean tensors
+      other than those below, and tensors of fewer than :obj:`min_numel` elements (per-channel
       statistics such as BatchNorm's mean and :math:`1/\sigma`: their error reaches every
       gradient of the layer, and compressing them saves little);
     * parameters (leaves that require grad) and views of them (the ``weight.t()`` that
@@ -147,7 +155,13 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
     * tensors the policy keeps exact.
 
     A :class:`~torch.nn.ReLU` module's own output, saved by that module, becomes a 1-bit mask
-    (:obj:`relu_masks`).
+    (:obj:`relu_masks`). With ``config.compact_indices``, integer and boolean tensors (a
+    scatter's edge targets, a gather's sources, a max pool's argmax, masks) are kept exactly in
+    fewer bytes (:func:`~gnnact.compress.lossless.compact`: a broadcast tensor once, integers
+    in the narrowest dtype that holds them, booleans at one bit) and counted as ``"index"``.
+    The inputs are left alone: :obj:`skip`, and with ``config.resident_inputs`` the tensors in
+    the positional arguments of :obj:`model`'s own call. (An index needs no gradient, yet the
+    model mostly makes it itself: ``resident_inputs`` does not take it for an input.)
 
     With ``config.offload`` every CUDA tensor the pipeline compresses, and the context of
     gnnact's ops (already compressed), is moved to pinned host memory during forward and
@@ -268,6 +282,7 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         self.offload_paths = tuple(offload_paths)
         # Exact mode stays exact to the bit: no masks either.
         self.relu_masks = relu_masks and config.bits != 32
+        self.compact_indices = config.compact_indices and config.bits != 32
         self.generator = generator
         self._seeds = PassSeeds()
         self._offloaders: dict[torch.device, Offloader] = {}
@@ -276,6 +291,7 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         self._skip = storage_keys([*skip, *([model] if model is not None else [])])
         self._paths = {} if model is None else {id(m): p for p, m in model.named_modules()}
         self._stack: list[nn.Module] = []
+        self._inputs: set[tuple] = set()
         self._handles: list[Any] = []
         self._region = contextlib.ExitStack()  # the forward pass (and hold_parts())
         self._state: weakref.ref[ForwardState] | None = None
@@ -309,6 +325,7 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
             raise RuntimeError("this compress_saved_tensors is already active: enter it once "
                                "(with Controller(hooks=...), the closure must not enter it)")
         self._counts = {}  # indices restart with every forward pass
+        self._inputs: set[tuple] = set()  # storage keys of the model's arguments in the pass
         for offloader in self._offloaders.values():
             offloader.new_pass()
         # Forget the host copies autograd has dropped since.
@@ -342,6 +359,12 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
     # The module hooks are process-wide: only modules run where this pipeline is active count.
     def _enter_module(self, module: nn.Module, args: Any) -> None:
         if _ACTIVE.get() is self:
+            if module is self.model and not self._stack:
+                # The model's own call: its (positional) arguments are the pass's inputs,
+                # resident whatever backward keeps. (Tensors that need no gradient count as
+                # inputs anyway, except indices: those are mostly made inside, as a max
+                # pool's or a scatter's.)
+                self._inputs |= storage_keys(argument_tensors(args))
             self._stack.append(module)
 
     def _leave_module(self, module: nn.Module, args: Any, output: Any) -> None:
@@ -363,6 +386,9 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
     # ------------------------------------------------------------------ hooks
 
     def _pack(self, t: Tensor) -> Any:
+        if (self.compact_indices and t.dtype in INDEX_DTYPES and self._storable(t)
+                and not (self.config.resident_inputs and _storage_key(t) in self._inputs)):
+            return self._compact(t)
         if not self._candidate(t):
             self._pass(t, self._where()[0])
             if (own_context(t) and self._offloads(self._where()[0])
@@ -415,10 +441,49 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         remember(t, compressor.fmt, packed)
         return packed
 
+    def _compact(self, t: Tensor) -> Any:
+        """Keep the index or mask ``t`` exactly in fewer bytes, one copy of its values shared
+        by every save of them (the feature blocks of a chunked conv save one edge index
+        broadcast to each block's width)."""
+        path = self._where()[0]
+        core = unbroadcast(t)
+        if path == OUTSIDE or core.numel() < self.min_numel:  # (the loss's labels: inputs)
+            self._pass(t, path)
+            return t
+        saved = self._shared_swap(core) if self._swapped else None
+        if saved is None:
+            saved = cached(core, _INDEX_FMT)
+        if saved is not None:
+            self.num_shared += 1
+        else:
+            packed = compact(core)
+            if packed is None:  # the values need their own width
+                self._pass(t, path)
+                return t
+            key = f"{path}:index"
+            index = self._counts.get(key, 0)
+            self._counts[key] = index + 1
+            self.num_packed += 1
+            self.packed_bytes += packed.nbytes
+            self._tally(path, packed.nbytes)
+            self._record(f"{key}{index}", "index", t, packed.bits, packed.nbytes, False)
+            if self._offloads(path) and core.is_cuda:
+                saved = self._swap(core, packed.tensors(), functools.partial(
+                    _from_parts, CompactTensor, packed.meta))
+            else:
+                remember(core, _INDEX_FMT, packed)
+                saved = packed
+        if core.shape == t.shape:
+            return saved
+        if isinstance(saved, (Swapped, _SharedSwap)):  # offloaded
+            item = saved.item if isinstance(saved, _SharedSwap) else saved
+            return _SharedSwap(item, core.shape, t.shape)
+        return Reshaped(saved, t.shape, broadcast=True)
+
     def _unpack(self, saved: Any) -> Tensor:
-        shape = None
+        shape = broadcast = None
         if isinstance(saved, _SharedSwap):
-            saved, shape = saved.item, saved.shape
+            saved, shape, broadcast = saved.item, saved.shape, saved.broadcast
         if isinstance(saved, Swapped):
             saved = self._offloaders[saved.device].fetch(saved)
         elif not isinstance(saved, Tensor):
@@ -428,7 +493,9 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         if not isinstance(saved, Tensor):
             with torch.no_grad():
                 saved = saved.dequantize()
-        return saved if shape is None else saved.reshape(shape)
+        if shape is not None:
+            saved = saved.reshape(shape)
+        return saved if broadcast is None else saved.expand(broadcast)
 
     # ------------------------------------------------------------------ offload
 
@@ -487,15 +554,16 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
 
     def _candidate(self, t: Tensor) -> bool:
         """Whether ``t`` may be compressed at all (see the class docstring)."""
-        if t.dtype not in FLOAT_DTYPES or t.layout != torch.strided or t.dim() == 0:
+        return (t.dtype in FLOAT_DTYPES and t.numel() >= self.min_numel
+                and not (self.config.resident_inputs and resident(t)) and self._storable(t))
+
+    def _storable(self, t: Tensor) -> bool:
+        """Whether the pipeline may store ``t`` in another form: a strided tensor of the
+        model's own (no parameter, skipped storage or gnnact op's context)."""
+        if t.layout != torch.strided or t.dim() == 0 or is_traceable_wrapper_subclass(t):
             return False
-        if is_traceable_wrapper_subclass(t) or t.numel() < self.min_numel:
-            return False
-        if _is_parameter(t):
-            return False
-        if self.config.resident_inputs and resident(t):
-            return False
-        return not own_context(t) and _storage_key(t) not in self._skip
+        return (not _is_parameter(t) and not own_context(t)
+                and _storage_key(t) not in self._skip)
 
     def _tally(self, path: str, nbytes: int) -> None:
         self.bytes_by_module[path] = self.bytes_by_module.get(path, 0) + nbytes

@@ -55,8 +55,8 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from gnnact.quant.packed import PackedMask, PackedTensor
 
-__all__ = ["SavedBytes", "SavedRecord", "breakdown", "saved_bytes", "saved_tensors",
-           "storage_keys", "tensor_storages"]
+__all__ = ["SavedBytes", "SavedRecord", "argument_tensors", "breakdown", "saved_bytes",
+           "saved_tensors", "storage_keys", "tensor_storages"]
 
 #: Storage identity: ``(device type, device index, data pointer)``.
 StorageKey = tuple[str, int | None, int]
@@ -315,6 +315,45 @@ def _as_outputs(output: Any) -> list[Tensor]:
         return list(output)
     raise TypeError(f"argument 'output' must be a Tensor or a sequence of Tensors, "
                     f"not {type(output).__name__}")
+
+
+def argument_tensors(value: Any) -> list[Tensor]:
+    """The tensors in a forward's arguments, also inside tuples, lists, dicts, PyG ``Data`` /
+    ``HeteroData`` objects and ``torch_sparse.SparseTensor`` s: the caller's, resident
+    whatever backward keeps.
+
+    Args:
+        value (Any): the arguments, *e.g.* ``(args, kwargs)`` of a forward call.
+
+    Returns:
+        list[torch.Tensor]: the tensors found, at most 5 containers deep.
+
+    Example:
+        >>> from gnnact.memory import argument_tensors
+        >>> x, edge_index = torch.randn(4, 2), torch.tensor([[0, 1], [1, 2]])
+        >>> len(argument_tensors(((x, {"edge_index": edge_index}), {"flag": True})))
+        2
+    """
+    return _argument_tensors(value, [], 0)
+
+
+def _argument_tensors(value: Any, out: list[Tensor], depth: int) -> list[Tensor]:
+    if depth > 4:
+        return out
+    if isinstance(value, Tensor):
+        out.append(value)
+    elif isinstance(value, (tuple, list)):
+        for v in value:
+            _argument_tensors(v, out, depth + 1)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _argument_tensors(v, out, depth + 1)
+    elif hasattr(value, "to_dict") and callable(value.to_dict):  # PyG Data / HeteroData
+        _argument_tensors(value.to_dict(), out, depth + 1)
+    elif hasattr(value, "storage") and hasattr(value, "csr"):  # torch_sparse.SparseTensor
+        _argument_tensors([value.storage.row(), value.storage.col(), value.storage.value()],
+                          out, depth + 1)
+    return out
 
 
 def storage_keys(exclude: Any) -> set[StorageKey]:

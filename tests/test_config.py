@@ -37,6 +37,8 @@ BAD = [
     ("prefetch_depth", 1.5, TypeError, "Config.prefetch_depth must be an int, got 1.5 (float)"),
     ("prefetch_depth", -1, ValueError, "Config.prefetch_depth must be a non-negative int, got -1"),
     ("chunk_messages", 1, TypeError, "Config.chunk_messages must be a bool, got 1 (int)"),
+    ("compact_indices", "no", TypeError,
+     "Config.compact_indices must be a bool, got 'no' (str)"),
 ]
 
 
@@ -59,7 +61,7 @@ def test_bad_value_raises(name: str, value: object, error: type[Exception], mess
     {},
     {"bits": 1, "group_size": 1, "per_row": True, "attention_bits": 32, "backend": "torch",
      "resident_inputs": False, "per_node": True, "tag": "convs.0", "offload": True,
-     "prefetch_depth": 0, "chunk_messages": False},
+     "prefetch_depth": 0, "chunk_messages": False, "compact_indices": False},
     {"bits": 32, "attention_bits": None, "backend": "cupy", "tag": None},
 ])
 def test_good_values_are_kept(kwargs: dict) -> None:

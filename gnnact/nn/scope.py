@@ -40,7 +40,7 @@ from torch_geometric.nn.conv import MessagePassing
 from gnnact.compress import Policy, Quantize, Rule
 from gnnact.config import Config
 from gnnact.hooks import SavedEntry, active_pipeline, compress_saved_tensors
-from gnnact.memory import storage_keys
+from gnnact.memory import argument_tensors, storage_keys
 from gnnact.nn.functional import FunctionalOps
 from gnnact.ops.graph import GraphCache, use_graph_cache
 from gnnact.ops.state import eager_op, forward_pass
@@ -76,27 +76,6 @@ class PassRecord:
         return sum(self.bytes_by_module.values())
 
 
-def _input_tensors(value: Any, out: list[Tensor], depth: int = 0) -> list[Tensor]:
-    """The tensors in a forward's arguments (also in containers and PyG ``Data`` objects):
-    the caller's, so they are neither compressed nor counted as the model's context."""
-    if depth > 4:
-        return out
-    if isinstance(value, Tensor):
-        out.append(value)
-    elif isinstance(value, (tuple, list)):
-        for v in value:
-            _input_tensors(v, out, depth + 1)
-    elif isinstance(value, dict):
-        for v in value.values():
-            _input_tensors(v, out, depth + 1)
-    elif hasattr(value, "to_dict") and callable(value.to_dict):  # PyG Data / HeteroData
-        _input_tensors(value.to_dict(), out, depth + 1)
-    elif hasattr(value, "storage") and hasattr(value, "csr"):  # torch_sparse.SparseTensor
-        _input_tensors([value.storage.row(), value.storage.col(), value.storage.value()], out,
-                       depth + 1)
-    return out
-
-
 class _Pass:
     """One forward pass of a converted model (see the module docstring)."""
 
@@ -105,7 +84,7 @@ class _Pass:
         self.module = module
         self.depth = 1  # converted modules (this one included) running inside the pass
         self.exact = [0]  # raised while a softmax (the loss head) runs
-        self.inputs = _input_tensors((args, kwargs), [])
+        self.inputs = argument_tensors((args, kwargs))
         self.pipeline: compress_saved_tensors | None = None
         self._stack = contextlib.ExitStack()
         self._token: Any = None

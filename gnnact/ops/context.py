@@ -80,29 +80,33 @@ def cache_key(x: Tensor) -> tuple[tuple, Tensor]:
 
 @dataclass(frozen=True)
 class Reshaped:
-    """A shared compressed copy restored in the shape of another view of the same data."""
+    """A shared compressed copy restored in the shape of another view of the same data:
+    reshaped, or with ``broadcast`` expanded (a broadcast tensor's values are kept once, see
+    :func:`gnnact.compress.lossless.unbroadcast`)."""
 
     inner: Any
     shape: torch.Size
+    broadcast: bool = False
 
     def tensors(self) -> tuple[Tensor, ...]:
         return self.inner.tensors()
 
     @property
     def meta(self) -> tuple:
-        return (type(self.inner), self.inner.meta, self.shape)
+        return (type(self.inner), self.inner.meta, self.shape, self.broadcast)
 
     @classmethod
     def from_parts(cls, tensors: tuple[Tensor, ...], meta: tuple) -> Reshaped:
-        inner_cls, inner_meta, shape = meta
-        return cls(inner_cls.from_parts(tensors, inner_meta), shape)
+        inner_cls, inner_meta, shape, broadcast = meta
+        return cls(inner_cls.from_parts(tensors, inner_meta), shape, broadcast)
 
     @property
     def nbytes(self) -> int:
         return self.inner.nbytes
 
     def dequantize(self) -> Tensor:
-        return self.inner.dequantize().reshape(self.shape)
+        x = self.inner.dequantize()
+        return x.expand(self.shape) if self.broadcast else x.reshape(self.shape)
 
 
 # While offloading, ForwardState.held keeps strong references to the tensors behind shared
