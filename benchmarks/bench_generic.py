@@ -4,8 +4,9 @@ accuracy per compressor, against fp32.
 Two parts, each a set of result rows in ``benchmarks/results/generic.jsonl``:
 
 * ``bytes``: one training step per method on synthetic inputs larger than the tests' (a
-  ResNet-18-style CNN, width 32, on 32 images of 3x32x32; a 4-block transformer encoder, width
-  256 with 8 heads, on 16 sequences of 128 tokens): saved context (hook tallies; the fp32
+  ResNet-18-style CNN, width 32, on 32 images of 3x32x32; a VGG-11-style CNN with four max
+  pools on the same images; a 4-block transformer encoder, width 256 with 8 heads, on 16
+  sequences of 128 tokens): saved context (hook tallies; the fp32
   figure is the autograd-graph walk), median step time and, on a GPU, peak step memory, each
   with its ratio to fp32 measured side by side in the same run.
 * ``digits``: full training on scikit-learn's bundled 8x8 digits (no download), test accuracy
@@ -15,8 +16,9 @@ Two parts, each a set of result rows in ``benchmarks/results/generic.jsonl``:
 Methods: ``fp32`` (no hooks), ``quantize4``/``quantize2`` (per-group stochastic quantization on
 every tensor), ``mesa`` (8 bits, head-wise, running ranges), ``division`` (8-block LFC in fp16 +
 2-bit HFC), and ``default4``/``default2`` (the default policy: Mesa for attention maps, the loss
-and the head exact, the rest quantized). Every compressed method keeps ReLU outputs as 1-bit
-masks.
+and the head exact, the rest quantized), and ``default2_wide_index``: ``default2`` with the
+integer tensors (a max pool's argmax) at their own width (``Config(compact_indices=False)``).
+Every compressed method keeps ReLU outputs as 1-bit masks.
 
 Usage::
 
@@ -43,13 +45,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from _common import RESULTS, environment, finish, median_time
-from models_generic import ResNet18, Transformer, digits
+from models_generic import VGG, ResNet18, Transformer, digits
 
 from gnnact import Config, compress_saved_tensors
 from gnnact.compress import OUTSIDE, Division, Mesa, Policy, Quantize, Rule
 from gnnact.memory import saved_bytes
 
-METHODS = ("fp32", "quantize4", "quantize2", "mesa", "division", "default4", "default2")
+CNNS: dict[str, Callable[..., nn.Module]] = {"cnn": ResNet18, "vgg": VGG}
+METHODS = ("fp32", "quantize4", "quantize2", "mesa", "division", "default4", "default2",
+           "default2_wide_index")
 
 
 def hooks_for(method: str, model: nn.Module, x: torch.Tensor) -> compress_saved_tensors | None:
@@ -57,7 +61,8 @@ def hooks_for(method: str, model: nn.Module, x: torch.Tensor) -> compress_saved_
     if method == "fp32":
         return None
     if method.startswith("default"):
-        return compress_saved_tensors(Config(bits=int(method[7:])), model=model, skip=[x])
+        config = Config(bits=int(method[7]), compact_indices=not method.endswith("wide_index"))
+        return compress_saved_tensors(config, model=model, skip=[x])
     compressor = {"quantize4": Quantize(4), "quantize2": Quantize(2), "mesa": Mesa(),
                   "division": Division()}[method]
     policy = Policy([Rule(None, names=(OUTSIDE,))], default=compressor)
@@ -75,10 +80,10 @@ def loss_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
 def synthetic(name: str, device: torch.device, smoke: bool
               ) -> tuple[Callable[[], nn.Module], torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
-    if name == "cnn":
+    if name in CNNS:
         batch = 4 if smoke else 32
         x = torch.randn(batch, 3, 32, 32, generator=g)
-        return lambda: ResNet18(width=8 if smoke else 32), x.to(device), torch.randint(
+        return lambda: CNNS[name](width=8 if smoke else 32), x.to(device), torch.randint(
             0, 10, (batch,), generator=g).to(device)
     batch, tokens = (4, 32) if smoke else (16, 128)
     x = torch.randn(batch, tokens, 32, generator=g)
@@ -145,7 +150,7 @@ def digits_rows(args: argparse.Namespace, env: dict) -> list[dict]:
             accs, losses, secs = [], [], []
             for seed in seeds:
                 torch.manual_seed(seed)
-                model = (ResNet18(in_channels=1, width=16) if name == "cnn"
+                model = (CNNS[name](in_channels=1, width=16) if name in CNNS
                          else Transformer()).to(args.device)
                 optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
                 hooks = hooks_for(method, model, x)
@@ -192,8 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", nargs="+", choices=("bytes", "digits"),
                         default=["bytes", "digits"])
-    parser.add_argument("--models", nargs="+", choices=("cnn", "transformer"),
-                        default=["cnn", "transformer"])
+    parser.add_argument("--models", nargs="+", choices=(*CNNS, "transformer"),
+                        default=["cnn", "vgg", "transformer"])
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--epochs", type=int, default=15)

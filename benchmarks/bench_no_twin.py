@@ -17,16 +17,22 @@ The models (hidden 256 unless the example's own), each after one of PyG's exampl
   temperature) with ``LayerNorm``, ``res+`` blocks and 8 edge features
   (``ogbn_proteins_deepgcn.py``).
 
+Methods: ``pyg`` (fp32), and gnnact at 2 bits with the messages made whole
+(``gnnact2_whole``), in chunks (``gnnact2``), and in chunks with the integer tensors the model
+saves (edge indices it makes itself) at their own width (``gnnact2_wide_index``,
+``Config(compact_indices=False)``).
+
 One training step (forward, cross-entropy on the training nodes, backward, Adam) after a
 warmup step, on an arxiv-shaped synthetic graph (``--nodes``), measured by
 :class:`gnnact.peak.PeakMeter` (the allocator's count on a GPU, counted per op on the CPU).
 gnnact's graph cache is built by the warmup and counted on top (``graph_cache_bytes``). The
-saved context is :func:`gnnact.memory.breakdown` of the first training forward pass.
+saved context is :func:`gnnact.memory.breakdown` of the first training forward pass;
+``step_s`` the median time of ``--repeats`` further steps.
 
 Usage::
 
     python benchmarks/bench_no_twin.py [--device cpu] [--models gin transformer]
-        [--nodes 20000] [--smoke]
+        [--methods pyg gnnact2] [--nodes 20000] [--repeats 3] [--smoke]
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch_geometric.nn as pyg_nn
-from _common import RESULTS, environment, finish, out_of_memory, step_peak_bytes
+from _common import RESULTS, environment, finish, median_time, out_of_memory, step_peak_bytes
 
 import gnnact
 from gnnact.data import SHAPES, synthetic_like
@@ -54,7 +60,7 @@ from gnnact.peak import PeakMeter
 
 HIDDEN = 256
 EDGE_FEATURES = 8
-METHODS = ("pyg", "gnnact2_whole", "gnnact2")
+METHODS = ("pyg", "gnnact2_whole", "gnnact2_wide_index", "gnnact2")
 
 
 class GIN(nn.Module):
@@ -167,9 +173,9 @@ MODELS: dict[str, Callable[[int, int], nn.Module]] = {
     "transformer": Transformer, "agnn": AGNN, "deepergcn": DeeperGCN}
 
 
-def measure(model: nn.Module, data, device: torch.device) -> dict:
-    """The saved context of one training forward pass and the peak of one step after a
-    warmup step."""
+def measure(model: nn.Module, data, device: torch.device, repeats: int) -> dict:
+    """The saved context of one training forward pass, the peak of one step after a warmup
+    step, and the median time of ``repeats`` more steps."""
     model.train()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     args = (data.x, data.edge_index, data.edge_attr)
@@ -188,8 +194,15 @@ def measure(model: nn.Module, data, device: torch.device) -> dict:
     with PeakMeter(device) as meter:
         loss().backward()
         optimizer.step()
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        loss().backward()
+        optimizer.step()
+
     return {"saved_bytes": saved.total, "graph_cache_bytes": saved.graph_cache,
-            "peak_bytes": meter.peak_bytes}
+            "peak_bytes": meter.peak_bytes,
+            "step_s": median_time(step, device, repeats=repeats, warmup=0)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -197,11 +210,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", type=torch.device, default=torch.device("cpu"))
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
     parser.add_argument("--nodes", type=int, default=20_000)
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS),
+                        help="ratios are against pyg when it runs first")
+    parser.add_argument("--repeats", type=int, default=3, help="timed steps per method")
     parser.add_argument("--out", type=Path, default=RESULTS / "no_twin.jsonl")
     parser.add_argument("--smoke", action="store_true", help="a tiny run, no rows written")
     args = parser.parse_args(argv)
     if args.smoke:
-        args.nodes = 1_000
+        args.nodes, args.repeats = 1_000, 1
     data = synthetic_like("arxiv", num_nodes=args.nodes, seed=0)
     data.edge_attr = torch.randn(data.num_edges, EDGE_FEATURES,
                                  generator=torch.Generator().manual_seed(1))
@@ -211,14 +227,15 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name in args.models:
         base = None
-        for method in METHODS:
+        for method in args.methods:
             torch.manual_seed(0)
             model = MODELS[name](data.num_features, classes).to(args.device)
             if method != "pyg":
-                gnnact.convert(model, gnnact.Config(bits=2,
-                                                    chunk_messages=method == "gnnact2"))
+                gnnact.convert(model, gnnact.Config(
+                    bits=2, chunk_messages=method != "gnnact2_whole",
+                    compact_indices=method != "gnnact2_wide_index"))
             try:
-                result = measure(model, data, args.device)
+                result = measure(model, data, args.device, args.repeats)
             except RuntimeError as error:  # OutOfMemoryError is one
                 if not out_of_memory(error):
                     raise
@@ -228,12 +245,13 @@ def main(argv: list[str] | None = None) -> int:
                    "num_nodes": data.num_nodes, "num_edges": data.num_edges, **result}
             if method == "pyg":
                 base = row
-            elif not base.get("oom") and not row.get("oom"):
+            elif base is not None and not base.get("oom") and not row.get("oom"):
                 row["peak_ratio_vs_pyg"] = round(step_peak_bytes(base) / step_peak_bytes(row), 2)
                 row["saved_ratio_vs_pyg"] = round(base["saved_bytes"] / row["saved_bytes"], 2)
-            print(f"{name:12s} {method:14s} " + ("out of memory" if row.get("oom") else
+            print(f"{name:12s} {method:18s} " + ("out of memory" if row.get("oom") else
                   f"peak {step_peak_bytes(row) / 2**20:9.1f} MiB  "
-                  f"saved {row['saved_bytes'] / 2**20:8.1f} MiB"), flush=True)
+                  f"saved {row['saved_bytes'] / 2**20:8.1f} MiB  "
+                  f"step {row['step_s']:.3f} s"), flush=True)
             rows.append(row)
             del model
             gc.collect()

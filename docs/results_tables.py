@@ -49,7 +49,7 @@ _TABLES = {
         ("interval", "adapt_interval"), ("min bits", "min_bits"),
         ("test acc (%)", lambda r: f"{r['acc_mean']:.2f} ± {r['acc_std']:.2f}"),
         ("saved MB", lambda r: _mb(r.get("saved_bytes")))]),
-    "generic.jsonl": ("Generic pipeline: CNN and transformer", [
+    "generic.jsonl": ("Generic pipeline: CNNs and transformer", [
         ("part", "part"), ("model", "model"), ("method", "method"),
         ("saved MB", lambda r: _mb(r.get("saved_bytes"))),
         ("vs fp32", lambda r: _x(r.get("saved_ratio"))),
@@ -482,13 +482,14 @@ def _mask_ops(results: Path) -> list[str]:
 
 
 def _generic(results: Path) -> list[str]:
-    """The generic pipeline on a CNN and a transformer, per device: bytes, time, digits."""
+    """The generic pipeline on CNNs and a transformer, per device: bytes, time, digits."""
     name = "generic.jsonl"
     best = _newest(_rows(results, name), lambda r: (r["device"], r["part"], r["model"],
                                                      r["method"]))
     methods = {"fp32": "fp32", "quantize4": "quantize 4", "quantize2": "quantize 2",
                "mesa": "Mesa 8", "division": "DIVISION 8/2", "default4": "default policy, 4",
-               "default2": "default policy, 2"}
+               "default2": "default policy, 2",
+               "default2_wide_index": "default policy, 2, indices at their own width"}
     lines = []
     for device in dict.fromkeys(k[0] for k in best):
         cuda = device.startswith("cuda")
@@ -580,13 +581,15 @@ def _no_twin(results: Path) -> list[str]:
     best = _newest(_rows(results, name), lambda r: (r["device_name"], r["num_nodes"],
                                                     r["model"], r["method"]))
     labels = {"pyg": "PyG fp32", "gnnact2_whole": "2 bits, messages whole",
+              "gnnact2_wide_index": "2 bits, chunks, indices at their own width",
               "gnnact2": "2 bits, messages in chunks"}
     body = [[k[0], f"{k[1]:,}", k[2], labels.get(k[3], k[3]),
              "out of memory" if r.get("oom") else _mib(step_peak_bytes(r)),
              _x1(r.get("peak_ratio_vs_pyg")) or "–", _mib(r["saved_bytes"]) or "–",
-             _x1(r.get("saved_ratio_vs_pyg")) or "–"] for k, r in best.items()]
+             _x1(r.get("saved_ratio_vs_pyg")) or "–",
+             f"{r['step_s']:.3f}" if r.get("step_s") else "–"] for k, r in best.items()]
     header = ["device", "nodes", "model", "method", "step peak, graph cache included (MiB)",
-              "lower than PyG by", "saved context (MiB)", "less than PyG by"]
+              "lower than PyG by", "saved context (MiB)", "less than PyG by", "step (s)"]
     return [*_source(name, best.values()), *_list_table([header, *body])]
 
 

@@ -1,4 +1,5 @@
-"""A ResNet-18-style CNN and a transformer encoder for the generic saved-tensor pipeline
+"""A ResNet-18-style CNN, a VGG-style CNN and a transformer encoder for the generic saved-tensor
+pipeline
 (``gnnact.compress_saved_tensors``): defined here, no downloads. Also used by
 ``benchmarks/bench_generic.py``."""
 
@@ -51,6 +52,29 @@ class ResNet18(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         out = self.layers(self.stem(x))
         return self.fc(F.adaptive_avg_pool2d(out, 1).flatten(1))
+
+
+class VGG(nn.Module):
+    """VGG-11's layout at width w: 3x3 conv-BN-ReLU stages of 1, 1, 2, 2 convs at widths w,
+    2w, 4w, 8w, each stage ending in a 2x2 max pool (which keeps the argmax of every output
+    for backward), global average pooling, a linear head."""
+
+    def __init__(self, in_channels: int = 3, classes: int = 10, width: int = 16) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        cin = in_channels
+        for convs, cout in zip((1, 1, 2, 2), (width, 2 * width, 4 * width, 8 * width),
+                               strict=True):
+            for _ in range(convs):
+                layers += [nn.Conv2d(cin, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout),
+                           nn.ReLU(inplace=True)]
+                cin = cout
+            layers.append(nn.MaxPool2d(2, ceil_mode=True))  # (8x8 digits pool down to 1x1)
+        self.features = nn.Sequential(*layers)
+        self.fc = nn.Linear(cin, classes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc(F.adaptive_avg_pool2d(self.features(x), 1).flatten(1))
 
 
 class SelfAttention(nn.Module):

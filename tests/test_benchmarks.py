@@ -231,6 +231,13 @@ def test_generic_rows(tmp_path, capsys):
     fp32, q2 = rows
     assert fp32["saved_ratio"] == 1.0 and q2["saved_ratio"] > 8
     assert q2["bytes_by_kind"]["quantize"] > 0 and q2["step_ms"] > 0
+    # The VGG's max pools keep an argmax per output: in 8 or 16 bits, not 64.
+    rows = bench.bytes_rows(bench.main.__globals__["argparse"].Namespace(
+        models=["vgg"], methods=["fp32", "default2_wide_index", "default2"],
+        device=bench.torch.device("cpu"), smoke=True), {"commit": "x"})
+    _, wide, compact = rows
+    assert "index" not in wide["bytes_by_kind"] and compact["bytes_by_kind"]["index"] > 0
+    assert compact["saved_bytes"] < wide["saved_bytes"] / 1.5
 
 
 def test_largest_bisection():
@@ -371,14 +378,16 @@ def test_no_twin_rows(tmp_path, capsys):
     method, and the messages in chunks lower the step's peak below the whole-message run."""
     bench = _script("bench_no_twin")
     out = tmp_path / "no_twin.jsonl"
-    assert bench.main(["--models", "gin", "transformer", "--nodes", "1500", "--out",
-                       str(out)]) == 0
+    assert bench.main(["--models", "gin", "transformer", "--nodes", "1500", "--repeats", "1",
+                       "--out", str(out)]) == 0
     rows = {(r["model"], r["method"]): r for r in map(json.loads, out.read_text().splitlines())}
     assert set(rows) == {(m, method) for m in ("gin", "transformer") for method in bench.METHODS}
     for model in ("gin", "transformer"):
         whole, chunked = rows[model, "gnnact2_whole"], rows[model, "gnnact2"]
         assert chunked["peak_bytes"] < whole["peak_bytes"] / 2
         assert chunked["peak_ratio_vs_pyg"] > 2 and chunked["saved_ratio_vs_pyg"] > 5
+        assert chunked["saved_bytes"] <= rows[model, "gnnact2_wide_index"]["saved_bytes"]
+        assert all(r["step_s"] > 0 for r in rows.values())
 
 
 def test_distributed_rows(tmp_path, capsys):
