@@ -32,8 +32,9 @@
 #              amazon,citation_full} into data_local/datasets/ and carry data_local.
 #   adaptive-<dataset>   GACT's Table 3 shape on physics, computers or dblp: GCN, GAT, GCNII x
 #              {fp32, 4 bits, uniform 4 bits, adaptive 4/3/2, per-node 2}, 3 seeds
-#   generic    the saved-tensor pipeline on a ResNet-18-style CNN and a transformer: saved bytes,
-#              step time and peak memory per compressor vs fp32, and digits accuracy (3 seeds)
+#   generic    the saved-tensor pipeline on a ResNet-18-style CNN, a VGG-style CNN (max pools)
+#              and a transformer: saved bytes, step time and peak memory per compressor vs
+#              fp32, and digits accuracy (3 seeds)
 #   swap       GACT Table 5 on SAGE 3x256 (arxiv shape): fp32 + save_on_cpu vs gnnact 2-bit
 #              swap without and with prefetch; step time, peak memory, hidden copy share;
 #              then 1M products-shaped nodes, and GCNII (16 layers) at 2 bits
@@ -44,8 +45,10 @@
 #              each written three ways (modules, F.relu/F.dropout, PyG's model classes),
 #              and PyG's GIN class (no twin: messages in feature chunks); models as PyG's
 #              examples write them with convs that have no twin (bench_no_twin.py: GIN,
-#              GraphConv, ChebConv, TAGConv, TransformerConv, DeeperGCN), messages whole and
-#              in chunks, full arxiv shape;
+#              GraphConv, ChebConv, TAGConv, TransformerConv, AGNN, DeeperGCN), messages
+#              whole and in chunks, indices compact and at their own width (step times: the
+#              cost of reading each index's range, one synchronisation per tensor), full
+#              arxiv shape;
 #              SAGE at 2 bits on a 1M-node products shape
 #   amp        mixed precision with compression: PyG fp32, fp32 + 2 bits, PyG under fp16
 #              autocast, autocast + 2 bits; saved context (graph cache counted), step time and
