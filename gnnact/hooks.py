@@ -160,7 +160,7 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
     fewer bytes (:func:`~gnnact.compress.lossless.compact`: a broadcast tensor once, integers
     in the narrowest dtype that holds them, booleans at one bit) and counted as ``"index"``.
     The inputs are left alone: :obj:`skip`, and with ``config.resident_inputs`` the tensors in
-    the positional arguments of :obj:`model`'s own call. (An index needs no gradient, yet the
+    the arguments of :obj:`model`'s own call. (An index needs no gradient, yet the
     model mostly makes it itself: ``resident_inputs`` does not take it for an input.)
 
     With ``config.offload`` every CUDA tensor the pipeline compresses, and the context of
@@ -325,7 +325,7 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
             raise RuntimeError("this compress_saved_tensors is already active: enter it once "
                                "(with Controller(hooks=...), the closure must not enter it)")
         self._counts = {}  # indices restart with every forward pass
-        self._inputs: set[tuple] = set()  # storage keys of the model's arguments in the pass
+        self._inputs = set()  # storage keys of the model's arguments in this pass
         for offloader in self._offloaders.values():
             offloader.new_pass()
         # Forget the host copies autograd has dropped since.
@@ -333,6 +333,9 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         self._stack = []
         self._handles = [register_module_forward_pre_hook(self._enter_module),
                          register_module_forward_hook(self._leave_module, always_call=True)]
+        if self.model is not None:  # (module hooks run after the global ones)
+            self._handles.append(self.model.register_forward_pre_hook(self._model_called,
+                                                                      with_kwargs=True))
         # The block is one forward pass (joining an enclosing one): what gnnact's ops share in
         # it is gone when it ends.
         state = self._region.enter_context(forward_pass(seeds=self._seeds))
@@ -359,13 +362,14 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
     # The module hooks are process-wide: only modules run where this pipeline is active count.
     def _enter_module(self, module: nn.Module, args: Any) -> None:
         if _ACTIVE.get() is self:
-            if module is self.model and not self._stack:
-                # The model's own call: its (positional) arguments are the pass's inputs,
-                # resident whatever backward keeps. (Tensors that need no gradient count as
-                # inputs anyway, except indices: those are mostly made inside, as a max
-                # pool's or a scatter's.)
-                self._inputs |= storage_keys(argument_tensors(args))
             self._stack.append(module)
+
+    def _model_called(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        if _ACTIVE.get() is self and self._stack == [module]:
+            # The model's own call (after _enter_module): its arguments are the pass's inputs,
+            # resident whatever backward keeps. (Tensors that need no gradient count as inputs
+            # anyway, except indices: those are mostly made inside, as a max pool's.)
+            self._inputs |= storage_keys(argument_tensors((args, kwargs)))
 
     def _leave_module(self, module: nn.Module, args: Any, output: Any) -> None:
         if _ACTIVE.get() is self and self._stack and self._stack[-1] is module:
