@@ -6,7 +6,8 @@ Two parts, each a set of result rows in ``benchmarks/results/generic.jsonl``:
 * ``bytes``: one training step per method on synthetic inputs larger than the tests' (a
   ResNet-18-style CNN, width 32, on 32 images of 3x32x32; a VGG-11-style CNN with four max
   pools on the same images; a 4-block transformer encoder, width 256 with 8 heads, on 16
-  sequences of 128 tokens): saved context (hook tallies; the fp32
+  sequences of 128 tokens, with our blocks and with PyTorch's ``nn.TransformerEncoderLayer``
+  and its dropouts): saved context (hook tallies; the fp32
   figure is the autograd-graph walk), median step time and, on a GPU, peak step memory, each
   with its ratio to fp32 measured side by side in the same run.
 * ``digits``: full training on scikit-learn's bundled 8x8 digits (no download), test accuracy
@@ -17,7 +18,8 @@ Methods: ``fp32`` (no hooks), ``quantize4``/``quantize2`` (per-group stochastic 
 every tensor), ``mesa`` (8 bits, head-wise, running ranges), ``division`` (8-block LFC in fp16 +
 2-bit HFC), and ``default4``/``default2`` (the default policy: Mesa for attention maps, the loss
 and the head exact, the rest quantized), and ``default2_wide_index``: ``default2`` with the
-integer tensors (a max pool's argmax) at their own width (``Config(compact_indices=False)``).
+integer tensors (a max pool's argmax) and masks at their own width
+(``Config(compact_indices=False)``).
 Every compressed method keeps ReLU outputs as 1-bit masks.
 
 Usage::
@@ -45,13 +47,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from _common import RESULTS, environment, finish, median_time
-from models_generic import VGG, ResNet18, Transformer, digits
+from models_generic import VGG, ResNet18, TorchTransformer, Transformer, digits
 
 from gnnact import Config, compress_saved_tensors
 from gnnact.compress import OUTSIDE, Division, Mesa, Policy, Quantize, Rule
 from gnnact.memory import saved_bytes
 
 CNNS: dict[str, Callable[..., nn.Module]] = {"cnn": ResNet18, "vgg": VGG}
+TRANSFORMERS: dict[str, Callable[..., nn.Module]] = {"transformer": Transformer,
+                                                     "torch_transformer": TorchTransformer}
 METHODS = ("fp32", "quantize4", "quantize2", "mesa", "division", "default4", "default2",
            "default2_wide_index")
 
@@ -88,7 +92,7 @@ def synthetic(name: str, device: torch.device, smoke: bool
     batch, tokens = (4, 32) if smoke else (16, 128)
     x = torch.randn(batch, tokens, 32, generator=g)
     dim = 64 if smoke else 256
-    return (lambda: Transformer(tokens=tokens, features=32, dim=dim, heads=8, depth=4),
+    return (lambda: TRANSFORMERS[name](tokens=tokens, features=32, dim=dim, heads=8, depth=4),
             x.to(device), torch.randint(0, 10, (batch,), generator=g).to(device))
 
 
@@ -151,7 +155,7 @@ def digits_rows(args: argparse.Namespace, env: dict) -> list[dict]:
             for seed in seeds:
                 torch.manual_seed(seed)
                 model = (CNNS[name](in_channels=1, width=16) if name in CNNS
-                         else Transformer()).to(args.device)
+                         else TRANSFORMERS[name]()).to(args.device)
                 optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
                 hooks = hooks_for(method, model, x)
                 # The saved context of one 128-image step, before training.
@@ -197,8 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", nargs="+", choices=("bytes", "digits"),
                         default=["bytes", "digits"])
-    parser.add_argument("--models", nargs="+", choices=(*CNNS, "transformer"),
-                        default=["cnn", "vgg", "transformer"])
+    parser.add_argument("--models", nargs="+", choices=(*CNNS, *TRANSFORMERS),
+                        default=[*CNNS, *TRANSFORMERS])
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--epochs", type=int, default=15)

@@ -27,7 +27,13 @@ from torch.nn.modules.module import (
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from gnnact.compress import OUTSIDE, Policy
-from gnnact.compress.lossless import INDEX_DTYPES, CompactTensor, compact, unbroadcast
+from gnnact.compress.lossless import (
+    INDEX_DTYPES,
+    CompactTensor,
+    compact,
+    two_valued,
+    unbroadcast,
+)
 from gnnact.compress.policy import within
 from gnnact.config import Config
 from gnnact.memory import argument_tensors, storage_keys, tensor_storages
@@ -72,6 +78,18 @@ class _SharedSwap:
 
 # The format key of compact index copies in gnnact's cache of shared copies.
 _INDEX_FMT = ("index",)
+
+
+def _broadcast(saved: Any, core: Tensor, t: Tensor) -> Any:
+    """What the pack hook returns for ``t`` when ``saved`` keeps the values of ``core``
+    (:func:`~gnnact.compress.lossless.unbroadcast` of ``t``): ``saved`` itself, or ``saved``
+    read back broadcast to ``t``'s shape."""
+    if core.shape == t.shape:
+        return saved
+    if isinstance(saved, (Swapped, _SharedSwap)):  # offloaded
+        item = saved.item if isinstance(saved, _SharedSwap) else saved
+        return _SharedSwap(item, core.shape, t.shape)
+    return Reshaped(saved, t.shape, broadcast=True)
 
 
 def _as_tensor(parts: tuple[Tensor, ...]) -> Tensor:
@@ -142,14 +160,18 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
     These pass through as they are (the hook returns the tensor itself):
 
     * sparse tensors, tensor subclasses, 0-d tensors, integer and boolean tensors
-      other than those below, and tensors of fewer than :obj:`min_numel` elements (per-channel
+      other than those below, and tensors of fewer than :obj:`min_numel` elements, a
+      broadcast tensor counting the values it holds once (per-channel
       statistics such as BatchNorm's mean and :math:`1/\sigma`: their error reaches every
       gradient of the layer, and compressing them saves little);
     * parameters (leaves that require grad) and views of them (the ``weight.t()`` that
       :func:`~torch.nn.functional.linear` saves), and tensors whose storage belongs to
       :obj:`skip` or to :obj:`model` (buffers such as BatchNorm's running statistics);
-    * with ``config.resident_inputs``, tensors that need no gradient (the input batch): they
-      stay in memory anyway, so a compressed copy would add bytes, not save them;
+    * with ``config.resident_inputs``, the inputs (tensors that need no gradient in the
+      arguments of :obj:`model`'s call): they stay in memory anyway, so a compressed copy
+      would add bytes, not save them. Until :obj:`model` is called, or without :obj:`model`,
+      every tensor that needs no gradient is taken for an input; after, one the model makes
+      (a dropout mask, an index) is a temporary and is stored compressed;
     * the context of gnnact's own ops (:mod:`gnnact.nn` layers in the same model): it is
       compressed already, never twice;
     * tensors the policy keeps exact.
@@ -158,10 +180,11 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
     (:obj:`relu_masks`). With ``config.compact_indices``, integer and boolean tensors (a
     scatter's edge targets, a gather's sources, a max pool's argmax, masks) are kept exactly in
     fewer bytes (:func:`~gnnact.compress.lossless.compact`: a broadcast tensor once, integers
-    in the narrowest dtype that holds them, booleans at one bit) and counted as ``"index"``.
-    The inputs are left alone: :obj:`skip`, and with ``config.resident_inputs`` the tensors in
-    the arguments of :obj:`model`'s own call. (An index needs no gradient, yet the
-    model mostly makes it itself: ``resident_inputs`` does not take it for an input.)
+    in the narrowest dtype that holds them, booleans at one bit), counted as ``"index"`` and
+    ``"mask"``; so are floating-point tensors the model makes that need no gradient and hold
+    two values only (:func:`~gnnact.compress.lossless.two_valued`: a dropout mask on the CPU,
+    ``"mask"``), whatever the policy says (the values stay exact). Tensors saved outside the
+    model (the loss's labels) are left alone.
 
     With ``config.offload`` every CUDA tensor the pipeline compresses, and the context of
     gnnact's ops (already compressed), is moved to pinned host memory during forward and
@@ -188,7 +211,8 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
     copies created), :attr:`passthrough_bytes` (distinct storages kept as they are, gnnact ops'
     context included, without those of :obj:`skip`, :obj:`model` and parameters: the set
     :func:`gnnact.memory.saved_bytes` counts with ``exclude=skip``), :attr:`num_packed`,
-    :attr:`num_shared` (saves served by an existing copy), :attr:`bytes_by_kind`,
+    :attr:`num_shared` (saves served by an existing copy), :attr:`num_compact` (saves of
+    those kept exactly in fewer bytes, new or shared), :attr:`bytes_by_kind`,
     :attr:`bytes_by_module` (the same bytes by the module path that saved them first: what
     :func:`gnnact.summary` reports) and :attr:`offloaded_bytes`.
 
@@ -306,6 +330,7 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         self.passthrough_bytes = 0
         self.num_packed = 0
         self.num_shared = 0
+        self.num_compact = 0
         self.offloaded_bytes = 0
         self.bytes_by_kind: dict[str, int] = {}
         self.bytes_by_module: dict[str, int] = {}
@@ -340,6 +365,9 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         # it is gone when it ends.
         state = self._region.enter_context(forward_pass(seeds=self._seeds))
         self._state = weakref.ref(state)
+        # The model's call sets the pass's inputs (_model_called); the block may join an
+        # enclosing pass, whose own is restored at the end.
+        self._region.callback(setattr, state, "resident", state.resident)
         if self.config.offload or self.offload_paths:
             # gnnact ops share packed copies through weak references; offloading leaves nothing
             # on the device to back them (see gnnact.ops.context.hold_parts).
@@ -367,9 +395,13 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
     def _model_called(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         if _ACTIVE.get() is self and self._stack == [module]:
             # The model's own call (after _enter_module): its arguments are the pass's inputs,
-            # resident whatever backward keeps. (Tensors that need no gradient count as inputs
-            # anyway, except indices: those are mostly made inside, as a max pool's.)
+            # resident whatever backward keeps; any other tensor that needs no gradient (a
+            # dropout mask, a max pool's argmax) is a temporary of the pass. (A pass that knew
+            # its inputs already, a converted model's, keeps its own.)
             self._inputs |= storage_keys(argument_tensors((args, kwargs)))
+            state = self._state() if self._state is not None else None
+            if state is not None and state.resident is None:
+                state.resident = self._inputs  # (the live set: later calls add to it)
 
     def _leave_module(self, module: nn.Module, args: Any, output: Any) -> None:
         if _ACTIVE.get() is self and self._stack and self._stack[-1] is module:
@@ -390,9 +422,12 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
     # ------------------------------------------------------------------ hooks
 
     def _pack(self, t: Tensor) -> Any:
-        if (self.compact_indices and t.dtype in INDEX_DTYPES and self._storable(t)
-                and not (self.config.resident_inputs and _storage_key(t) in self._inputs)):
-            return self._compact(t)
+        if self.compact_indices and t.dtype in INDEX_DTYPES and self._storable(t):
+            saved = self._compact(t, compact)
+            if saved is None:
+                self._pass(t, self._where()[0])
+                return t
+            return saved
         if not self._candidate(t):
             self._pass(t, self._where()[0])
             if (own_context(t) and self._offloads(self._where()[0])
@@ -400,6 +435,12 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
                 # gnnact ops' context, compressed already: offloaded like the pipeline's own
                 return self._swap(t, (t,), _as_tensor)
             return t
+        if self.compact_indices and not t.requires_grad:
+            # Made by the model and needing no gradient: a mask, most likely (PyTorch's CPU
+            # dropout saves its mask as floats), kept exactly at one bit if it has two values.
+            saved = self._compact(t, two_valued)
+            if saved is not None:
+                return saved
         path, module = self._where()
         index = self._counts.get(path, 0)
         self._counts[path] = index + 1
@@ -422,16 +463,18 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
             self._record(name, "exact", t, None, 0, False)
             self._pass(t, path)
             return t
-        shared = self._shared_swap(t) if self._swapped else None
+        core = unbroadcast(t)  # (a broadcast tensor's values are compressed once)
+        shared = self._shared_swap(core) if self._swapped else None
         if shared is None:
-            shared = cached(t)
+            shared = cached(core)
         if shared is not None:
             self.num_shared += 1
-            return shared
-        generator = noise_generator(path, str(index), t, compressor.bits or 8, self.generator)
+            return _broadcast(shared, core, t)
+        generator = noise_generator(path, str(index), core, compressor.bits or 8,
+                                    self.generator)
         with torch.no_grad():
-            packed = compressor.compress(t.detach(), name, generator)
-        if isinstance(packed, PackedTensor) and packed.codes is t:  # 16 bits of a 16-bit tensor
+            packed = compressor.compress(core.detach(), name, generator)
+        if isinstance(packed, PackedTensor) and packed.codes is core:  # 16 bits of 16 bits
             self._pass(t, path)
             return t
         self.num_packed += 1
@@ -440,49 +483,46 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         self._record(name, compressor.kind, t, compressor.bits, packed.nbytes,
                      compressor.adaptive)
         if self._offloads(path) and t.is_cuda:
-            return self._swap(t, packed.tensors(), functools.partial(
-                _from_parts, type(packed), packed.meta))
-        remember(t, compressor.fmt, packed)
-        return packed
+            return _broadcast(self._swap(core, packed.tensors(), functools.partial(
+                _from_parts, type(packed), packed.meta)), core, t)
+        remember(core, compressor.fmt, packed)
+        return _broadcast(packed, core, t)
 
-    def _compact(self, t: Tensor) -> Any:
-        """Keep the index or mask ``t`` exactly in fewer bytes, one copy of its values shared
-        by every save of them (the feature blocks of a chunked conv save one edge index
-        broadcast to each block's width)."""
+    def _compact(self, t: Tensor, make: Callable[[Tensor], CompactTensor | None]) -> Any:
+        """``t`` kept exactly in fewer bytes by ``make`` (:func:`compact` for an index or a
+        boolean mask, :func:`two_valued` for a float mask), one copy of its values shared by
+        every save of them (the feature blocks of a chunked conv save one edge index broadcast
+        to each block's width); ``None`` when ``make`` finds nothing to gain, or for a small
+        tensor or one saved outside the model (the loss's labels: inputs)."""
         path = self._where()[0]
         core = unbroadcast(t)
-        if path == OUTSIDE or core.numel() < self.min_numel:  # (the loss's labels: inputs)
-            self._pass(t, path)
-            return t
+        if path == OUTSIDE or core.numel() < self.min_numel:
+            return None
         saved = self._shared_swap(core) if self._swapped else None
         if saved is None:
             saved = cached(core, _INDEX_FMT)
         if saved is not None:
             self.num_shared += 1
         else:
-            packed = compact(core)
-            if packed is None:  # the values need their own width
-                self._pass(t, path)
-                return t
-            key = f"{path}:index"
+            packed = make(core)
+            if packed is None:
+                return None
+            kind = "mask" if packed.is_mask else "index"
+            key = f"{path}:{kind}"
             index = self._counts.get(key, 0)
             self._counts[key] = index + 1
             self.num_packed += 1
             self.packed_bytes += packed.nbytes
             self._tally(path, packed.nbytes)
-            self._record(f"{key}{index}", "index", t, packed.bits, packed.nbytes, False)
+            self._record(f"{key}{index}", kind, t, packed.bits, packed.nbytes, False)
             if self._offloads(path) and core.is_cuda:
                 saved = self._swap(core, packed.tensors(), functools.partial(
                     _from_parts, CompactTensor, packed.meta))
             else:
                 remember(core, _INDEX_FMT, packed)
                 saved = packed
-        if core.shape == t.shape:
-            return saved
-        if isinstance(saved, (Swapped, _SharedSwap)):  # offloaded
-            item = saved.item if isinstance(saved, _SharedSwap) else saved
-            return _SharedSwap(item, core.shape, t.shape)
-        return Reshaped(saved, t.shape, broadcast=True)
+        self.num_compact += 1
+        return _broadcast(saved, core, t)
 
     def _unpack(self, saved: Any) -> Tensor:
         shape = broadcast = None
@@ -557,14 +597,17 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
                 and t.grad_fn is not None and t.grad_fn.name() == "ReluBackward0")
 
     def _candidate(self, t: Tensor) -> bool:
-        """Whether ``t`` may be compressed at all (see the class docstring)."""
-        return (t.dtype in FLOAT_DTYPES and t.numel() >= self.min_numel
-                and not (self.config.resident_inputs and resident(t)) and self._storable(t))
+        """Whether ``t`` may be compressed at all (see the class docstring): a broadcast
+        tensor counts the values it holds."""
+        return (t.dtype in FLOAT_DTYPES and self._storable(t)
+                and unbroadcast(t).numel() >= self.min_numel)
 
     def _storable(self, t: Tensor) -> bool:
         """Whether the pipeline may store ``t`` in another form: a strided tensor of the
-        model's own (no parameter, skipped storage or gnnact op's context)."""
+        model's own (no input, parameter, skipped storage or gnnact op's context)."""
         if t.layout != torch.strided or t.dim() == 0 or is_traceable_wrapper_subclass(t):
+            return False
+        if self.config.resident_inputs and resident(t):
             return False
         return (not _is_parameter(t) and not own_context(t)
                 and _storage_key(t) not in self._skip)

@@ -1,5 +1,5 @@
-"""A ResNet-18-style CNN, a VGG-style CNN and a transformer encoder for the generic saved-tensor
-pipeline
+"""A ResNet-18-style CNN, a VGG-style CNN and transformer encoders (our blocks and PyTorch's)
+for the generic saved-tensor pipeline
 (``gnnact.compress_saved_tensors``): defined here, no downloads. Also used by
 ``benchmarks/bench_generic.py``."""
 
@@ -130,6 +130,19 @@ class Transformer(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         h = self.blocks(self.embed(x.flatten(1, 2) if x.dim() == 4 else x) + self.pos)
         return self.head(self.norm(h).mean(dim=1))
+
+
+class TorchTransformer(Transformer):
+    """:class:`Transformer` with PyTorch's own encoder layers as users write them
+    (``nn.TransformerEncoderLayer``: post-norm, ReLU, dropout 0.1 on the attention weights,
+    the feed-forward and both residuals)."""
+
+    def __init__(self, tokens: int = 8, features: int = 8, classes: int = 10, dim: int = 64,
+                 heads: int = 4, depth: int = 2, dropout: float = 0.1) -> None:
+        super().__init__(tokens, features, classes, dim, heads, depth)
+        layer = nn.TransformerEncoderLayer(dim, heads, 2 * dim, dropout=dropout,
+                                           batch_first=True)
+        self.blocks = nn.TransformerEncoder(layer, depth, enable_nested_tensor=False)
 
 
 def digits(seed: int = 0) -> tuple[Tensor, Tensor, Tensor, Tensor]:

@@ -15,8 +15,8 @@ from torch_geometric.nn import ChebConv, GINConv, TransformerConv
 
 import gnnact
 from gnnact.compress import Policy
-from gnnact.compress.lossless import CompactTensor, compact, unbroadcast
-from gnnact.memory import saved_bytes, saved_tensors
+from gnnact.compress.lossless import CompactTensor, compact, two_valued, unbroadcast
+from gnnact.memory import saved_bytes, saved_tensors, storage_keys
 from gnnact.nn.scope import scope_of
 
 # ------------------------------------------------------------------ compact / unbroadcast
@@ -77,6 +77,30 @@ def test_unbroadcast_keeps_each_value_once() -> None:
 def test_other_inputs_are_refused(bad) -> None:
     with pytest.raises(TypeError, match="^t must be a strided tensor of"):
         compact(bad)
+    if not isinstance(bad, torch.Tensor) or not bad.is_floating_point():
+        with pytest.raises(TypeError, match="^t must be a strided floating-point tensor"):
+            two_valued(bad)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_two_valued_floats_round_trip_at_one_bit(dtype) -> None:
+    g = torch.Generator().manual_seed(2)
+    keep = torch.rand(7, 333, generator=g) > 0.1
+    dropout = keep.to(dtype) / 0.9  # PyTorch's CPU dropout mask: {0, 1/(1-p)}
+    causal = torch.zeros(7, 333, dtype=dtype).masked_fill(~keep, float("-inf"))
+    constant = torch.full((7, 333), 3.5, dtype=dtype)
+    for t in (dropout, causal, constant, dropout.t()):
+        c = two_valued(t)
+        assert c.bits == 1 and c.nbytes == -(-t.numel() // 8)
+        restored = c.dequantize()
+        assert restored.dtype == dtype and torch.equal(restored, t)
+        assert torch.equal(CompactTensor.from_parts(c.tensors(), c.meta).dequantize(), t)
+    three = dropout.clone()
+    three[0, 0] = 0.5
+    nan = dropout.clone()
+    nan[0, 0] = float("nan")
+    assert two_valued(three) is None and two_valued(nan) is None
+    assert two_valued(torch.zeros(0, dtype=dtype)) is None
 
 
 # ------------------------------------------------------------------ the pipeline
@@ -138,6 +162,11 @@ def test_pipeline_off_at_32_bits_and_by_config() -> None:
         assert "index" not in hooks.bytes_by_kind
 
 
+def storage_key(t: torch.Tensor) -> tuple:
+    (key,) = storage_keys(t)
+    return key
+
+
 def _cnn() -> nn.Sequential:
     return nn.Sequential(
         nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
@@ -193,6 +222,87 @@ def test_the_models_arguments_stay_by_reference() -> None:
                       if not r.dtype.is_floating_point) == ["torch.int64", "torch.uint8"]
         assert hooks.bytes_by_kind["index"] == 10_000  # only the flipped one: 8 bits each
         loss.backward()
+
+
+def test_cpu_dropout_masks_kept_at_one_bit_backward_unchanged() -> None:
+    # PyTorch's own encoder layer: on the CPU its dropouts save float masks {0, 1/(1-p)},
+    # which need no gradient. Made by the model, they are temporaries, not inputs: kept at one
+    # bit, exactly, instead of 32 bits by reference.
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(64, 4, 128, dropout=0.1, batch_first=True)
+    model = nn.Sequential(layer, nn.Flatten(0, 1), nn.Linear(64, 5)).train()
+    x, y = torch.randn(8, 32, 64), torch.randint(0, 5, (8 * 32,))
+
+    def grads(hooks=None):
+        torch.manual_seed(1)  # the same dropout masks
+        with hooks if hooks is not None else contextlib.nullcontext():
+            loss = F.cross_entropy(model(x), y)
+        kept = saved_bytes(loss, exclude=[model, x, y])
+        loss.backward()
+        out = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad(set_to_none=True)
+        return out, kept
+
+    expected, kept_plain = grads()
+    hooks = gnnact.compress_saved_tensors(policy=Policy(default=None), model=model)
+    got, kept = grads(hooks)
+    for a, b in zip(got, expected, strict=True):
+        assert torch.equal(a, b)
+    masks = [t for t in hooks.tensors.values() if t.kind == "mask"]
+    # Attention weights [8, 4, 32, 32], feed-forward [8, 32, 128], two residuals [8, 32, 64]
+    assert sorted(t.shape for t in masks) == sorted([(8, 4, 32, 32), (8, 32, 128),
+                                                     (8, 32, 64), (8, 32, 64)])
+    assert hooks.bytes_by_kind["mask"] == sum(8 * 32 * n // 8 for n in (4 * 32, 128, 64, 64))
+    assert kept_plain - kept == sum(t.raw_bytes - t.nbytes for t in masks)
+
+
+def test_tensors_the_model_makes_are_not_taken_for_inputs() -> None:
+    # Before the model is called, every tensor that needs no gradient is taken for an input
+    # (kept by reference); once it is called, only its arguments are.
+    class Scaled(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(64, 64)
+
+        def forward(self, x, scale):
+            h = self.lin(x)
+            noise = torch.rand(h.shape)  # made here, no gradient, many values
+            return (h * scale).sum() + (h * noise).sum()
+
+    model, x, scale = Scaled(), torch.randn(128, 64), torch.rand(128, 64)
+    hooks = gnnact.compress_saved_tensors(model=model)
+    with hooks:
+        loss = model(x, scale)
+    records = {(r.node, r.attr): r for r in saved_tensors(loss, exclude=[model, x])}
+    kept = [r for r in records.values() if r.dtype == torch.float32 and r.nbytes >= 128 * 64 * 4]
+    assert [r.storage for r in kept] == [storage_key(scale)]  # the argument, by reference
+    assert any(e.kind == "quantize" and e.shape == (128, 64) for e in hooks.tensors.values())
+    loss.backward()
+
+
+def test_broadcast_floats_compressed_once() -> None:
+    # A tensor broadcast over columns (a per-row scale, as a mean aggregation saves its
+    # 1 / degree) holds one value per row: compressed, it costs one packed value per row.
+    class RowScaled(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(64, 64)
+
+        def forward(self, x):
+            scale = torch.rand(x.size(0), 1).expand(-1, 64)  # made here: a temporary
+            return (self.lin(x) * scale).sum()
+
+    torch.manual_seed(0)
+    model, x = RowScaled(), torch.randn(8192, 64)
+    hooks = gnnact.compress_saved_tensors(gnnact.Config(bits=8), model=model)
+    with hooks:
+        loss = model(x)
+    # (The product's backward reads only the scale: the linear map's output is not kept.)
+    (scale,) = [e for e in hooks.tensors.values() if e.kind == "quantize"]
+    assert scale.shape == (8192, 64)
+    assert scale.nbytes == 16 * (512 + 8)  # 8,192 codes of 8 bits, 16 groups of 512
+    loss.backward()
+    assert torch.isfinite(model.lin.weight.grad).all()
 
 
 # ------------------------------------------------------------------ converted PyG models

@@ -236,7 +236,7 @@ def test_measured_context_never_exceeds_the_budget(name, style, timings_from_siz
     loss_fn = _loss_fn(data)
     full = _fp32_context(model, data)
     seen = set()
-    for fraction in (1.0, 0.5, 0.3, 0.2, 0.15, 0.1):
+    for fraction in (1.0, 0.5, 0.3, 0.2, 0.15, 0.1, 0.07):
         budget = int(fraction * full)
         plan = gnnact.plan(model, (x, ei), budget, loss_fn=loss_fn)
         assert plan.measured <= budget, (fraction, plan.summary())
@@ -256,7 +256,7 @@ def test_measured_context_never_exceeds_the_budget(name, style, timings_from_siz
         assert all(g is not None and torch.isfinite(g).all() for g in grads)
         model.zero_grad()
     # The sweep reaches recompute and compress, and the ReLU/dropout calls between the blocks
-    # keep masks: 10 % of fp32 fits (planning the blocks alone left a third).
+    # keep masks: 7 % of fp32 fits (planning the blocks alone left a third).
     assert "mask" in seen and any(o.startswith("recompute") for o in seen), seen
     assert any(o.startswith("compress") for o in seen), seen
 

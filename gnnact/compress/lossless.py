@@ -11,7 +11,9 @@ Quantization cannot touch them; an exact copy in fewer bytes can:
 * integers are kept in the narrowest of ``uint8``, ``int16`` and ``int32`` that holds their
   range :math:`[\min, \max]`, or their span :math:`\max - \min` after subtracting the
   minimum (the targets of a block of edges sorted by target span the block);
-* booleans are kept at one bit each (:func:`gnnact.pack_mask`).
+* booleans are kept at one bit each (:func:`gnnact.pack_mask`), and so are floating-point
+  tensors that hold two values only (:func:`two_valued`: a dropout mask, which PyTorch's CPU
+  dropout saves as :math:`\{0, 1/(1-p)\}` floats, or an additive attention mask).
 
 Restoring gives the same values, dtype and shape, so backward computes what it computed
 without compression, bit for bit. Choosing the width reads the minimum and maximum: on a GPU
@@ -27,7 +29,7 @@ from torch import Tensor
 
 from gnnact.quant import PackedMask, pack_mask, unpack_mask
 
-__all__ = ["INDEX_DTYPES", "CompactTensor", "compact", "unbroadcast"]
+__all__ = ["INDEX_DTYPES", "CompactTensor", "compact", "two_valued", "unbroadcast"]
 
 #: Dtypes :func:`compact` stores in fewer bytes.
 INDEX_DTYPES = (torch.bool, torch.int16, torch.int32, torch.int64)
@@ -42,10 +44,13 @@ class CompactTensor:
 
     Args:
         data (torch.Tensor): the values, flattened: ``value - offset`` in a narrower integer
-            dtype, or the packed bits of a boolean tensor.
+            dtype, or the packed bits of a boolean tensor (of ``value == values[1]`` for a
+            two-valued one).
         dtype (torch.dtype): the original dtype.
         shape (torch.Size): the original shape.
         offset (int, optional): what was subtracted from every value. (default: :obj:`0`)
+        values (tuple[float, float], optional): the two values of a two-valued floating-point
+            tensor, bit 0 and bit 1. (default: :obj:`None`)
 
     Example:
         >>> from gnnact.compress.lossless import compact
@@ -61,6 +66,7 @@ class CompactTensor:
     dtype: torch.dtype
     shape: torch.Size
     offset: int = 0
+    values: tuple[float, float] | None = None
 
     @property
     def nbytes(self) -> int:
@@ -69,11 +75,16 @@ class CompactTensor:
     @property
     def bits(self) -> int:
         """Bits kept per value."""
-        return 1 if self.dtype == torch.bool else 8 * self.data.element_size()
+        return 1 if self.is_mask else 8 * self.data.element_size()
+
+    @property
+    def is_mask(self) -> bool:
+        """Whether one bit per value is kept (a boolean or two-valued tensor)."""
+        return self.dtype == torch.bool or self.values is not None
 
     @property
     def meta(self) -> tuple:
-        return (self.dtype, self.shape, self.offset)
+        return (self.dtype, self.shape, self.offset, self.values)
 
     def tensors(self) -> tuple[Tensor, ...]:
         return (self.data,)
@@ -84,8 +95,13 @@ class CompactTensor:
 
     def dequantize(self) -> Tensor:
         """The original tensor (contiguous), exactly."""
-        if self.dtype == torch.bool:
-            return unpack_mask(PackedMask(self.data, self.shape))
+        if self.is_mask:
+            bits = unpack_mask(PackedMask(self.data, self.shape))
+            if self.values is None:
+                return bits
+            lo, hi = (torch.tensor(v, dtype=self.dtype, device=bits.device)
+                      for v in self.values)
+            return torch.where(bits, hi, lo)
         out = self.data.to(self.dtype)
         if self.offset:
             out += self.offset  # (a fresh tensor: in place is safe)
@@ -150,3 +166,39 @@ def compact(t: Tensor) -> CompactTensor | None:
     dtype, offset = narrow
     data = (t - offset if offset else t).reshape(-1).to(dtype)
     return CompactTensor(data, t.dtype, t.shape, offset)
+
+
+def two_valued(t: Tensor) -> CompactTensor | None:
+    r"""A floating-point ``t`` that holds at most two distinct values, stored exactly at one
+    bit per value (plus the two values), or ``None`` when it holds more (or a NaN). Reads
+    ``t`` twice: its minimum and maximum, then whether every value is one of them.
+
+    Args:
+        t (torch.Tensor): a strided floating-point tensor.
+
+    Returns:
+        CompactTensor or None: the copy; ``copy.dequantize()`` equals ``t``.
+
+    Raises:
+        TypeError: if ``t`` is not a strided floating-point tensor.
+
+    Example:
+        >>> from gnnact.compress.lossless import two_valued
+        >>> mask = torch.nn.functional.dropout(torch.ones(1000), p=0.1)  # {0, 1/0.9}
+        >>> c = two_valued(mask)
+        >>> c.nbytes, torch.equal(c.dequantize(), mask)
+        (125, True)
+        >>> two_valued(torch.randn(1000)) is None
+        True
+    """
+    if not isinstance(t, Tensor) or t.layout != torch.strided or not t.is_floating_point():
+        what = f"{t.dtype} ({t.layout})" if isinstance(t, Tensor) else type(t).__name__
+        raise TypeError(f"t must be a strided floating-point tensor, got {what}")
+    t = t.detach()
+    if t.numel() == 0:
+        return None
+    lo, hi = torch.aminmax(t)
+    if not bool(((t == lo) | (t == hi)).all()):  # (NaN equals nothing)
+        return None
+    return CompactTensor(pack_mask(t == hi).data, t.dtype, t.shape,
+                         values=(lo.item(), hi.item()))

@@ -132,10 +132,10 @@ class _PlanHooks(compress_saved_tensors):
         self._first: dict[tuple, str] = {}  # the cache's key -> the path that packed it last
 
     def _pack(self, t: Tensor) -> Any:
-        packed, shared = self.num_packed, self.num_shared
+        packed, shared, compact = self.num_packed, self.num_shared, self.num_compact
         out = super()._pack(t)
-        if self.num_packed == packed and self.num_shared == shared:
-            return out
+        if (self.num_packed == packed and self.num_shared == shared) or self.num_compact > compact:
+            return out  # (an index or mask kept compact: the same under every option)
         path = self._where()[0]
         key = cache_key(t)[0]  # what gnnact's one cache of compressed copies shares by
         if self.num_packed > packed:
@@ -627,8 +627,11 @@ def _profile(model: nn.Module, run: Callable[[], Tensor], names: list[str],
     for entry in hooks.tensors.values():
         path = entry.name.rsplit(":", 1)[0]
         owner = next((n for n in names if within(path, n)), None)
-        if entry.kind == "exact" or (owner is None and entry.kind == "relu_mask"):
-            continue  # the loss head (and a mask hooks made between the blocks): the rest
+        if entry.kind in ("exact", "index", "mask") or (owner is None
+                                                          and entry.kind == "relu_mask"):
+            # The loss head, a mask the hooks made between the blocks, and the indices and
+            # masks kept compact under every option: the block's "other" bytes, or the rest.
+            continue
         planned += entry.nbytes
         if owner is None:  # saved between the blocks: planned on its own
             gaps[entry.name] = BlockProfile(entry.name, saved=entry.raw_bytes,
