@@ -474,8 +474,8 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
                                     self.generator)
         with torch.no_grad():
             packed = compressor.compress(core.detach(), name, generator)
-        if isinstance(packed, PackedTensor) and packed.codes is core:  # 16 bits of 16 bits
-            self._pass(t, path)
+        if isinstance(packed, PackedTensor) and _storage_key(packed.codes) == _storage_key(core):
+            self._pass(t, path)  # 16 bits of a 16-bit tensor: its own storage, no copy
             return t
         self.num_packed += 1
         self.packed_bytes += packed.nbytes

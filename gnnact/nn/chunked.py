@@ -291,8 +291,11 @@ class TargetChunks(_Chunks):
                           else None)
         self.last_chunks = len(outs)
         if alphas and all(a is not None for a in alphas):
-            # Back in the input edge order, for return_attention_weights.
-            conv._alpha = torch.cat(alphas).index_select(0, torch.argsort(order))
+            # Back in the input edge order, for return_attention_weights: through the inverse
+            # of the sort's permutation, made in one scatter (not a second sort).
+            inverse = torch.empty_like(order)
+            inverse[order] = torch.arange(order.numel(), device=order.device)
+            conv._alpha = torch.cat(alphas).index_select(0, inverse)
         return torch.cat(outs, dim=conv.node_dim)
 
 
