@@ -464,9 +464,7 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
             self._pass(t, path)
             return t
         core = unbroadcast(t)  # (a broadcast tensor's values are compressed once)
-        shared = self._shared_swap(core) if self._swapped else None
-        if shared is None:
-            shared = cached(core)
+        shared = self._shared_copy(core)
         if shared is not None:
             self.num_shared += 1
             return _broadcast(shared, core, t)
@@ -498,9 +496,7 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         core = unbroadcast(t)
         if path == OUTSIDE or core.numel() < self.min_numel:
             return None
-        saved = self._shared_swap(core) if self._swapped else None
-        if saved is None:
-            saved = cached(core, _INDEX_FMT)
+        saved = self._shared_copy(core, _INDEX_FMT)
         if saved is not None:
             self.num_shared += 1
         else:
@@ -523,6 +519,12 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
                 saved = packed
         self.num_compact += 1
         return _broadcast(saved, core, t)
+
+    def _shared_copy(self, core: Tensor, fmt: tuple | None = None) -> Any:
+        """The copy an earlier save already made of ``core``'s values: offloaded, or in
+        gnnact's cache of shared copies (in format ``fmt``; any when ``None``)."""
+        shared = self._shared_swap(core) if self._swapped else None
+        return shared if shared is not None else cached(core, fmt)
 
     def _unpack(self, saved: Any) -> Tensor:
         shape = broadcast = None

@@ -105,13 +105,17 @@ def test_two_valued_floats_round_trip_at_one_bit(dtype) -> None:
 
 # ------------------------------------------------------------------ the pipeline
 
-class LoopedSum(nn.Module):
-    """An aggregation written as PyG writes it, over an edge index it makes itself (self-loops
-    added): the scatter keeps the targets broadcast to [E + N, F], the gather the sources."""
+class WithLinear(nn.Module):
+    """A linear map of width ``f``; each test writes the forward around it."""
 
     def __init__(self, f: int) -> None:
         super().__init__()
         self.lin = nn.Linear(f, f)
+
+
+class LoopedSum(WithLinear):
+    """An aggregation written as PyG writes it, over an edge index it makes itself (self-loops
+    added): the scatter keeps the targets broadcast to [E + N, F], the gather the sources."""
 
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
         loops = torch.arange(x.size(0), device=x.device).repeat(2, 1)
@@ -203,16 +207,12 @@ def test_max_pool_argmax_kept_in_16_and_8_bits() -> None:
 def test_the_models_arguments_stay_by_reference() -> None:
     # An index the model is called with is resident: a copy would add bytes. One it makes
     # from it (the reversed index) is its own.
-    class Gather(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.lin = nn.Linear(8, 8)
-
+    class Gather(WithLinear):
         def forward(self, x, index):
             h = self.lin(x)
             return h.index_select(0, index).sum() + h.index_select(0, index.flip(0)).sum()
 
-    model, x, index = Gather(), torch.randn(100, 8), torch.randint(0, 100, (10_000,))
+    model, x, index = Gather(8), torch.randn(100, 8), torch.randint(0, 100, (10_000,))
     for call in (lambda: model(x, index), lambda: model(x, index=index)):
         hooks = gnnact.compress_saved_tensors(model=model)
         with hooks:
@@ -259,17 +259,13 @@ def test_cpu_dropout_masks_kept_at_one_bit_backward_unchanged() -> None:
 def test_tensors_the_model_makes_are_not_taken_for_inputs() -> None:
     # Before the model is called, every tensor that needs no gradient is taken for an input
     # (kept by reference); once it is called, only its arguments are.
-    class Scaled(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.lin = nn.Linear(64, 64)
-
+    class Scaled(WithLinear):
         def forward(self, x, scale):
             h = self.lin(x)
             noise = torch.rand(h.shape)  # made here, no gradient, many values
             return (h * scale).sum() + (h * noise).sum()
 
-    model, x, scale = Scaled(), torch.randn(128, 64), torch.rand(128, 64)
+    model, x, scale = Scaled(64), torch.randn(128, 64), torch.rand(128, 64)
     hooks = gnnact.compress_saved_tensors(model=model)
     with hooks:
         loss = model(x, scale)
@@ -283,17 +279,13 @@ def test_tensors_the_model_makes_are_not_taken_for_inputs() -> None:
 def test_broadcast_floats_compressed_once() -> None:
     # A tensor broadcast over columns (a per-row scale, as a mean aggregation saves its
     # 1 / degree) holds one value per row: compressed, it costs one packed value per row.
-    class RowScaled(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.lin = nn.Linear(64, 64)
-
+    class RowScaled(WithLinear):
         def forward(self, x):
             scale = torch.rand(x.size(0), 1).expand(-1, 64)  # made here: a temporary
             return (self.lin(x) * scale).sum()
 
     torch.manual_seed(0)
-    model, x = RowScaled(), torch.randn(8192, 64)
+    model, x = RowScaled(64), torch.randn(8192, 64)
     hooks = gnnact.compress_saved_tensors(gnnact.Config(bits=8), model=model)
     with hooks:
         loss = model(x)

@@ -16,8 +16,9 @@ Quantization cannot touch them; an exact copy in fewer bytes can:
   dropout saves as :math:`\{0, 1/(1-p)\}` floats, or an additive attention mask).
 
 Restoring gives the same values, dtype and shape, so backward computes what it computed
-without compression, bit for bit. Choosing the width reads the minimum and maximum: on a GPU
-that is one synchronisation per compacted tensor.
+without compression, bit for bit. Choosing the width reads the minimum and maximum (and
+:func:`two_valued` whether every value is one of them): on a GPU that is one synchronisation
+per tensor compacted or checked.
 """
 
 from __future__ import annotations
