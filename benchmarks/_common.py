@@ -16,8 +16,8 @@ from torch_geometric.nn import models as pyg_models
 from gnnact.env import environment
 
 __all__ = ["ADAPT_INTERVAL", "FIRST_INTERVAL", "PYG_MODELS", "RESULTS", "ROOT", "append_rows",
-           "data_root", "environment", "finish", "median_time", "optional_int", "pyg_model",
-           "read_rows", "step_peak_bytes"]
+           "data_root", "environment", "finish", "kernel_seconds", "median_time",
+           "optional_int", "pyg_model", "read_rows", "step_peak_bytes"]
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -95,6 +95,37 @@ def finish(path: Path, rows: list[dict], *, smoke: bool = False) -> int:
         append_rows(path, rows)
         print(f"{len(rows)} rows -> {path}")
     return 0
+
+
+def kernel_seconds(fn: Callable[[], object], device: torch.device, *, repeats: int,
+                   warmup: int = 3) -> float:
+    """Seconds per call of the GPU work that ``fn()`` queues, without the host's share.
+
+    :func:`median_time` times one call between two events: on an idle GPU that includes the
+    Python and launch overhead before the kernel starts. Here ``repeats`` calls are queued
+    behind a kernel that holds the stream (``torch.cuda._sleep``), so that they run back to
+    back, and the events around them time the device alone. If the hold ended before the
+    last call was queued (the queue could have run dry), it is doubled and the run repeated.
+    """
+    if device.type != "cuda":
+        raise ValueError(f"kernel_seconds times CUDA work, got device {device}")
+    for _ in range(warmup):
+        fn()
+    cycles = 20_000_000  # about 10 ms at 2 GHz
+    for _ in range(8):
+        torch.cuda.synchronize(device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(cycles)
+        start.record()
+        for _ in range(repeats):
+            fn()
+        end.record()
+        ran_dry = start.query()  # the GPU reached start before every call was queued
+        end.synchronize()
+        if not ran_dry:
+            return start.elapsed_time(end) / 1e3 / repeats
+        cycles *= 2
+    raise RuntimeError("kernel_seconds: queuing the calls outlasted every hold tried")
 
 
 def median_time(fn: Callable[[], object], device: torch.device, *, repeats: int,

@@ -6,6 +6,12 @@ Throughput counts the bytes each operation must move: quantize reads the input
 a copy of the input reads and writes :math:`n \\cdot` itemsize each. ``frac_of_copy`` is the op's
 GB/s over the copy's GB/s measured in the same run (DESIGN.md target on a GPU: >= 0.70).
 
+On a GPU each operation is timed two ways: ``time_ms`` is one call as a user makes it
+(Python, allocation and launch included: on an idle GPU the events also catch the host's
+time before the kernel starts); ``kernel_ms`` is the GPU's work alone, calls queued back to
+back (``_common.kernel_seconds``), with the copy timed the same way for
+``kernel_frac_of_copy``: the kernels' own fraction of the copy's bandwidth.
+
 The mask ops (rows ``bench: mask_throughput``) are ReLU's forward (``sign_mask``: reads
 :math:`X`, writes the output and the packed :math:`[X > 0]`) and applying a packed mask
 (``apply_packed_mask``: dropout's forward and every mask op's backward: reads :math:`X` and
@@ -29,7 +35,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RESULTS, environment, finish, median_time
+from _common import RESULTS, environment, finish, kernel_seconds, median_time
 
 import gnnact
 from gnnact.kernels import cupy_available
@@ -52,6 +58,10 @@ def bench_device(device: torch.device, numel: int, bits_list: list[int], dtype: 
     dst = torch.empty_like(x)
     copy_s = median_time(lambda: dst.copy_(x), device, repeats=repeats)
     copy_gbps = 2 * in_bytes / copy_s / 1e9
+    copy_kernel_gbps = None
+    if device.type == "cuda":
+        copy_kernel_gbps = 2 * in_bytes / kernel_seconds(lambda: dst.copy_(x), device,
+                                                         repeats=repeats) / 1e9
     backends = ["torch"]
     if device.type == "cuda" and cupy_available():
         backends.insert(0, "cupy")
@@ -60,25 +70,46 @@ def bench_device(device: torch.device, numel: int, bits_list: list[int], dtype: 
         for backend in backends:
             quantize, dequantize, packed_bytes = _ops(x, bits, group_size, backend)
             moved = in_bytes + packed_bytes
-            q_s = median_time(quantize, device, repeats=repeats)
-            d_s = median_time(dequantize, device, repeats=repeats)
-            for op, seconds in (("quantize", q_s), ("dequantize", d_s)):
-                gbps = moved / seconds / 1e9
-                rows.append({
-                    "bench": "quantize_throughput", **env, "op": op, "backend": backend,
-                    "bits": bits, "numel": numel, "dtype": str(dtype).replace("torch.", ""),
-                    "group_size": group_size, "packed_bytes": packed_bytes,
-                    "time_ms": round(seconds * 1e3, 4), "gbps": round(gbps, 3),
-                    "copy_gbps": round(copy_gbps, 3), "frac_of_copy": round(gbps / copy_gbps, 4),
-                })
+            for op, fn in (("quantize", quantize), ("dequantize", dequantize)):
+                row = {"bench": "quantize_throughput", **env, "op": op, "backend": backend,
+                       "bits": bits, "numel": numel, "dtype": str(dtype).replace("torch.", ""),
+                       "group_size": group_size, "packed_bytes": packed_bytes,
+                       **_timings(fn, device, moved, copy_gbps, copy_kernel_gbps, repeats,
+                                  kernel=backend == "cupy")}
+                rows.append(row)
                 print(f"{env['device_name'][:40]:40s} {op:10s} {backend:5s} {bits}b "
-                      f"{seconds * 1e3:9.3f} ms {gbps:8.2f} GB/s  copy {copy_gbps:8.2f} GB/s "
-                      f"-> {gbps / copy_gbps:6.1%}")
-    return rows + mask_rows(x, env, copy_gbps, backends, repeats)
+                      + _shown(row))
+    return rows + mask_rows(x, env, copy_gbps, copy_kernel_gbps, backends, repeats)
 
 
-def mask_rows(x: torch.Tensor, env: dict, copy_gbps: float, backends: list[str],
-              repeats: int) -> list[dict]:
+def _timings(fn, device: torch.device, moved: int, copy_gbps: float,
+             copy_kernel_gbps: float | None, repeats: int, kernel: bool) -> dict:
+    """A row's times: one call (``time_ms``) and, for a kernel, the GPU's work alone
+    (``kernel_ms``), each as GB/s moved and as a fraction of the copy's GB/s timed alike."""
+    seconds = median_time(fn, device, repeats=repeats)
+    gbps = moved / seconds / 1e9
+    row = {"time_ms": round(seconds * 1e3, 4), "gbps": round(gbps, 3),
+           "copy_gbps": round(copy_gbps, 3), "frac_of_copy": round(gbps / copy_gbps, 4)}
+    if kernel and copy_kernel_gbps is not None:
+        k_seconds = kernel_seconds(fn, device, repeats=repeats)
+        k_gbps = moved / k_seconds / 1e9
+        row.update(kernel_ms=round(k_seconds * 1e3, 4), kernel_gbps=round(k_gbps, 3),
+                   copy_kernel_gbps=round(copy_kernel_gbps, 3),
+                   kernel_frac_of_copy=round(k_gbps / copy_kernel_gbps, 4))
+    return row
+
+
+def _shown(row: dict) -> str:
+    text = (f"{row['time_ms']:9.3f} ms {row['gbps']:8.2f} GB/s  copy {row['copy_gbps']:8.2f} "
+            f"GB/s -> {row['frac_of_copy']:6.1%}")
+    if "kernel_ms" in row:
+        text += (f" | kernel {row['kernel_ms']:7.3f} ms {row['kernel_gbps']:8.2f} GB/s -> "
+                 f"{row['kernel_frac_of_copy']:6.1%}")
+    return text
+
+
+def mask_rows(x: torch.Tensor, env: dict, copy_gbps: float, copy_kernel_gbps: float | None,
+              backends: list[str], repeats: int) -> list[dict]:
     """Throughput of ``sign_mask`` and ``apply_packed_mask`` (ReLU's forward mode) per backend
     (``cupy``: the kernels; ``torch``: :mod:`gnnact.quant.reference`)."""
     from gnnact.quant import reference
@@ -97,15 +128,12 @@ def mask_rows(x: torch.Tensor, env: dict, copy_gbps: float, backends: list[str],
                            flat, out, reference.MASK_MUL, 1.0)),
                        ("apply_packed_mask", lambda impl=impl: impl.apply_packed_mask(
                            flat, data, out, reference.MASK_MUL, 1.0))):
-            seconds = median_time(fn, x.device, repeats=repeats)
-            gbps = moved / seconds / 1e9
-            rows.append({"bench": "mask_throughput", **env, "op": op, "backend": backend,
-                         "numel": flat.numel(), "dtype": str(x.dtype).replace("torch.", ""),
-                         "time_ms": round(seconds * 1e3, 4), "gbps": round(gbps, 3),
-                         "copy_gbps": round(copy_gbps, 3),
-                         "frac_of_copy": round(gbps / copy_gbps, 4)})
-            print(f"{env['device_name'][:40]:40s} {op:17s} {backend:5s} {seconds * 1e3:9.3f} ms "
-                  f"{gbps:8.2f} GB/s  copy {copy_gbps:8.2f} GB/s -> {gbps / copy_gbps:6.1%}")
+            row = {"bench": "mask_throughput", **env, "op": op, "backend": backend,
+                   "numel": flat.numel(), "dtype": str(x.dtype).replace("torch.", ""),
+                   **_timings(fn, x.device, moved, copy_gbps, copy_kernel_gbps, repeats,
+                              kernel=backend == "cupy")}
+            rows.append(row)
+            print(f"{env['device_name'][:40]:40s} {op:17s} {backend:5s} " + _shown(row))
     return rows
 
 

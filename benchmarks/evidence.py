@@ -52,16 +52,20 @@ def quantize_lines(folder: Path, device: str) -> list[str]:
                      "op", "bits", "dtype")
     if not rows:
         return ["kernels: no kernel throughput rows"]
-    lines = [f"kernels, fraction of copy bandwidth, target {BANDWIDTH:.0%}:"]
+    lines = [f"kernels, fraction of copy bandwidth (the kernel alone; one call, host included), "
+             f"target {BANDWIDTH:.0%}:"]
     for row in sorted(rows, key=lambda r: (r["dtype"], r["bits"], r["op"])):
-        frac = row.get("frac_of_copy")
-        lines.append(f"  {row['op']:10s} {row['bits']} bits {row['dtype']:9s} "
-                     f"{frac:6.1%}  {_verdict(frac, BANDWIDTH):7s} {row['commit']}")
+        frac, call = row.get("kernel_frac_of_copy"), row.get("frac_of_copy")
+        shown = "    -  " if frac is None else f"{frac:6.1%}"  # rows before kernel timing
+        lines.append(f"  {row['op']:10s} {row['bits']} bits {row['dtype']:9s} {shown} "
+                     f"({call:6.1%})  {_verdict(frac, BANDWIDTH):7s} {row['commit']}")
     masks = newest_by([r for r in rows_of(folder / "quantize.jsonl", device, "mask_throughput")
                        if r.get("backend") != "torch"], "op", "dtype")
     for row in masks:  # the fused mask ops, for comparison (no target of their own)
-        frac = row.get("frac_of_copy")
-        lines.append(f"  {row['op']:17s} {row['dtype']:9s} {frac:6.1%}  {row['commit']}")
+        frac, call = row.get("kernel_frac_of_copy"), row.get("frac_of_copy")
+        shown = "    -  " if frac is None else f"{frac:6.1%}"
+        lines.append(f"  {row['op']:17s} {row['dtype']:9s} {shown} ({call:6.1%})  "
+                     f"{row['commit']}")
     return lines
 
 

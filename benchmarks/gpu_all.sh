@@ -20,6 +20,10 @@
 #              at 2 bits against PyG fp32 on the arxiv shape; the largest graph under 16 GiB
 #              (PyG, 2 bits); swap on GCNII (16 layers). For a session with little device
 #              time: `bash benchmarks/gpu_all.sh evidence`, timeout_s 570.
+#   quick      after a change to the kernels or a backward, in about 3 minutes: the CUDA
+#              tests, kernel throughput at every width (fp32, bf16 at 2/4/8), and the step peak
+#              of the four models (fp32 and 2 bits, arxiv shape); evidence.py's table; then
+#              SAGE's 6 largest allocations at its peak with their C++ frames (peak_stacks)
 #   tests      CUDA tests (pytest -m cuda), quantize/dequantize and fused mask-op throughput
 #   train      training step time and memory, PyG fp32 vs gnnact 2/4 bits, arxiv-shaped graph,
 #              all four models
@@ -112,6 +116,22 @@ for part in "${parts[@]}"; do
       capped 60 "$py" benchmarks/bench_swap.py --device cuda --model gcnii --epochs 5 \
         --methods gnnact2 gnnact2_swap gnnact2_swap_prefetch --out "$out/swap.jsonl"
       "$py" benchmarks/evidence.py "$out"
+      ;;
+    quick)
+      capped 120 "$py" -m pytest -m cuda -q -rs -p no:cacheprovider >"$out/pytest_cuda.txt" 2>&1
+      tail -15 "$out/pytest_cuda.txt"
+      capped 60 "$py" benchmarks/bench_quantize.py --device cuda --bits 1 2 3 4 5 6 7 8 \
+        --out "$out/quantize.jsonl"
+      capped 30 "$py" benchmarks/bench_quantize.py --device cuda --dtype bfloat16 \
+        --bits 2 4 8 --out "$out/quantize.jsonl"
+      for model in gcn sage gat gcnii; do
+        capped 45 "$py" benchmarks/profile_peak.py --device cuda --models "$model" \
+          --bits 32 2 --out "$out/peak.jsonl"
+      done
+      "$py" benchmarks/evidence.py "$out"
+      # Last, being slow to record: what allocated SAGE's largest blocks at its peak.
+      capped 90 "$py" benchmarks/profile_peak.py --device cuda --models sage --bits 2 \
+        --stacks 6 --out "$out/peak_stacks.jsonl"
       ;;
     tests)
       "$py" -m pytest -m cuda -q -rs -p no:cacheprovider 2>&1 | tee "$out/pytest_cuda.txt"

@@ -66,38 +66,56 @@ def site(frames: list[dict], roots: tuple[str, ...] = ROOTS) -> str:
     return "other"
 
 
-def peak_live(events: Iterable[dict], site_of: Callable[[list[dict]], str] = site
-              ) -> tuple[int, str | None, list[tuple[str, int, int]]]:
+def _replay(events: Iterable[dict]) -> tuple[int, dict | None, list[dict]]:
     """Replay allocator events (``alloc`` / ``free_completed``, as in the snapshot's
-    ``device_traces``): the peak of the bytes allocated since the first event, the site of the
-    allocation that reached it, and ``(site, bytes, count)`` of what was alive then, largest
-    first. Frees of blocks allocated before the trace began are ignored."""
-    live: dict[int, tuple[int, str]] = {}
+    ``device_traces``): the peak of the bytes allocated since the first event, the allocation
+    that reached it, and the allocations alive then. Frees of blocks allocated before the
+    trace began are ignored."""
+    live: dict[int, dict] = {}
     current = peak = 0
-    at: str | None = None
-    alive_at_peak: dict[int, tuple[int, str]] = {}
+    at: dict | None = None
+    alive_at_peak: list[dict] = []
     for event in events:
         action = event["action"]
         if action == "alloc":
-            where = site_of(event.get("frames") or [])
-            live[event["addr"]] = (event["size"], where)
+            live[event["addr"]] = event
             current += event["size"]
             if current > peak:
-                peak, at, alive_at_peak = current, where, dict(live)
+                peak, at, alive_at_peak = current, event, list(live.values())
         elif action == "free_completed":
             entry = live.pop(event["addr"], None)
             if entry is not None:
-                current -= entry[0]
+                current -= entry["size"]
+    return peak, at, alive_at_peak
+
+
+def peak_live(events: Iterable[dict], site_of: Callable[[list[dict]], str] = site
+              ) -> tuple[int, str | None, list[tuple[str, int, int]]]:
+    """:func:`_replay`'s peak, the site of the allocation that reached it, and
+    ``(site, bytes, count)`` of what was alive then, largest first."""
+    peak, at, alive = _replay(events)
     by_site: dict[str, list[int]] = {}
-    for size, where in alive_at_peak.values():
-        totals = by_site.setdefault(where, [0, 0])
-        totals[0] += size
+    for event in alive:
+        totals = by_site.setdefault(site_of(event.get("frames") or []), [0, 0])
+        totals[0] += event["size"]
         totals[1] += 1
     ranked = sorted(((w, b, n) for w, (b, n) in by_site.items()), key=lambda r: -r[1])
-    return peak, at, ranked
+    return peak, None if at is None else site_of(at.get("frames") or []), ranked
 
 
-def profile_step(model: torch.nn.Module, data, device: torch.device, warmup: int) -> dict:
+def largest_at_peak(events: Iterable[dict], count: int, depth: int = 16) -> list[dict]:
+    """The ``count`` largest allocations alive at :func:`_replay`'s peak: bytes and the
+    ``depth`` innermost frames, C++ ones included where the history recorded them (``--stacks``
+    names the operator that allocated, where a Python line alone does not)."""
+    _, _, alive = _replay(events)
+    return [{"bytes": e["size"],
+             "frames": [f"{f.get('filename', '?').rsplit('/', 1)[-1]}:{f.get('line')} "
+                        f"{f.get('name')}" for f in (e.get("frames") or [])[:depth]]}
+            for e in sorted(alive, key=lambda e: -e["size"])[:count]]
+
+
+def profile_step(model: torch.nn.Module, data, device: torch.device, warmup: int,
+                 stacks: int = 0) -> dict:
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 
     def step() -> None:
@@ -121,17 +139,22 @@ def profile_step(model: torch.nn.Module, data, device: torch.device, warmup: int
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
     before = torch.cuda.memory_allocated(device)
-    torch.cuda.memory._record_memory_history(max_entries=2_000_000)
+    torch.cuda.memory._record_memory_history(max_entries=2_000_000,
+                                             stacks="all" if stacks else "python")
     try:
         step()
         torch.cuda.synchronize(device)
         snapshot = torch.cuda.memory._snapshot()
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
-    peak, at, ranked = peak_live(snapshot["device_traces"][cuda_index(device)])
-    return {"traced_peak_bytes": peak,
-            "peak_bytes": torch.cuda.max_memory_allocated(device) - before,
-            "graph_cache_bytes": cache, "at": at, "alive": ranked}
+    events = snapshot["device_traces"][cuda_index(device)]
+    peak, at, ranked = peak_live(events)
+    result = {"traced_peak_bytes": peak,
+              "peak_bytes": torch.cuda.max_memory_allocated(device) - before,
+              "graph_cache_bytes": cache, "at": at, "alive": ranked}
+    if stacks:
+        result["largest_at_peak"] = largest_at_peak(events, stacks)
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -146,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=None, help="default: the shape's")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--stacks", type=int, default=0, metavar="N",
+                        help="on a GPU, the N largest allocations alive at the peak with their "
+                             "stacks, C++ frames included (slower to record)")
     parser.add_argument("--out", type=Path, default=RESULTS / "peak.jsonl")
     args = parser.parse_args(argv)
     if args.device.type not in ("cpu", "cuda"):
@@ -165,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
                 model = model.to(args.device)
                 if bits < 32:
                     gnnact.convert(model, gnnact.Config(bits=bits))
-                result = profile_step(model, data, args.device, args.warmup)
+                result = profile_step(model, data, args.device, args.warmup, args.stacks)
                 result["alive"] = result["alive"][:args.top]
                 row = {"bench": "peak", **env, "model": name, "style": style, "bits": bits,
                        "graph": args.shape, "num_nodes": data.num_nodes, **result}
@@ -181,6 +207,9 @@ def main(argv: list[str] | None = None) -> int:
                       f"{result['at']}")
                 for where, nbytes, count in result["alive"]:
                     print(f"  {nbytes / 2**20:9.1f} MiB  {count:4d}x  {where}")
+                for alloc in result.get("largest_at_peak", []):
+                    print(f"  {alloc['bytes'] / 2**20:9.1f} MiB  <- "
+                          + " <- ".join(alloc["frames"]))
                 del model
     return finish(args.out, rows)
 

@@ -36,10 +36,26 @@ __device__ __forceinline__ u32 mix32(u32 x) {
     return x;
 }
 
-__device__ __forceinline__ float hash_uniform(u64 i, u32 s0, u32 s1) {
-    u32 h = mix32(mix32(((u32)i) ^ s0) ^ ((u32)(i >> 32)) ^ s1);
-    return (float)(h >> 8) * 5.9604644775390625e-08f;  // 2^-24: exact
+// One hash per pair j = i / 2 of flat indices; element i takes its 16 bits (i & 1): the noise
+// of two elements for one hash, which is most of the quantize kernel's arithmetic.
+__device__ __forceinline__ u32 hash_pair(u64 j, u32 s0, u32 s1) {
+    return mix32(mix32(((u32)j) ^ s0) ^ ((u32)(j >> 32)) ^ s1);
 }
+
+__device__ __forceinline__ float half_uniform(u32 h, int half) {
+    return (float)((h >> (16 * half)) & 0xffffu) * 1.52587890625e-05f;  // 2^-16: exact
+}
+
+// The integer word that holds an octet's 8 codes: 32 bits up to 4 bits a code (cheaper shifts
+// and masks), 64 above.
+template <bool Wide>
+struct WordOf {
+    typedef u32 T;
+};
+template <>
+struct WordOf<true> {
+    typedef u64 T;
+};
 
 __device__ __forceinline__ float warp_min(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fminf(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -99,26 +115,25 @@ __device__ __forceinline__ void store_octet(typename L::T* __restrict__ out, i64
 
 // An octet's BITS code bytes, from byte b of a group's stream of `limit` bytes (bytes past it
 // read as 0). One aligned load for 1, 2, 4 and 8 bits when `vec`.
-template <int BITS>
-__device__ __forceinline__ u64 load_codes(const u8* __restrict__ in, i64 b, i64 limit,
-                                          bool vec) {
+template <int BITS, typename W = typename WordOf<(BITS > 4)>::T>
+__device__ __forceinline__ W load_codes(const u8* __restrict__ in, i64 b, i64 limit, bool vec) {
     if (vec && BITS == 1) return in[b];
     if (vec && BITS == 2) return *reinterpret_cast<const u16*>(in + b);
     if (vec && BITS == 4) return *reinterpret_cast<const u32*>(in + b);
-    if (vec && BITS == 8) return *reinterpret_cast<const u64*>(in + b);
-    u64 word = 0;
+    if (vec && BITS == 8) return (W)*reinterpret_cast<const u64*>(in + b);
+    W word = 0;
 #pragma unroll
     for (int k = 0; k < BITS; ++k) {
-        if (b + k < limit) word |= (u64)in[b + k] << (8 * k);
+        if (b + k < limit) word |= (W)in[b + k] << (8 * k);
     }
     return word;
 }
 
 // Stores an octet's BITS code bytes at byte b of a group's stream of `limit` bytes (bytes
 // past it, which belong to the next group, are not written).
-template <int BITS>
+template <int BITS, typename W>
 __device__ __forceinline__ void store_codes(u8* __restrict__ out, i64 b, i64 limit, bool vec,
-                                            u64 word) {
+                                            W word) {
     if (vec && BITS == 1) {
         out[b] = (u8)word;
     } else if (vec && BITS == 2) {
@@ -126,7 +141,7 @@ __device__ __forceinline__ void store_codes(u8* __restrict__ out, i64 b, i64 lim
     } else if (vec && BITS == 4) {
         *reinterpret_cast<u32*>(out + b) = (u32)word;
     } else if (vec && BITS == 8) {
-        *reinterpret_cast<u64*>(out + b) = word;
+        *reinterpret_cast<u64*>(out + b) = (u64)word;
     } else {
 #pragma unroll
         for (int k = 0; k < BITS; ++k) {
@@ -136,22 +151,33 @@ __device__ __forceinline__ void store_codes(u8* __restrict__ out, i64 b, i64 lim
 }
 
 // The BITS-byte word of an octet's 8 codes (code k at bits [k BITS, (k + 1) BITS); codes past
-// count are 0), elements [at, at + count) with values v, noise from `noise` or the hash.
-template <int BITS>
-__device__ __forceinline__ u64 pack_octet(const float (&v)[8], const float* __restrict__ noise,
-                                          i64 at, int count, bool vec, float zero, float inv,
-                                          float levels, u32 s0, u32 s1) {
+// count are 0), elements [at, at + count) with values v, noise from `noise` or the hash (one
+// hash per pair of elements when the octet starts on a pair, as every octet does with `vec`).
+template <int BITS, typename W = typename WordOf<(BITS > 4)>::T>
+__device__ __forceinline__ W pack_octet(const float (&v)[8], const float* __restrict__ noise,
+                                        i64 at, int count, bool vec, float zero, float inv,
+                                        float levels, u32 s0, u32 s1) {
     float r[8];
     if (noise != nullptr) {
         load_octet<F32>(noise, at, count, vec, r);
+    } else if ((at & 1) == 0) {
+#pragma unroll
+        for (int k = 0; k < 8; k += 2) {
+            const u32 h = hash_pair((u64)(at + k) >> 1, s0, s1);
+            r[k] = half_uniform(h, 0);
+            r[k + 1] = half_uniform(h, 1);
+        }
     } else {
 #pragma unroll
-        for (int k = 0; k < 8; ++k) r[k] = hash_uniform((u64)(at + k), s0, s1);
+        for (int k = 0; k < 8; ++k) {
+            const u64 i = (u64)(at + k);
+            r[k] = half_uniform(hash_pair(i >> 1, s0, s1), (int)(i & 1));
+        }
     }
-    u64 word = 0;
+    W word = 0;
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
-        if (k < count) word |= (u64)round_code(v[k], r[k], zero, inv, levels) << (k * BITS);
+        if (k < count) word |= (W)round_code(v[k], r[k], zero, inv, levels) << (k * BITS);
     }
     return word;
 }
@@ -177,7 +203,9 @@ __device__ __forceinline__ void quantize_impl(
 
         float lo = __int_as_float(0x7f800000);   // +inf
         float hi = __int_as_float(0xff800000);   // -inf
-        int finite = 1;
+        // v * 0 is NaN for an infinite or NaN v and a zero otherwise: the sum is NaN exactly
+        // when the group holds a non-finite value (one fused instruction an element).
+        float bad = 0.0f;
         float kept[CACHED][8];
 #pragma unroll
         for (int c = 0; c < CACHED; ++c) {
@@ -188,7 +216,7 @@ __device__ __forceinline__ void quantize_impl(
                 for (int k = 0; k < 8; ++k) {
                     lo = fminf(lo, kept[c][k]);
                     hi = fmaxf(hi, kept[c][k]);
-                    finite &= isfinite(kept[c][k]) ? 1 : 0;
+                    bad = __fmaf_rn(kept[c][k], 0.0f, bad);
                 }
             }
         }
@@ -199,12 +227,12 @@ __device__ __forceinline__ void quantize_impl(
             for (int k = 0; k < 8; ++k) {
                 lo = fminf(lo, v[k]);
                 hi = fmaxf(hi, v[k]);
-                finite &= isfinite(v[k]) ? 1 : 0;
+                bad = __fmaf_rn(v[k], 0.0f, bad);
             }
         }
         lo = warp_min(lo);
         hi = warp_max(hi);
-        finite = __all_sync(0xffffffffu, finite);
+        const int finite = __all_sync(0xffffffffu, bad == 0.0f);
 
         const float range = __fsub_rn(hi, lo);
         float scale, zero, inv;
@@ -253,7 +281,8 @@ __device__ __forceinline__ void dequantize_impl(
     const u8* __restrict__ codes, const float* __restrict__ scales,
     const float* __restrict__ zeros, typename L::T* __restrict__ out, i64 n, i64 group_size,
     i64 num_groups, i64 bytes_per_group, int vec_flag) {
-    const u64 mask = (1u << BITS) - 1u;
+    typedef typename WordOf<(BITS > 4)>::T W;
+    const W mask = (1u << BITS) - 1u;
     const bool vec = vec_flag != 0;
     const int lane = threadIdx.x & 31;
     const i64 warps = (i64)gridDim.x * (blockDim.x >> 5);
@@ -267,7 +296,7 @@ __device__ __forceinline__ void dequantize_impl(
         const u8* in = codes + g * bytes_per_group;
 #pragma unroll 2
         for (i64 o = lane; o < octets; o += 32) {
-            const u64 word = load_codes<BITS>(in, o * BITS, bytes_per_group, vec);
+            const W word = load_codes<BITS>(in, o * BITS, bytes_per_group, vec);
             float v[8];
 #pragma unroll
             for (int k = 0; k < 8; ++k) {

@@ -443,6 +443,15 @@ def _main_job(results: Path) -> list[str]:
                                                 "vs fp32"], *body])]
 
 
+def _throughput(row: dict) -> str:
+    """GB/s of one call and its share of a copy; with the kernel's own share where the row
+    timed the GPU's work alone (``kernel_frac_of_copy``)."""
+    text = f"{row['gbps']:,.1f} ({100 * row['frac_of_copy']:.0f} %"
+    if row.get("kernel_frac_of_copy") is not None:
+        text += f"; kernel {100 * row['kernel_frac_of_copy']:.0f} %"
+    return text + ")"
+
+
 def _quantize(results: Path) -> list[str]:
     """Quantizer throughput: GB/s per width, and its share of a plain copy of the same bytes."""
     name = "quantize.jsonl"
@@ -457,8 +466,7 @@ def _quantize(results: Path) -> list[str]:
         cells = []
         for b in widths:
             r = best.get((*k, b))
-            cells.append("–" if r is None
-                         else f"{r['gbps']:,.1f} ({100 * r['frac_of_copy']:.0f} %)")
+            cells.append("–" if r is None else _throughput(r))
         body.append([some["device_name"], k[1], k[2], k[3], f"{some['numel']:,}",
                      f"{some['copy_gbps']:,.0f}", *cells])
     header = ["device", "dtype", "backend", "op", "values", "copy GB/s",
@@ -475,8 +483,8 @@ def _mask_ops(results: Path) -> list[str]:
         return ["No rows yet: ``bench_quantize.py`` writes them (``bench: mask_throughput``); "
                 "the kernels' first rows await a GPU (``benchmarks/gpu_all.sh tests``)."]
     best = _newest(rows, lambda r: (r["device"], r["dtype"], r["backend"], r["op"]))
-    body = [[r["device_name"], k[1], k[2], k[3], f"{r['numel']:,}",
-             f"{r['gbps']:,.1f} ({100 * r['frac_of_copy']:.0f} %)"] for k, r in best.items()]
+    body = [[r["device_name"], k[1], k[2], k[3], f"{r['numel']:,}", _throughput(r)]
+            for k, r in best.items()]
     header = ["device", "dtype", "backend", "op", "values", "GB/s (of copy)"]
     return [*_source(name, best.values()), *_list_table([header, *body])]
 

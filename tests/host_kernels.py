@@ -66,6 +66,7 @@ static inline float __fmul_rn(float a, float b) { return a * b; }
 static inline float __fadd_rn(float a, float b) { return a + b; }
 static inline float __fsub_rn(float a, float b) { return a - b; }
 static inline float __fdiv_rn(float a, float b) { return a / b; }
+static inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
 static inline double __dmul_rn(double a, double b) { return a * b; }
 static inline float __double2float_rn(double v) { return (float)v; }
 static inline float __int_as_float(int v) { float f; std::memcpy(&f, &v, 4); return f; }

@@ -323,6 +323,10 @@ def test_profile_peak_replays_the_allocator_trace():
     top, at, alive = peak.peak_live(events)
     assert top == 150 and at == "gnnact/ops/context.py:7 f"
     assert alive == [("gnnact/ops/context.py:7 f", 120, 2), ("other", 30, 1)]
+    # The largest allocations alive at the peak, with their frames (innermost first).
+    assert peak.largest_at_peak(events, 2, depth=1) == [
+        {"bytes": 100, "frames": ["threading.py:1 run"]}, {"bytes": 30, "frames": [
+            "threading.py:1 run"]}]
     with pytest.raises(SystemExit):
         peak.main(["--device", "meta"])
 
@@ -422,13 +426,15 @@ def test_evidence_table_from_rows(tmp_path, capsys):
     q = {"bench": "quantize_throughput", "backend": "cupy", "dtype": "float32", "bits": 3}
     write("quantize.jsonl",
           {**q, "op": "quantize", "frac_of_copy": 0.5, "commit": "old", "date": "1"},
-          {**q, "op": "quantize", "frac_of_copy": 0.8, "commit": "new", "date": "2"},
+          {**q, "op": "quantize", "frac_of_copy": 0.6, "kernel_frac_of_copy": 0.8,
+           "commit": "new", "date": "2"},
           {**q, "op": "quantize", "backend": "torch", "frac_of_copy": 0.01, "commit": "new",
            "date": "2"},
           {**q, "op": "quantize", "device": "cpu", "frac_of_copy": 0.01, "commit": "new",
            "date": "3"},
           {"bench": "mask_throughput", "backend": "cupy", "op": "sign_mask",
-           "dtype": "float32", "frac_of_copy": 0.75, "commit": "new", "date": "2"})
+           "dtype": "float32", "frac_of_copy": 0.75, "kernel_frac_of_copy": 0.85,
+           "commit": "new", "date": "2"})
     p = {"bench": "peak", "graph": "arxiv", "num_nodes": 169343, "commit": "c", "date": "1",
          "peak_bytes": 2**30}
     write("peak.jsonl", {**p, "model": "gcn", "bits": 32},
@@ -440,9 +446,10 @@ def test_evidence_table_from_rows(tmp_path, capsys):
            "graph_build_peak_bytes": 3 * 2**30, "peak_bytes_at_largest": 15 * 2**30})
     assert evidence.main([str(tmp_path)]) == 0
     text = capsys.readouterr().out
-    assert "quantize   3 bits float32    80.0%  ok      new" in text
+    # The kernel's own fraction is the target's; one call's (host included) beside it.
+    assert "quantize   3 bits float32    80.0% ( 60.0%)  ok      new" in text
     assert "50.0%" not in text and "1.0%" not in text  # older, torch-path and CPU rows
-    assert "sign_mask         float32    75.0%  new" in text
+    assert "sign_mask         float32    85.0% ( 75.0%)  new" in text
     assert "gcn    module     169,343 nodes    1024 MiB   12.5x  ok" in text
     assert "sage   pyg        169,343 nodes    1024 MiB    8.0x  BELOW" in text
     assert "PyG 100,000 nodes, 2 bits 1,600,000 (16.0x)  ok c" in text

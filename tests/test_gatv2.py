@@ -86,7 +86,8 @@ def _run(module, x, adj, edge_attr: Tensor | None = None, seed: int = 0, **kwarg
     loss = (out * w).sum()
     if isinstance(result, tuple):
         alpha = _alpha(result)
-        loss = loss + (alpha * torch.linspace(-1, 1, alpha.numel(), dtype=alpha.dtype)
+        loss = loss + (alpha * torch.linspace(-1, 1, alpha.numel(), dtype=alpha.dtype,
+                                           device=alpha.device)
                        .view_as(alpha)).sum()
     loss.backward()
     grads = {f"x{i}": t.grad for i, t in enumerate(xs)}

@@ -15,6 +15,7 @@ from torch import nn
 from torch_geometric.nn import GATConv, GCNConv, GraphConv, SAGEConv
 
 import gnnact
+from gnnact.ops.draws import keep_mask
 from gnnact.quant.rng import PassSeeds
 
 
@@ -184,3 +185,21 @@ def test_pass_seeds_read_the_default_generator_without_advancing_it():
     torch.manual_seed(7)
     a, b = PassSeeds().generator(), torch.Generator().manual_seed(first[0])
     assert torch.equal(torch.rand(4, generator=a), torch.rand(4, generator=b))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(1000, 37), (7,), (3, 5, 11)])
+def test_keep_mask_is_the_mask_f_dropout_draws(device, dtype, shape):
+    like = torch.ones(shape, dtype=dtype, device=device)
+    torch.manual_seed(3)
+    mask = keep_mask(like, 0.3)
+    after = _generator_states(device)
+    torch.manual_seed(3)
+    want = F.dropout(like, 0.3) != 0
+    assert mask.dtype == torch.bool and torch.equal(mask, want)
+    assert torch.equal(after, _generator_states(device))
+    torch.manual_seed(3)
+    assert torch.equal(keep_mask(like, 0.3, dtype), want.to(dtype))
+    with pytest.raises(ValueError, match="p must be in"):
+        keep_mask(like, 1.0)

@@ -6,13 +6,15 @@ a small share of the tensor."""
 from __future__ import annotations
 
 import itertools
+import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
 from gnnact.quant.reference import block_elements
 
-__all__ = ["element_blocks", "row_starts", "sum_of_products"]
+__all__ = ["element_blocks", "mean_by_blocks", "row_starts", "sum_by_blocks", "sum_of_products"]
 
 
 def row_starts(rows: int, width: int) -> list[int]:
@@ -29,20 +31,50 @@ def element_blocks(n: int) -> list[tuple[int, int]]:
     return list(itertools.pairwise(row_starts(n, 1)))
 
 
+def _sum_over_blocks(part: Callable[[int, int], Tensor], rows: int, width: int,
+                     dims: list[int], dtype: torch.dtype, keepdim: bool) -> Tensor | None:
+    """The sum over ``dims`` (including 0) of ``part(r0, r1)`` for the row blocks of a
+    ``[rows, width]`` tensor, summed in at least float32 (as torch sums a 16-bit tensor) and
+    rounded to ``dtype`` once; ``None`` when the tensor is one or two blocks (the caller
+    then reduces it whole, as torch would)."""
+    starts = row_starts(rows, width)
+    if len(starts) <= 2:
+        return None
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    total: Tensor | None = None
+    for r0, r1 in itertools.pairwise(starts):
+        block = part(r0, r1).sum(dims, keepdim=keepdim, dtype=acc)
+        total = block if total is None else total.add_(block)
+    assert total is not None
+    return total.to(dtype)
+
+
 def sum_of_products(a: Tensor, b: Tensor, dims: list[int]) -> Tensor:
     """``(a * b).sum(dims)`` (``dims`` including 0) over row blocks (:func:`row_starts`): the
     product, broadcast to full size, never exists whole (it would be a full-size temporary at
     a backward's peak). Blocks are summed in at least float32, as torch sums a 16-bit tensor,
     and rounded once at the end."""
-    dtype = torch.result_type(a, b)
     rows = max(a.size(0), b.size(0))
-    starts = row_starts(rows, max(a[:1].numel(), b[:1].numel()))
-    if len(starts) <= 2:
-        return (a * b).sum(dims)
-    acc = torch.float64 if dtype == torch.float64 else torch.float32
-    total: Tensor | None = None
-    for r0, r1 in itertools.pairwise(starts):
-        part = (a[r0:r1] * b[r0:r1]).sum(dims, dtype=acc)
-        total = part if total is None else total.add_(part)
-    assert total is not None
-    return total.to(dtype)
+    total = _sum_over_blocks(lambda r0, r1: a[r0:r1] * b[r0:r1], rows,
+                             max(a[:1].numel(), b[:1].numel()), dims,
+                             torch.result_type(a, b), keepdim=False)
+    return (a * b).sum(dims) if total is None else total
+
+
+def sum_by_blocks(a: Tensor, dims: list[int], *, keepdim: bool = False) -> Tensor:
+    """``a.sum(dims, keepdim)`` (``dims`` including 0) over row blocks: each reduction sees
+    one block, so whatever the device's reduction allocates beside its input is a block's
+    share, not the tensor's. Summed in at least float32 and rounded once."""
+    total = _sum_over_blocks(lambda r0, r1: a[r0:r1], a.size(0), a[:1].numel(), dims,
+                             a.dtype, keepdim)
+    return a.sum(dims, keepdim=keepdim) if total is None else total
+
+
+def mean_by_blocks(a: Tensor, dims: list[int], *, keepdim: bool = False) -> Tensor:
+    """``a.mean(dims, keepdim)`` (``dims`` including 0) as :func:`sum_by_blocks` sums."""
+    total = _sum_over_blocks(lambda r0, r1: a[r0:r1], a.size(0), a[:1].numel(), dims,
+                             a.dtype, keepdim)
+    if total is None:
+        return a.mean(dims, keepdim=keepdim)
+    count = math.prod(a.size(d) for d in dims)
+    return total.div_(count)

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gnnact.config import Config
-from gnnact.ops.blocks import row_starts, sum_of_products
+from gnnact.ops.blocks import mean_by_blocks, row_starts, sum_by_blocks, sum_of_products
 from gnnact.ops.context import (
     alias_derived,
     derive,
@@ -59,6 +59,7 @@ from gnnact.ops.context import (
     transient,
     writable,
 )
+from gnnact.ops.draws import keep_mask
 from gnnact.ops.higher_order import first_order_only
 from gnnact.ops.state import eager_op
 from gnnact.quant import PackedMask, pack_mask
@@ -167,8 +168,10 @@ class _BatchNorm(torch.autograd.Function):
         # breaks that, and Adam blows the leaked noise up to full-size steps that random-walk
         # those biases (and the running means behind them). Centring keeps the sum exactly
         # zero and, being linear, keeps E[xn] unchanged.
-        xn.sub_(xn.mean(dims, keepdim=True))
-        sum_g = grad.sum(dims)
+        # (By row blocks: an H200's allocator history put 132 MiB at the whole-tensor mean
+        # here, at SAGE's step peak on the arxiv shape; a block's reduction is bounded.)
+        xn.sub_(mean_by_blocks(xn, dims, keepdim=True))
+        sum_g = sum_by_blocks(grad, dims)
         sum_gx = sum_of_products(grad, xn, dims)
         grad_x = None
         if ctx.needs_input_grad[0]:
@@ -391,8 +394,8 @@ def elu(x: Tensor, alpha: float = 1.0, inplace: bool = False, config: Config | N
 def dropout(x: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
     r"""Dropout keeping its keep-mask :math:`M \sim \mathrm{Bernoulli}(1-p)` in 1 bit.
 
-    The mask is drawn exactly as :func:`torch.nn.functional.dropout` draws it on the CPU, so a
-    seeded run reproduces PyTorch's.
+    The mask is drawn exactly as :func:`torch.nn.functional.dropout` draws it, on the CPU and
+    on a GPU (:func:`gnnact.ops.draws.keep_mask`), so a seeded run reproduces PyTorch's.
     """
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"dropout probability must be in [0, 1], got {p}")
@@ -400,8 +403,7 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True, inplace: bool = Fa
         return x
     if p == 1.0 or not records_graph(x):
         return transient(F.dropout(x, p, training, inplace))
-    # Drawn straight into booleans: on the CPU the same draws as F.dropout's float mask (the
-    # generator's stream does not depend on the dtype), without its full-size float copy.
-    # Packed before the output is made (the whole draw is one call, as F.dropout's).
-    keep = pack_mask(torch.empty_like(x, dtype=torch.bool).bernoulli_(1 - p))
+    # F.dropout's draws (gnnact.ops.draws), as booleans; packed before the output is made
+    # (the whole draw is one call, as F.dropout's).
+    keep = pack_mask(keep_mask(x, p))
     return _masked(x, keep, 1.0 - p, 0.0, inplace)

@@ -93,6 +93,7 @@ from torch_geometric.utils import softmax
 from gnnact.config import Config
 from gnnact.ops.blocks import sum_of_products
 from gnnact.ops.context import independent_quantize, load_context, records_graph, save_context
+from gnnact.ops.draws import keep_mask
 from gnnact.ops.graph import Graph, csr_tensor
 from gnnact.ops.higher_order import first_order_only
 from gnnact.ops.state import eager_op
@@ -232,10 +233,9 @@ class _GATAttention(torch.autograd.Function):
                 keep = torch.zeros_like(positive)
                 alpha_d = alpha * 0.0
             else:
-                # Drawn as F.dropout draws it on the CPU (same dtype, shape and input edge
-                # order), so a seeded run reproduces PyG's mask.
-                noise = torch.empty((num_edges, heads), dtype=alpha.dtype,
-                                    device=alpha.device).bernoulli_(1 - p)
+                # Drawn as F.dropout draws it (same dtype, shape and input edge order),
+                # so a seeded run reproduces PyG's mask.
+                noise = keep_mask(alpha.new_empty(num_edges, heads), p, alpha.dtype)
                 noise = _to_csr(noise, graph)
                 keep = noise.bool()
                 scale = noise.div_(1 - p)

@@ -96,6 +96,7 @@ from gnnact.ops.context import (
     records_graph,
     save_context,
 )
+from gnnact.ops.draws import keep_mask
 from gnnact.ops.gat import (
     _aggregate,
     _check_attention_vector,
@@ -188,10 +189,9 @@ class _GATv2Attention(torch.autograd.Function):
                 keep = torch.zeros(num_edges, heads, dtype=torch.bool, device=alpha.device)
                 alpha_d = alpha * 0.0
             else:
-                # Drawn as F.dropout draws it on the CPU (same dtype, shape and input edge
-                # order), so a seeded run reproduces PyG's mask.
-                noise = torch.empty((num_edges, heads), dtype=alpha.dtype,
-                                    device=alpha.device).bernoulli_(1 - p)
+                # Drawn as F.dropout draws it (same dtype, shape and input edge order),
+                # so a seeded run reproduces PyG's mask.
+                noise = keep_mask(alpha.new_empty(num_edges, heads), p, alpha.dtype)
                 noise = _to_csr(noise, graph)
                 keep = noise.bool()
                 alpha_d = alpha * noise.div_(1 - p)

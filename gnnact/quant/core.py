@@ -21,6 +21,7 @@ from torch import Tensor
 from gnnact.env import cuda_index
 from gnnact.quant import reference
 from gnnact.quant.packed import (
+    QUANT_BITS,
     SUPPORTED_BITS,
     PackedMask,
     PackedTensor,
@@ -55,7 +56,8 @@ def _backend(backend: str, device: torch.device, bits: int | None = None) -> Mod
         from gnnact.kernels._cupy import require_cupy
 
         require_cupy()
-    elif not cupy_available() or (bits is not None
+    # 16 and 32 bits keep the tensor as it is: no kernel to check.
+    elif not cupy_available() or (bits in QUANT_BITS
                                   and not kernel_agrees(cuda_index(device), bits)):
         return reference
     from gnnact.kernels import quantize as kernels

@@ -1,0 +1,43 @@
+"""The by-block reductions of :mod:`gnnact.ops.blocks`: the sums torch computes, block by
+block, in at least float32 and rounded once; small tensors reduced whole, as torch does."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gnnact.ops.blocks import mean_by_blocks, row_starts, sum_by_blocks, sum_of_products
+
+
+def _tall(rows: int = 300_000, width: int = 3, dtype: torch.dtype = torch.float32):
+    g = torch.Generator().manual_seed(0)
+    return (torch.randn(rows, width, generator=g) * 2 + 1).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_sums_and_means_by_blocks_are_torchs(dtype, keepdim):
+    a = _tall(dtype=dtype)
+    assert len(row_starts(a.size(0), a.size(1))) > 3  # several blocks
+    want_sum = a.double().sum([0], keepdim=keepdim)
+    got = sum_by_blocks(a, [0], keepdim=keepdim)
+    assert got.dtype == dtype and got.shape == want_sum.shape
+    tol = {torch.float32: 1e-5, torch.float64: 1e-12, torch.bfloat16: 1e-2}[dtype]
+    torch.testing.assert_close(got.double(), want_sum, rtol=tol, atol=tol * a.size(0))
+    mean = mean_by_blocks(a, [0], keepdim=keepdim)
+    assert mean.dtype == dtype and mean.shape == want_sum.shape
+    torch.testing.assert_close(mean.double(), want_sum / a.size(0), rtol=tol, atol=tol)
+
+
+def test_small_tensors_are_reduced_whole_exactly_as_torch():
+    a = _tall(rows=100)
+    assert len(row_starts(100, 3)) <= 2
+    assert torch.equal(sum_by_blocks(a, [0]), a.sum([0]))
+    assert torch.equal(mean_by_blocks(a, [0], keepdim=True), a.mean([0], keepdim=True))
+    assert torch.equal(sum_of_products(a, a, [0]), (a * a).sum([0]))
+
+
+def test_sum_of_products_by_blocks_is_torchs():
+    a, b = _tall(), _tall().flip(0)
+    torch.testing.assert_close(sum_of_products(a, b, [0]).double(),
+                               (a.double() * b.double()).sum([0]), rtol=1e-5, atol=1e-2)
