@@ -43,7 +43,7 @@ import torch
 from torch import Tensor
 
 from gnnact.config import Config
-from gnnact.ops.blocks import row_starts
+from gnnact.ops.blocks import row_starts, sum_by_blocks
 from gnnact.ops.context import input_bits, load_context, records_graph, save_context, writable
 from gnnact.ops.graph import Graph
 from gnnact.ops.higher_order import first_order_only
@@ -123,7 +123,9 @@ class _AggregateLinear(torch.autograd.Function):
                 grad_x[r0:r1] = block
                 del block
             del t
-        grad_b = grad.sum(0) if ctx.has_bias and need_b else None
+        # By row blocks: a GPU's whole-tensor reduction over rows allocates a staging buffer
+        # that grows with the tensor (132 MiB here at SAGE's arxiv-shape peak on an H200).
+        grad_b = sum_by_blocks(grad, [0]) if ctx.has_bias and need_b else None
         return grad_x, grad_w, grad_b, grad_r, None, None, None, None
 
 

@@ -105,7 +105,7 @@ class _Linear(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_x = grad @ weight
         if ctx.has_bias and ctx.needs_input_grad[2]:
-            grad_b = g2.sum(0)
+            grad_b = sum_by_blocks(g2, [0])  # (as aggregate_linear's: a bounded staging buffer)
         return grad_x, grad_w, grad_b, None
 
 
@@ -168,8 +168,8 @@ class _BatchNorm(torch.autograd.Function):
         # breaks that, and Adam blows the leaked noise up to full-size steps that random-walk
         # those biases (and the running means behind them). Centring keeps the sum exactly
         # zero and, being linear, keeps E[xn] unchanged.
-        # (By row blocks: an H200's allocator history put 132 MiB at the whole-tensor mean
-        # here, at SAGE's step peak on the arxiv shape; a block's reduction is bounded.)
+        # (By row blocks: a GPU's whole-tensor reduction over rows allocates a staging buffer
+        # that grows with the tensor, 132 MiB at SAGE's arxiv-shape step peak on an H200.)
         xn.sub_(mean_by_blocks(xn, dims, keepdim=True))
         sum_g = sum_by_blocks(grad, dims)
         sum_gx = sum_of_products(grad, xn, dims)
