@@ -24,6 +24,10 @@
 #              tests, kernel throughput at every width (fp32, bf16 at 2/4/8), and the step peak
 #              of the four models (fp32 and 2 bits, arxiv shape); evidence.py's table; then
 #              SAGE's 6 largest allocations at its peak with their C++ frames (peak_stacks)
+#   tune       builds of cuda/quantize.cu with other compile-time settings (ALU_CONVERSIONS,
+#              CACHED, MIN_BLOCKS) against the default, kernel alone, fp32 and bf16 at 1/2/4/8
+#              bits, each checked bit for bit against the default build (tune_kernels.py;
+#              NVRTC builds each variant: a few minutes). Make the fastest the default.
 #   tests      CUDA tests (pytest -m cuda), quantize/dequantize and fused mask-op throughput
 #   train      training step time and memory, PyG fp32 vs gnnact 2/4 bits, arxiv-shaped graph,
 #              all four models
@@ -84,7 +88,7 @@ status=0
 # A step of at most $1 seconds; past it, or failing, it is named and the run goes on.
 capped() { local limit=$1; shift; timeout "$limit" "$@" || { echo "exit $?: $*"; status=1; }; }
 parts=("$@")
-[ ${#parts[@]} -gt 0 ] || parts=(tests train products suite suite-gat generic swap largest peak
+[ ${#parts[@]} -gt 0 ] || parts=(tests tune train products suite suite-gat generic swap largest peak
                                  amp compile distributed accuracy adaptive-dblp
                                  adaptive-computers adaptive-physics)
 
@@ -132,6 +136,9 @@ for part in "${parts[@]}"; do
       # Last, being slow to record: what allocated SAGE's largest blocks at its peak.
       capped 90 "$py" benchmarks/profile_peak.py --device cuda --models sage --bits 2 \
         --stacks 6 --out "$out/peak_stacks.jsonl"
+      ;;
+    tune)
+      "$py" benchmarks/tune_kernels.py --out "$out/tune_kernels.jsonl" || status=1
       ;;
     tests)
       "$py" -m pytest -m cuda -q -rs -p no:cacheprovider 2>&1 | tee "$out/pytest_cuda.txt"

@@ -42,8 +42,21 @@ __device__ __forceinline__ u32 hash_pair(u64 j, u32 s0, u32 s1) {
     return mix32(mix32(((u32)j) ^ s0) ^ ((u32)(j >> 32)) ^ s1);
 }
 
+// ALU_CONVERSIONS=1 builds do the quantizer's int/float conversions and floor with integer and
+// float arithmetic instead of conversion instructions, which an SM issues at an eighth of the
+// rate of an add; the results are identical (benchmarks/tune_kernels.py times both).
+#ifndef ALU_CONVERSIONS
+#define ALU_CONVERSIONS 0
+#endif
+
 __device__ __forceinline__ float half_uniform(u32 h, int half) {
-    return (float)((h >> (16 * half)) & 0xffffu) * 1.52587890625e-05f;  // 2^-16: exact
+    const u32 m = (h >> (16 * half)) & 0xffffu;
+#if ALU_CONVERSIONS
+    // 1 + m 2^-16 has m in the top 16 bits of its mantissa; subtracting 1 is exact.
+    return __fsub_rn(__uint_as_float(0x3f800000u | (m << 7)), 1.0f);
+#else
+    return (float)m * 1.52587890625e-05f;  // 2^-16: exact
+#endif
 }
 
 // The integer word that holds an octet's 8 codes: 32 bits up to 4 bits a code (cheaper shifts
@@ -73,9 +86,22 @@ __device__ __forceinline__ float warp_max(float v) {
 __device__ __forceinline__ u32 round_code(float v, float r, float zero, float inv,
                                           float levels) {
     const float u = __fmul_rn(__fsub_rn(v, zero), inv);
+#if ALU_CONVERSIONS
+    // 0 <= u < 2^23 (or NaN): u + 2^23 rounds u to an integer n exactly representable, and
+    // n - 1 when n > u is floor(u); a NaN stays NaN, as floorf keeps it.
+    const float n = __fsub_rn(__fadd_rn(u, 8388608.0f), 8388608.0f);
+    const float fl = n > u ? __fsub_rn(n, 1.0f) : n;
+#else
     const float fl = floorf(u);
+#endif
     const float up = r < __fsub_rn(u, fl) ? 1.0f : 0.0f;
-    return (u32)fminf(fmaxf(__fadd_rn(fl, up), 0.0f), levels);
+    const float q = fminf(fmaxf(__fadd_rn(fl, up), 0.0f), levels);
+#if ALU_CONVERSIONS
+    // q is an integer in [0, 255]: the low bits of 2^23 + q are q.
+    return __float_as_uint(__fadd_rn(q, 8388608.0f)) & 0xffu;
+#else
+    return (u32)q;
+#endif
 }
 
 // Elements [at, at + count) of x as float, count in 1..8; the slots past count repeat the
@@ -183,8 +209,11 @@ __device__ __forceinline__ W pack_octet(const float (&v)[8], const float* __rest
 }
 
 // Octets a lane keeps in registers between the range and the rounding pass: a group of up to
-// 32 * 8 * CACHED elements (the default group of 512) is read from memory once.
+// 32 * 8 * CACHED elements (the default group of 512) is read from memory once. A build may
+// set it (-DCACHED=4, benchmarks/tune_kernels.py); the results are the same.
+#ifndef CACHED
 #define CACHED 2
+#endif
 
 template <typename L, int BITS>
 __device__ __forceinline__ void quantize_impl(
@@ -310,8 +339,12 @@ __device__ __forceinline__ void dequantize_impl(
 
 // ---- extern "C" entry points: quantize_<dtype>_<bits>, dequantize_<dtype>_<bits> ----
 // Launched with 256 threads a block (gnnact/kernels/quantize.py, _THREADS). At most 64
-// registers a thread lets 4 blocks (32 warps) share an SM; ptxas fits them without spills.
-#define BOUNDS __launch_bounds__(256, 4)
+// registers a thread lets MIN_BLOCKS = 4 blocks (32 warps) share an SM; ptxas fits them
+// without spills. A build may ask for more blocks (fewer registers): -DMIN_BLOCKS=6.
+#ifndef MIN_BLOCKS
+#define MIN_BLOCKS 4
+#endif
+#define BOUNDS __launch_bounds__(256, MIN_BLOCKS)
 #define GNNACT_DEFINE(NAME, L, BITS)                                                          \
     extern "C" __global__ void BOUNDS quantize_##NAME##_##BITS(                                     \
         const L::T* __restrict__ x, const float* __restrict__ noise, u8* __restrict__ codes, \

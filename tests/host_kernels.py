@@ -266,8 +266,9 @@ _BUILDS: list[tempfile.TemporaryDirectory] = []  # removed when the process exit
 
 
 @functools.cache
-def library(filename: str) -> ctypes.CDLL:
-    """``cuda/<filename>`` built for the host (once per process)."""
+def library(filename: str, defines: tuple[str, ...] = ()) -> ctypes.CDLL:
+    """``cuda/<filename>`` built for the host with ``defines`` (``NAME=VALUE``, the sources'
+    compile-time settings; once per process each)."""
     cxx = compiler()
     if cxx is None:
         raise RuntimeError("no C++ compiler (g++ or clang++) on PATH")
@@ -279,15 +280,16 @@ def library(filename: str) -> ctypes.CDLL:
     lib = folder / f"{Path(filename).stem}_host.so"
     result = subprocess.run(
         [cxx, "-std=c++20", "-O1", "-ffp-contract=off", "-fPIC", "-shared", "-pthread",
-         "-w", "-o", str(lib), str(source)], capture_output=True, text=True, check=False)
+         "-w", *(f"-D{d}" for d in defines), "-o", str(lib), str(source)],
+        capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise RuntimeError(f"host build of cuda/{filename} failed:\n{result.stderr[-4000:]}")
     return ctypes.CDLL(str(lib))
 
 
 def quantize_groups(x: Tensor, bits: int, group_size: int, *, seed: int | None = None,
-                    noise: Tensor | None = None, vec: bool, grid: int | None = None
-                    ) -> tuple[Tensor, Tensor, Tensor]:
+                    noise: Tensor | None = None, vec: bool, grid: int | None = None,
+                    defines: tuple[str, ...] = ()) -> tuple[Tensor, Tensor, Tensor]:
     """The kernel's ``(codes, scales, zeros)`` for the CPU tensor ``x``, launched as
     :func:`gnnact.kernels.quantize.quantize_groups` launches it but with ``vec`` and ``grid``
     chosen by the caller (the grid-stride loops cover any grid)."""
@@ -302,13 +304,13 @@ def quantize_groups(x: Tensor, bits: int, group_size: int, *, seed: int | None =
            grid or _group_grid(num_groups), _THREADS,
            (device_ptr(x), device_ptr(noise), device_ptr(codes), device_ptr(scales),
             device_ptr(zeros), np.int64(n), np.int64(group_size), np.int64(num_groups),
-            np.int64(bytes_per_group), np.uint32(s0), np.uint32(s1), np.int32(vec)))
+            np.int64(bytes_per_group), np.uint32(s0), np.uint32(s1), np.int32(vec)), defines)
     return codes, scales, zeros
 
 
 def dequantize_groups(codes: Tensor, scales: Tensor, zeros: Tensor, bits: int, group_size: int,
                       numel: int, dtype: torch.dtype, *, vec: bool, out: Tensor | None = None,
-                      grid: int | None = None) -> Tensor:
+                      grid: int | None = None, defines: tuple[str, ...] = ()) -> Tensor:
     """The kernel's restored values (into ``out``, a flat CPU tensor, when given)."""
     num_groups, bytes_per_group = codes.shape
     out = torch.full((numel,), float("nan"), dtype=dtype) if out is None else out
@@ -316,7 +318,7 @@ def dequantize_groups(codes: Tensor, scales: Tensor, zeros: Tensor, bits: int, g
            grid or _group_grid(num_groups), _THREADS,
            (device_ptr(codes), device_ptr(scales), device_ptr(zeros), device_ptr(out),
             np.int64(numel), np.int64(group_size), np.int64(num_groups),
-            np.int64(bytes_per_group), np.int32(vec)))
+            np.int64(bytes_per_group), np.int32(vec)), defines)
     return out
 
 
@@ -345,14 +347,14 @@ _C_ARGS = {np.uint64: ctypes.c_void_p, np.int64: ctypes.c_int64, np.uint32: ctyp
 
 
 def launch(filename: str, name: str, device: torch.device, grid: int, block: int,
-           args: tuple) -> None:
+           args: tuple, defines: tuple[str, ...] = ()) -> None:
     """A stand-in for :func:`gnnact.kernels._cupy.launch` that runs the kernel ``name`` on the
     host with the launcher's own arguments (NumPy scalars, pointers as ``numpy.uint64``), so
     that the Python launchers of :mod:`gnnact.kernels.quantize` run end to end on CPU
     tensors: their grids, argument order and types, and the choice of vectors."""
     assert device.type == "cpu", f"host kernels take CPU tensors, got {device}"
     values = [_C_ARGS[type(a)](int(a) if isinstance(a, np.uint64) else a.item()) for a in args]
-    lib, launch_shape = library(filename), (ctypes.c_int(grid), ctypes.c_int(block))
+    lib, launch_shape = library(filename, defines), (ctypes.c_int(grid), ctypes.c_int(block))
     op, _, rest = name.partition("_")
     if name in ("pack_mask", "unpack_mask"):
         getattr(lib, f"host_{name}")(*values, *launch_shape)

@@ -455,3 +455,34 @@ def test_evidence_table_from_rows(tmp_path, capsys):
     assert "PyG 100,000 nodes, 2 bits 1,600,000 (16.0x)  ok c" in text
     assert "the graph's build alone 3,072 MiB, the whole step 15,360 MiB" in text
     assert "swap on GCNII: no rows" in text
+
+
+def test_tune_kernels_reads_variants_and_refuses_a_cpu(capsys):
+    """tune_kernels.py: each variant a set of NAME=VALUE defines (checked before any build);
+    without a CUDA device it says so."""
+    tune = _script("tune_kernels")
+    assert tune.parse_variant("ALU_CONVERSIONS=1, MIN_BLOCKS=6") == ("ALU_CONVERSIONS=1",
+                                                                     "MIN_BLOCKS=6")
+    assert tune.parse_variant("") == ()
+    with pytest.raises(ValueError, match="NAME=VALUE"):
+        tune.parse_variant("CACHED")
+    with pytest.raises(SystemExit):
+        tune.main(["--variants", "cached=1"])
+    assert "--variants: defines must be NAME=VALUE" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        tune.main(["--device", "cpu"])
+    assert "--device cpu: the kernels need a CUDA device" in capsys.readouterr().err
+
+
+def test_check_kernels_builds_a_variant():
+    """tools/check_kernels.py --define: the sources compile with another setting (NVRTC), as
+    CI checks the build tune_kernels.py compares."""
+    import subprocess
+
+    run = subprocess.run([sys.executable, str(BENCH.parent / "tools" / "check_kernels.py"),
+                          "--arch", "90", "--define", "ALU_CONVERSIONS=1"],
+                         capture_output=True, text=True, timeout=600)
+    if "NVRTC" not in run.stdout:
+        pytest.skip(f"no NVRTC here: {run.stderr[-300:]}")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "all compiled" in run.stdout

@@ -59,6 +59,33 @@ def test_host_kernels_equal_reference(n, group_size, bits, dtype):
                 *want, bits, group_size, n, dtype)), f"dequantize differs (vec={vec})"
 
 
+#: Builds with other compile-time settings (benchmarks/tune_kernels.py times them): the
+#: same results.
+VARIANTS = [("ALU_CONVERSIONS=1",), ("CACHED=1",), ("CACHED=4", "MIN_BLOCKS=6")]
+
+
+@pytest.mark.parametrize("defines", VARIANTS, ids=",".join)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("bits", [1, 3, 4, 8])
+def test_builds_with_other_settings_equal_the_reference(defines, bits, dtype):
+    for n, group_size in [(2048, 512), (2 * 1024 + 13, 1024), (999, 13)]:
+        x = _input(n, dtype, bits + n)
+        x[7] = float("nan") if n == 999 else x[7]  # a non-finite group too
+        noise = torch.rand(n, generator=torch.Generator().manual_seed(n))
+        vec = vector_ok(group_size, x, noise)
+        for kwargs, reference_noise in (({"noise": noise}, noise),
+                                        ({"seed": 77}, hash_uniform(77, 0, n))):
+            want = reference.quantize_groups(x, bits, group_size, noise=reference_noise)
+            got = host_kernels.quantize_groups(x, bits, group_size, vec=vec, grid=3,
+                                               defines=defines, **kwargs)
+            for a, b in zip(got, want, strict=True):  # NaN scale and zero in a NaN group
+                torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+            restored = host_kernels.dequantize_groups(*want, bits, group_size, n, dtype,
+                                                      vec=vec, grid=3, defines=defines)
+            torch.testing.assert_close(restored, reference.dequantize_groups(
+                *want, bits, group_size, n, dtype), rtol=0, atol=0, equal_nan=True)
+
+
 @pytest.mark.parametrize("bits", [1, 3, 8])
 def test_host_kernels_on_the_launchers_grid_and_a_misaligned_view(bits):
     """The launcher's own grid (one warp per group), and a view one element into its

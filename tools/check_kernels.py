@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from gnnact.env import git_commit  # noqa: E402
-from gnnact.kernels._cupy import kernel_source  # noqa: E402
+from gnnact.kernels._cupy import compile_options, kernel_source  # noqa: E402
 from gnnact.kernels.quantize import COMPILE_OPTIONS, KERNEL_NAMES  # noqa: E402
 
 #: Sources that compute what PyTorch's kernels compute bit for bit, subnormal values included,
@@ -119,12 +119,13 @@ _PTXAS_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, "
 _PTXAS_REGS = re.compile(r"Used (\d+) registers")
 
 
-def ptxas_usage(nvcc: str, source: Path, arch: int) -> list[dict]:
+def ptxas_usage(nvcc: str, source: Path, arch: int,
+                options: tuple[str, ...] = COMPILE_OPTIONS) -> list[dict]:
     """Per kernel of ``source`` on ``sm_<arch>``: registers, stack and spill bytes, as
     ``ptxas -v`` reports them."""
     with tempfile.TemporaryDirectory() as tmp:
         result = subprocess.run(
-            [nvcc, "-cubin", f"-arch=sm_{arch}", *COMPILE_OPTIONS, "-ftz=true", "-Xptxas", "-v",
+            [nvcc, "-cubin", f"-arch=sm_{arch}", *options, "-ftz=true", "-Xptxas", "-v",
              "-o", str(Path(tmp) / "out.cubin"), str(source)],
             capture_output=True, text=True, check=False)
     if result.returncode != 0:
@@ -141,7 +142,8 @@ def ptxas_usage(nvcc: str, source: Path, arch: int) -> list[dict]:
     return rows
 
 
-def check_ptxas(sources: list[Path], arches: list[int], report: Path | None) -> int:
+def check_ptxas(sources: list[Path], arches: list[int], report: Path | None,
+                options: tuple[str, ...] = COMPILE_OPTIONS) -> int:
     """Print each source's register range and spills per architecture; the number of kernels
     that spill."""
     nvcc = shutil.which("nvcc")
@@ -153,7 +155,7 @@ def check_ptxas(sources: list[Path], arches: list[int], report: Path | None) -> 
     spills, rows = 0, []
     for src in sources:
         for arch in arches:
-            usage = ptxas_usage(nvcc, src, arch)
+            usage = ptxas_usage(nvcc, src, arch, options)
             spilled = [u["kernel"] for u in usage
                        if u.get("spill_store_bytes") or u.get("spill_load_bytes")]
             regs = [u["registers"] for u in usage]
@@ -181,7 +183,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="also report registers and spills per kernel (needs nvcc)")
     parser.add_argument("--report", type=Path, default=None,
                         help="with --ptxas: append a JSON row per kernel and architecture")
+    parser.add_argument("--define", action="append", default=[], metavar="NAME=VALUE",
+                        help="a compile-time setting of the sources (repeatable), as "
+                             "benchmarks/tune_kernels.py builds them")
     args = parser.parse_args(argv)
+    try:
+        options = compile_options(tuple(args.define))
+    except ValueError as error:
+        parser.error(f"--define: {error}")
 
     nvrtc = Nvrtc()
     print(f"NVRTC {nvrtc.version[0]}.{nvrtc.version[1]}")
@@ -194,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         code = kernel_source(src.name, src.parent)  # its #include "x.cuh" in place
         expected = KERNEL_NAMES.get(src.name, ())
         for arch in args.arch:
-            base = [*COMPILE_OPTIONS, "-ftz=true"]
+            base = [*options, "-ftz=true"]
             for target in (f"-arch=sm_{arch}", f"-arch=compute_{arch}"):
                 ok, log, ptx = nvrtc.compile(code, src.name, [*base, target])
                 problem = "" if ok else "compile error"
@@ -218,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(sources)} sources, {len(args.arch)} architectures: "
           f"{'all compiled' if not failures else f'{failures} failures'}")
     if args.ptxas:
-        failures += check_ptxas(sources, args.arch, args.report)
+        failures += check_ptxas(sources, args.arch, args.report, options)
     return 1 if failures else 0
 
 

@@ -10,7 +10,9 @@ Rules this module enforces (see prior-art.md §5 for why each matters):
   ``long long`` and a Python ``float`` as a ``double`` whatever the kernel declares.
 * Launches go on torch's current stream of the tensor's device, never on CuPy's own current
   stream (the legacy null stream by default), so they are ordered with surrounding torch ops.
-* Each source file is compiled once per device (NVRTC, then CuPy's on-disk cache).
+* Each source file is compiled once per device and set of ``defines`` (NVRTC, then CuPy's
+  on-disk cache). ``defines`` (``("CACHED=4",)``) are the sources' compile-time settings, for
+  tuning (``benchmarks/tune_kernels.py``); every build gives the same results.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ import torch
 
 from gnnact.env import cuda_index
 
-__all__ = ["cupy_available", "device_ptr", "get_function", "kernel_source", "kernel_source_dir",
-           "launch", "require_cupy"]
+__all__ = ["compile_options", "cupy_available", "device_ptr", "get_function", "kernel_source",
+           "kernel_source_dir", "launch", "require_cupy"]
 
 #: NVRTC options for every module (CuPy appends ``-ftz=true`` itself).
 COMPILE_OPTIONS: tuple[str, ...] = ("--std=c++17",)
@@ -77,19 +79,29 @@ def kernel_source(filename: str, folder: Path | None = None) -> str:
     return _INCLUDE.sub(lambda m: kernel_source(m.group(1), folder), text)
 
 
+def compile_options(defines: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """NVRTC's options for a build with ``defines`` (each ``NAME=VALUE``)."""
+    for define in defines:
+        if not re.fullmatch(r"[A-Z_][A-Z0-9_]*=\w+", define):
+            raise ValueError(f"defines must be NAME=VALUE, got {define!r}")
+    return (*COMPILE_OPTIONS, *(f"-D{d}" for d in defines))
+
+
 @functools.cache
-def _module(filename: str, device_index: int) -> Any:
+def _module(filename: str, device_index: int, defines: tuple[str, ...] = ()) -> Any:
     cupy = require_cupy()
     source = kernel_source(filename)
     with cupy.cuda.Device(device_index):
-        return cupy.RawModule(code=source, options=COMPILE_OPTIONS)
+        return cupy.RawModule(code=source, options=compile_options(defines))
 
 
 @functools.cache
-def get_function(filename: str, name: str, device_index: int) -> Any:
-    """The kernel ``name`` of ``cuda/<filename>``, compiled for device ``device_index``."""
+def get_function(filename: str, name: str, device_index: int,
+                 defines: tuple[str, ...] = ()) -> Any:
+    """The kernel ``name`` of ``cuda/<filename>``, compiled for device ``device_index``
+    with ``defines``."""
     cupy = require_cupy()
-    module = _module(filename, device_index)
+    module = _module(filename, device_index, defines)
     with cupy.cuda.Device(device_index):
         return module.get_function(name)
 
@@ -105,10 +117,11 @@ def device_ptr(t: torch.Tensor | None) -> np.uint64:
 
 
 def launch(filename: str, name: str, device: torch.device, grid: int, block: int,
-           args: tuple) -> None:
-    """Launch ``name`` from ``cuda/<filename>`` on torch's current stream of ``device``."""
+           args: tuple, defines: tuple[str, ...] = ()) -> None:
+    """Launch ``name`` from ``cuda/<filename>`` (built with ``defines``) on torch's current
+    stream of ``device``."""
     index = cuda_index(device)
-    fn = get_function(filename, name, index)
+    fn = get_function(filename, name, index, defines)
     stream = _Stream(torch.cuda.current_stream(index).cuda_stream)
     with require_cupy().cuda.Device(index):
         fn((grid,), (block,), args, stream=stream)

@@ -63,8 +63,10 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def quantize_groups(x: Tensor, bits: int, group_size: int, *, seed: int | None = None,
-                    noise: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    """Kernel twin of :func:`gnnact.quant.reference.quantize_groups`."""
+                    noise: Tensor | None = None, defines: tuple[str, ...] = ()
+                    ) -> tuple[Tensor, Tensor, Tensor]:
+    """Kernel twin of :func:`gnnact.quant.reference.quantize_groups` (``defines``: a build of
+    ``cuda/quantize.cu`` with other compile-time settings, for tuning; same results)."""
     x = x.contiguous()
     n = x.numel()
     num_groups = -(-n // group_size)
@@ -80,13 +82,15 @@ def quantize_groups(x: Tensor, bits: int, group_size: int, *, seed: int | None =
            (device_ptr(x), device_ptr(noise), device_ptr(codes), device_ptr(scales),
             device_ptr(zeros), np.int64(n), np.int64(group_size), np.int64(num_groups),
             np.int64(bytes_per_group), np.uint32(s0), np.uint32(s1),
-            np.int32(vector_ok(group_size, x, noise, codes))))
+            np.int32(vector_ok(group_size, x, noise, codes))), defines)
     return codes, scales, zeros
 
 
 def dequantize_groups(codes: Tensor, scales: Tensor, zeros: Tensor, bits: int, group_size: int,
-                      numel: int, dtype: torch.dtype) -> Tensor:
-    """Kernel twin of :func:`gnnact.quant.reference.dequantize_groups`."""
+                      numel: int, dtype: torch.dtype, *, defines: tuple[str, ...] = ()
+                      ) -> Tensor:
+    """Kernel twin of :func:`gnnact.quant.reference.dequantize_groups` (``defines`` as for
+    :func:`quantize_groups`)."""
     out = torch.empty(numel, dtype=dtype, device=codes.device)
     codes = codes.contiguous()
     num_groups, bytes_per_group = codes.shape
@@ -95,7 +99,7 @@ def dequantize_groups(codes: Tensor, scales: Tensor, zeros: Tensor, bits: int, g
            (device_ptr(codes), device_ptr(scales.contiguous()),
             device_ptr(zeros.contiguous()), device_ptr(out), np.int64(numel),
             np.int64(group_size), np.int64(num_groups), np.int64(bytes_per_group),
-            np.int32(vector_ok(group_size, codes, out))))
+            np.int32(vector_ok(group_size, codes, out))), defines)
     return out
 
 

@@ -1,0 +1,122 @@
+"""Builds of ``cuda/quantize.cu`` with other compile-time settings, timed side by side: which
+one to make the default.
+
+Each variant is a set of ``NAME=VALUE`` defines (``CACHED``: octets a lane keeps in registers;
+``MIN_BLOCKS``: blocks per SM the register budget is cut for; ``ALU_CONVERSIONS``: conversions
+and floor done by integer and float arithmetic). Every build must give the default build's
+codes, scales, zeros and restored values bit for bit (``agrees``); a row gives the kernel's own
+time (calls queued back to back, :func:`_common.kernel_seconds`) and its share of a copy's
+bandwidth timed the same way, as ``bench_quantize.py`` counts bytes.
+
+Usage::
+
+    python benchmarks/tune_kernels.py [--variants ALU_CONVERSIONS=1 CACHED=1,MIN_BLOCKS=6 ...]
+        [--bits 1 2 4 8] [--dtypes float32 bfloat16] [--numel N]
+
+Rows are appended to ``benchmarks/results/tune_kernels.jsonl`` (or ``--out``). Needs a CUDA
+device and CuPy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import RESULTS, environment, finish, kernel_seconds
+
+from gnnact.quant import DEFAULT_GROUP_SIZE
+
+#: The builds timed by default beside the default one.
+VARIANTS = ("ALU_CONVERSIONS=1", "CACHED=1", "CACHED=4", "MIN_BLOCKS=6",
+            "ALU_CONVERSIONS=1,MIN_BLOCKS=6", "CACHED=1,MIN_BLOCKS=8")
+
+
+def parse_variant(text: str) -> tuple[str, ...]:
+    """``"A=1,B=2"`` -> ``("A=1", "B=2")`` (``""``: the default build)."""
+    from gnnact.kernels._cupy import compile_options
+
+    defines = tuple(d.strip() for d in text.split(",") if d.strip())
+    compile_options(defines)  # raises on a malformed define
+    return defines
+
+
+def _same(a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...]) -> bool:
+    return all(torch.equal(u.nan_to_num(), v.nan_to_num()) for u, v in zip(a, b, strict=True))
+
+
+def tune(device: torch.device, variants: list[tuple[str, ...]], bits_list: list[int],
+         dtype: torch.dtype, numel: int, repeats: int) -> list[dict]:
+    from gnnact.kernels import quantize as kernels
+
+    env = environment(device)
+    x = torch.randn(numel, device=device, generator=torch.Generator(device).manual_seed(0))
+    x = x.to(dtype)
+    in_bytes = x.numel() * x.element_size()
+    dst = torch.empty_like(x)
+    copy_gbps = 2 * in_bytes / kernel_seconds(lambda: dst.copy_(x), device,
+                                              repeats=repeats) / 1e9
+    rows = []
+    for bits in bits_list:
+        base = kernels.quantize_groups(x, bits, DEFAULT_GROUP_SIZE, seed=7)
+        base_back = kernels.dequantize_groups(*base, bits, DEFAULT_GROUP_SIZE, numel, dtype)
+        moved = in_bytes + sum(t.numel() * t.element_size() for t in base)
+        for defines in [(), *variants]:
+            quantize = functools.partial(kernels.quantize_groups, x, bits, DEFAULT_GROUP_SIZE,
+                                         seed=7, defines=defines)
+            dequantize = functools.partial(kernels.dequantize_groups, *base, bits,
+                                           DEFAULT_GROUP_SIZE, numel, dtype, defines=defines)
+            agrees = _same(quantize(), base) and _same((dequantize(),), (base_back,))
+            name = ",".join(defines) or "default"
+            for op, fn in (("quantize", quantize), ("dequantize", dequantize)):
+                seconds = kernel_seconds(fn, device, repeats=repeats)
+                frac = moved / seconds / 1e9 / copy_gbps
+                rows.append({"bench": "kernel_variant", **env, "defines": ",".join(defines),
+                             "op": op, "bits": bits, "dtype": str(dtype).replace("torch.", ""),
+                             "numel": numel, "group_size": DEFAULT_GROUP_SIZE,
+                             "agrees": agrees, "kernel_ms": round(seconds * 1e3, 4),
+                             "copy_kernel_gbps": round(copy_gbps, 3),
+                             "kernel_frac_of_copy": round(frac, 4)})
+                print(f"{op:10s} {bits}b {rows[-1]['dtype']:9s} {name:32s} "
+                      f"{seconds * 1e3:8.4f} ms {frac:6.1%}" + ("" if agrees else "  DIFFERS"),
+                      flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", type=torch.device, default=torch.device("cuda"))
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS),
+                        help="each NAME=VALUE[,NAME=VALUE...]; the default build always runs")
+    parser.add_argument("--bits", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--dtypes", nargs="+", choices=["float32", "bfloat16", "float16"],
+                        default=["float32", "bfloat16"])
+    parser.add_argument("--numel", type=int, default=1 << 26)
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--out", type=Path, default=RESULTS / "tune_kernels.jsonl")
+    args = parser.parse_args(argv)
+    try:
+        variants = [parse_variant(v) for v in args.variants]
+    except ValueError as error:
+        parser.error(f"--variants: {error}")
+    if args.device.type != "cuda" or not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: the kernels need a CUDA device")
+    from gnnact.kernels import cupy_available
+
+    if not cupy_available():
+        parser.error("the kernels need CuPy (pip install 'gnnact[cuda13]')")
+    rows = []
+    for dtype in args.dtypes:
+        rows += tune(args.device, variants, args.bits, getattr(torch, dtype), args.numel,
+                     args.repeats)
+    return finish(args.out, rows)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
