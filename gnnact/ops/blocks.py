@@ -72,9 +72,6 @@ def sum_by_blocks(a: Tensor, dims: list[int], *, keepdim: bool = False) -> Tenso
 
 def mean_by_blocks(a: Tensor, dims: list[int], *, keepdim: bool = False) -> Tensor:
     """``a.mean(dims, keepdim)`` (``dims`` including 0) as :func:`sum_by_blocks` sums."""
-    total = _sum_over_blocks(lambda r0, r1: a[r0:r1], a.size(0), a[:1].numel(), dims,
-                             a.dtype, keepdim)
-    if total is None:
+    if len(row_starts(a.size(0), a[:1].numel())) <= 2:
         return a.mean(dims, keepdim=keepdim)
-    count = math.prod(a.size(d) for d in dims)
-    return total.div_(count)
+    return sum_by_blocks(a, dims, keepdim=keepdim).div_(math.prod(a.size(d) for d in dims))
