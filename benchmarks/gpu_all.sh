@@ -87,6 +87,20 @@ mkdir -p "$out"
 status=0
 # A step of at most $1 seconds; past it, or failing, it is named and the run goes on.
 capped() { local limit=$1; shift; timeout "$limit" "$@" || { echo "exit $?: $*"; status=1; }; }
+# The CUDA tests (capped at $1 seconds), kernel throughput at every width and the four models'
+# step peaks: what both `evidence` and `quick` begin with.
+core_checks() {
+  capped "$1" "$py" -m pytest -m cuda -q -rs -p no:cacheprovider >"$out/pytest_cuda.txt" 2>&1
+  tail -15 "$out/pytest_cuda.txt"
+  capped 60 "$py" benchmarks/bench_quantize.py --device cuda --bits 1 2 3 4 5 6 7 8 \
+    --out "$out/quantize.jsonl"
+  capped 30 "$py" benchmarks/bench_quantize.py --device cuda --dtype bfloat16 \
+    --bits 2 4 8 --out "$out/quantize.jsonl"
+  for model in gcn sage gat gcnii; do
+    capped 45 "$py" benchmarks/profile_peak.py --device cuda --models "$model" \
+      --bits 32 2 --out "$out/peak.jsonl"
+  done
+}
 parts=("$@")
 [ ${#parts[@]} -gt 0 ] || parts=(tests tune train products suite suite-gat generic swap largest peak
                                  amp compile distributed accuracy adaptive-dblp
@@ -105,16 +119,7 @@ for part in "${parts[@]}"; do
   echo "== $part"
   case "$part" in
     evidence)
-      capped 90 "$py" -m pytest -m cuda -q -rs -p no:cacheprovider >"$out/pytest_cuda.txt" 2>&1
-      tail -15 "$out/pytest_cuda.txt"
-      capped 60 "$py" benchmarks/bench_quantize.py --device cuda --bits 1 2 3 4 5 6 7 8 \
-        --out "$out/quantize.jsonl"
-      capped 30 "$py" benchmarks/bench_quantize.py --device cuda --dtype bfloat16 \
-        --bits 2 4 8 --out "$out/quantize.jsonl"
-      for model in gcn sage gat gcnii; do
-        capped 45 "$py" benchmarks/profile_peak.py --device cuda --models "$model" \
-          --bits 32 2 --out "$out/peak.jsonl"
-      done
+      core_checks 90
       capped 150 "$py" benchmarks/bench_largest.py --device cuda --cap-gb 16 \
         --methods pyg gnnact2 --out "$out/largest.jsonl"
       capped 60 "$py" benchmarks/bench_swap.py --device cuda --model gcnii --epochs 5 \
@@ -122,16 +127,7 @@ for part in "${parts[@]}"; do
       "$py" benchmarks/evidence.py "$out"
       ;;
     quick)
-      capped 120 "$py" -m pytest -m cuda -q -rs -p no:cacheprovider >"$out/pytest_cuda.txt" 2>&1
-      tail -15 "$out/pytest_cuda.txt"
-      capped 60 "$py" benchmarks/bench_quantize.py --device cuda --bits 1 2 3 4 5 6 7 8 \
-        --out "$out/quantize.jsonl"
-      capped 30 "$py" benchmarks/bench_quantize.py --device cuda --dtype bfloat16 \
-        --bits 2 4 8 --out "$out/quantize.jsonl"
-      for model in gcn sage gat gcnii; do
-        capped 45 "$py" benchmarks/profile_peak.py --device cuda --models "$model" \
-          --bits 32 2 --out "$out/peak.jsonl"
-      done
+      core_checks 120
       "$py" benchmarks/evidence.py "$out"
       # Last, being slow to record: what allocated SAGE's largest blocks at its peak.
       capped 90 "$py" benchmarks/profile_peak.py --device cuda --models sage --bits 2 \
