@@ -25,9 +25,10 @@
 #              of the four models (fp32 and 2 bits, arxiv shape); evidence.py's table; then
 #              SAGE's 6 largest allocations at its peak with their C++ frames (peak_stacks)
 #   tune       builds of cuda/quantize.cu with other compile-time settings (ALU_CONVERSIONS,
-#              CACHED, MIN_BLOCKS) against the default, kernel alone, fp32 and bf16 at 1/2/4/8
-#              bits, each checked bit for bit against the default build (tune_kernels.py;
-#              NVRTC builds each variant: a few minutes). Make the fastest the default.
+#              WIDE_CODE_LOADS, CACHED, MIN_BLOCKS) against the default, kernel alone, fp32
+#              and bf16 at every width, each checked bit for bit against the default build
+#              (tune_kernels.py; NVRTC builds each variant: a few minutes). Make the fastest
+#              the default.
 #   tests      CUDA tests (pytest -m cuda), quantize/dequantize and fused mask-op throughput
 #   train      training step time and memory, PyG fp32 vs gnnact 2/4 bits, arxiv-shaped graph,
 #              all four models

@@ -3,7 +3,8 @@ one to make the default.
 
 Each variant is a set of ``NAME=VALUE`` defines (``CACHED``: octets a lane keeps in registers;
 ``MIN_BLOCKS``: blocks per SM the register budget is cut for; ``ALU_CONVERSIONS``: conversions
-and floor done by integer and float arithmetic). Every build must give the default build's
+and floor done by integer and float arithmetic; ``WIDE_CODE_LOADS``: 3, 5, 6 and 7-bit codes
+read by two aligned 8-byte loads). Every build must give the default build's
 codes, scales, zeros and restored values bit for bit (``agrees``); a row gives the kernel's own
 time (calls queued back to back, :func:`_common.kernel_seconds`) and its share of a copy's
 bandwidth timed the same way, as ``bench_quantize.py`` counts bytes.
@@ -11,7 +12,7 @@ bandwidth timed the same way, as ``bench_quantize.py`` counts bytes.
 Usage::
 
     python benchmarks/tune_kernels.py [--variants ALU_CONVERSIONS=1 CACHED=1,MIN_BLOCKS=6 ...]
-        [--bits 1 2 4 8] [--dtypes float32 bfloat16] [--numel N]
+        [--bits 1 2 3 4 5 6 7 8] [--dtypes float32 bfloat16] [--numel N]
 
 Rows are appended to ``benchmarks/results/tune_kernels.jsonl`` (or ``--out``). Needs a CUDA
 device and CuPy.
@@ -34,7 +35,7 @@ from _common import RESULTS, environment, finish, kernel_seconds
 from gnnact.quant import DEFAULT_GROUP_SIZE
 
 #: The builds timed by default beside the default one.
-VARIANTS = ("ALU_CONVERSIONS=1", "CACHED=1", "CACHED=4", "MIN_BLOCKS=6",
+VARIANTS = ("ALU_CONVERSIONS=1", "WIDE_CODE_LOADS=1", "CACHED=1", "CACHED=4", "MIN_BLOCKS=6",
             "ALU_CONVERSIONS=1,MIN_BLOCKS=6", "CACHED=1,MIN_BLOCKS=8")
 
 
@@ -94,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", type=torch.device, default=torch.device("cuda"))
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS),
                         help="each NAME=VALUE[,NAME=VALUE...]; the default build always runs")
-    parser.add_argument("--bits", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--bits", type=int, nargs="+", default=[1, 2, 3, 4, 5, 6, 7, 8])
     parser.add_argument("--dtypes", nargs="+", choices=["float32", "bfloat16", "float16"],
                         default=["float32", "bfloat16"])
     parser.add_argument("--numel", type=int, default=1 << 26)

@@ -155,6 +155,23 @@ __device__ __forceinline__ W load_codes(const u8* __restrict__ in, i64 b, i64 li
     return word;
 }
 
+// WIDE_CODE_LOADS=1 builds read an octet's 3, 5, 6 or 7 code bytes at p with two aligned
+// 8-byte loads and a shift instead of byte by byte (where 16 bytes from p lie before `end`, the
+// byte past the codes buffer, which `vec` has 16-byte aligned): the same codes.
+#ifndef WIDE_CODE_LOADS
+#define WIDE_CODE_LOADS 0
+#endif
+
+template <int BITS>
+__device__ __forceinline__ u64 load_codes_wide(const u8* __restrict__ p) {
+    const u64 addr = reinterpret_cast<u64>(p);
+    const u64* a = reinterpret_cast<const u64*>(addr & ~(u64)7);
+    const int off = (int)(addr & 7);
+    u64 word = a[0] >> (8 * off);
+    if (off + BITS > 8) word |= a[1] << (64 - 8 * off);  // off >= 2 here: the shift is < 64
+    return word & (~0ull >> (64 - 8 * BITS));
+}
+
 // Stores an octet's BITS code bytes at byte b of a group's stream of `limit` bytes (bytes
 // past it, which belong to the next group, are not written).
 template <int BITS, typename W>
@@ -315,6 +332,9 @@ __device__ __forceinline__ void dequantize_impl(
     const bool vec = vec_flag != 0;
     const int lane = threadIdx.x & 31;
     const i64 warps = (i64)gridDim.x * (blockDim.x >> 5);
+#if WIDE_CODE_LOADS
+    const u8* end = codes + num_groups * bytes_per_group;
+#endif
     for (i64 g = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); g < num_groups;
          g += warps) {
         const i64 start = g * group_size;
@@ -325,7 +345,14 @@ __device__ __forceinline__ void dequantize_impl(
         const u8* in = codes + g * bytes_per_group;
 #pragma unroll 2
         for (i64 o = lane; o < octets; o += 32) {
+#if WIDE_CODE_LOADS
+            const bool wide = vec && (BITS == 3 || (BITS >= 5 && BITS <= 7))
+                              && in + o * BITS + 16 <= end;
+            const W word = wide ? (W)load_codes_wide<BITS>(in + o * BITS)
+                                : load_codes<BITS>(in, o * BITS, bytes_per_group, vec);
+#else
             const W word = load_codes<BITS>(in, o * BITS, bytes_per_group, vec);
+#endif
             float v[8];
 #pragma unroll
             for (int k = 0; k < 8; ++k) {

@@ -61,12 +61,13 @@ def test_host_kernels_equal_reference(n, group_size, bits, dtype):
 
 #: Builds with other compile-time settings (benchmarks/tune_kernels.py times them): the
 #: same results.
-VARIANTS = [("ALU_CONVERSIONS=1",), ("CACHED=1",), ("CACHED=4", "MIN_BLOCKS=6")]
+VARIANTS = [("ALU_CONVERSIONS=1",), ("CACHED=1",), ("CACHED=4", "MIN_BLOCKS=6"),
+            ("WIDE_CODE_LOADS=1",)]
 
 
 @pytest.mark.parametrize("defines", VARIANTS, ids=",".join)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("bits", [1, 3, 4, 8])
+@pytest.mark.parametrize("bits", [1, 3, 4, 5, 7, 8])
 def test_builds_with_other_settings_equal_the_reference(defines, bits, dtype):
     for n, group_size in [(2048, 512), (2 * 1024 + 13, 1024), (999, 13)]:
         x = _input(n, dtype, bits + n)
