@@ -9,13 +9,15 @@
 // bytes [o BITS, (o + 1) BITS) at every width 1-8: no two lanes share a byte, and no shuffles
 // are needed to pack.
 //   quantize: a lane loads its octets (16-byte vector loads where the launcher found the
-//     buffers aligned, `vec`), keeps min/max and a non-finite flag, and the warp combines them
-//     with shuffles (no shared memory, no __syncthreads). Groups of up to 32 * 8 * CACHED
+//     buffers aligned, `vec`), keeps min/max and a non-finite check, and the warp combines them
+//     with shuffles (no shared memory, no __syncthreads). Noise: one hash per pair of elements. Groups of up to 32 * 8 * CACHED
 //     elements (the default 512) stay in registers for the rounding pass; larger ones are read
 //     again (L1/L2). Each octet's 8 codes are stored as one BITS-byte word (a single store for
 //     1, 2, 4 and 8 bits with `vec`).
 //   dequantize: a lane reads its octet's BITS bytes (one load for 1, 2, 4 and 8 bits with
 //     `vec`) and writes 8 values with vector stores.
+// Compile-time settings (CACHED, MIN_BLOCKS, ALU_CONVERSIONS, WIDE_CODE_LOADS; defaults below)
+// change speed, never results: benchmarks/tune_kernels.py times the builds side by side.
 // A lane has 32 bytes of float32 in flight per octet, not 4.
 // Every float operation is an explicit round-to-nearest intrinsic so that NVRTC cannot
 // contract a multiply and an add into an FMA, which would round differently from torch.
