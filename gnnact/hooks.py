@@ -423,12 +423,13 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
 
     def _pack(self, t: Tensor) -> Any:
         if self.compact_indices and t.dtype in INDEX_DTYPES and self._storable(t):
-            saved = self._compact(t, compact)
+            saved = self._compact(t, unbroadcast(t), compact)
             if saved is None:
                 self._pass(t, self._where()[0])
                 return t
             return saved
-        if not self._candidate(t):
+        core = self._compressible(t)  # (a broadcast tensor's values, once each)
+        if core is None:
             self._pass(t, self._where()[0])
             if (own_context(t) and self._offloads(self._where()[0])
                     and _storage_key(t) not in self._skip):
@@ -438,7 +439,7 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         if self.compact_indices and not t.requires_grad:
             # Made by the model and needing no gradient: a mask, most likely (PyTorch's CPU
             # dropout saves its mask as floats), kept exactly at one bit if it has two values.
-            saved = self._compact(t, two_valued)
+            saved = self._compact(t, core, two_valued)
             if saved is not None:
                 return saved
         path, module = self._where()
@@ -463,7 +464,6 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
             self._record(name, "exact", t, None, 0, False)
             self._pass(t, path)
             return t
-        core = unbroadcast(t)  # (a broadcast tensor's values are compressed once)
         shared = self._shared_copy(core)
         if shared is not None:
             self.num_shared += 1
@@ -486,14 +486,15 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         remember(core, compressor.fmt, packed)
         return _broadcast(packed, core, t)
 
-    def _compact(self, t: Tensor, make: Callable[[Tensor], CompactTensor | None]) -> Any:
+    def _compact(self, t: Tensor, core: Tensor,
+                 make: Callable[[Tensor], CompactTensor | None]) -> Any:
         """``t`` kept exactly in fewer bytes by ``make`` (:func:`compact` for an index or a
-        boolean mask, :func:`two_valued` for a float mask), one copy of its values shared by
+        boolean mask, :func:`two_valued` for a float mask) applied to ``core``, its values once
+        each (:func:`unbroadcast`), one copy of its values shared by
         every save of them (the feature blocks of a chunked conv save one edge index broadcast
         to each block's width); ``None`` when ``make`` finds nothing to gain, or for a small
         tensor or one saved outside the model (the loss's labels: inputs)."""
         path = self._where()[0]
-        core = unbroadcast(t)
         if path == OUTSIDE or core.numel() < self.min_numel:
             return None
         saved = self._shared_copy(core, _INDEX_FMT)
@@ -598,11 +599,14 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         return (self.relu_masks and bool(self._stack) and isinstance(self._stack[-1], nn.ReLU)
                 and t.grad_fn is not None and t.grad_fn.name() == "ReluBackward0")
 
-    def _candidate(self, t: Tensor) -> bool:
-        """Whether ``t`` may be compressed at all (see the class docstring): a broadcast
-        tensor counts the values it holds."""
-        return (t.dtype in FLOAT_DTYPES and self._storable(t)
-                and unbroadcast(t).numel() >= self.min_numel)
+    def _compressible(self, t: Tensor) -> Tensor | None:
+        """The values of ``t`` to compress, once each (:func:`unbroadcast`), or ``None`` when
+        ``t`` may not be compressed at all (see the class docstring): a broadcast tensor
+        counts the values it holds."""
+        if t.dtype not in FLOAT_DTYPES or not self._storable(t):
+            return None
+        core = unbroadcast(t)
+        return core if core.numel() >= self.min_numel else None
 
     def _storable(self, t: Tensor) -> bool:
         """Whether the pipeline may store ``t`` in another form: a strided tensor of the

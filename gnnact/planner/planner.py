@@ -603,7 +603,7 @@ def _profile(model: nn.Module, run: Callable[[], Tensor], names: list[str],
         for a in args:
             if not isinstance(a, Tensor) or _is_leaf_parameter(a):
                 continue
-            if hooks._candidate(a):
+            if hooks._compressible(a) is not None:
                 profile.input_shapes.append(tuple(a.shape))
                 profile.input_raw += a.numel() * a.element_size()
             for _, _, nbytes, key in tensor_storages(a, ""):
