@@ -199,7 +199,7 @@ def two_valued(t: Tensor) -> CompactTensor | None:
     if t.numel() == 0:
         return None
     lo, hi = torch.aminmax(t)
-    if not bool(((t == lo) | (t == hi)).all()):  # (NaN equals nothing)
+    upper = t == hi  # (the bits kept, if the check below passes)
+    if not bool((upper | (t == lo)).all()):  # (NaN equals nothing)
         return None
-    return CompactTensor(pack_mask(t == hi).data, t.dtype, t.shape,
-                         values=(lo.item(), hi.item()))
+    return CompactTensor(pack_mask(upper).data, t.dtype, t.shape, values=(lo.item(), hi.item()))
