@@ -14,8 +14,8 @@ Usage::
     python benchmarks/tune_kernels.py [--variants ALU_CONVERSIONS=1 CACHED=1,MIN_BLOCKS=6 ...]
         [--bits 1 2 3 4 5 6 7 8] [--dtypes float32 bfloat16] [--numel N]
 
-Rows are appended to ``benchmarks/results/tune_kernels.jsonl`` (or ``--out``). Needs a CUDA
-device and CuPy.
+Rows are appended to ``benchmarks/results/tune_kernels.jsonl`` (or ``--out``) width by width,
+so a run cut short keeps what it measured. Needs a CUDA device and CuPy.
 """
 
 from __future__ import annotations
@@ -30,13 +30,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RESULTS, environment, finish, kernel_seconds
+from _common import RESULTS, append_rows, environment, kernel_seconds
 
 from gnnact.quant import DEFAULT_GROUP_SIZE
 
 #: The builds timed by default beside the default one.
-VARIANTS = ("ALU_CONVERSIONS=1", "WIDE_CODE_LOADS=1", "CACHED=1", "CACHED=4", "MIN_BLOCKS=6",
-            "ALU_CONVERSIONS=1,MIN_BLOCKS=6", "CACHED=1,MIN_BLOCKS=8")
+VARIANTS = ("ALU_CONVERSIONS=1", "WIDE_CODE_LOADS=1", "ALU_CONVERSIONS=1,WIDE_CODE_LOADS=1",
+            "CACHED=1", "CACHED=4", "MIN_BLOCKS=6", "ALU_CONVERSIONS=1,MIN_BLOCKS=6",
+            "CACHED=1,MIN_BLOCKS=8")
 
 
 def parse_variant(text: str) -> tuple[str, ...]:
@@ -53,7 +54,9 @@ def _same(a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...]) -> bool:
 
 
 def tune(device: torch.device, variants: list[tuple[str, ...]], bits_list: list[int],
-         dtype: torch.dtype, numel: int, repeats: int) -> list[dict]:
+         dtype: torch.dtype, numel: int, repeats: int, out: Path) -> int:
+    """Times every build at every width in ``bits_list``, appending each width's rows to
+    ``out`` as soon as they are measured; returns the number of rows."""
     from gnnact.kernels import quantize as kernels
 
     env = environment(device)
@@ -63,8 +66,9 @@ def tune(device: torch.device, variants: list[tuple[str, ...]], bits_list: list[
     dst = torch.empty_like(x)
     copy_gbps = 2 * in_bytes / kernel_seconds(lambda: dst.copy_(x), device,
                                               repeats=repeats) / 1e9
-    rows = []
+    count = 0
     for bits in bits_list:
+        rows = []
         base = kernels.quantize_groups(x, bits, DEFAULT_GROUP_SIZE, seed=7)
         base_back = kernels.dequantize_groups(*base, bits, DEFAULT_GROUP_SIZE, numel, dtype)
         moved = in_bytes + sum(t.numel() * t.element_size() for t in base)
@@ -87,7 +91,9 @@ def tune(device: torch.device, variants: list[tuple[str, ...]], bits_list: list[
                 print(f"{op:10s} {bits}b {rows[-1]['dtype']:9s} {name:32s} "
                       f"{seconds * 1e3:8.4f} ms {frac:6.1%}" + ("" if agrees else "  DIFFERS"),
                       flush=True)
-    return rows
+        append_rows(out, rows)
+        count += len(rows)
+    return count
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,11 +118,10 @@ def main(argv: list[str] | None = None) -> int:
 
     if not cupy_available():
         parser.error("the kernels need CuPy (pip install 'gnnact[cuda13]')")
-    rows = []
-    for dtype in args.dtypes:
-        rows += tune(args.device, variants, args.bits, getattr(torch, dtype), args.numel,
-                     args.repeats)
-    return finish(args.out, rows)
+    count = sum(tune(args.device, variants, args.bits, getattr(torch, dtype), args.numel,
+                     args.repeats, args.out) for dtype in args.dtypes)
+    print(f"{count} rows -> {args.out}")
+    return 0
 
 
 if __name__ == "__main__":

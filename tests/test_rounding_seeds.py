@@ -203,3 +203,28 @@ def test_keep_mask_is_the_mask_f_dropout_draws(device, dtype, shape):
     assert torch.equal(keep_mask(like, 0.3, dtype), want.to(dtype))
     with pytest.raises(ValueError, match="p must be in"):
         keep_mask(like, 1.0)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("numel", [169343 * 256, 4099 * 7, 1 << 21, 2 * 1001 + 3])
+def test_keep_mask_draws_f_dropouts_mask_on_half_the_transient_bytes(numel):
+    """On a GPU a float32 input's mask is drawn on a float16 stand-in (the fused kernel writes
+    an output of its size): the same mask as ``F.dropout`` at every size, also for a view that
+    is not 16-byte aligned (which keeps the float32 input), at half the transient bytes."""
+    from gnnact.ops.draws import _stand_in
+
+    flat = torch.ones(numel + 1, device="cuda")
+    for like in (flat[:numel], flat[1:]):  # aligned, and 4 bytes off
+        torch.manual_seed(5)
+        mask = keep_mask(like, 0.5)
+        torch.manual_seed(5)
+        assert torch.equal(mask, F.dropout(like, 0.5) != 0)
+    assert _stand_in(flat[:numel]).dtype == torch.float16
+    assert _stand_in(flat[1:]).dtype == torch.float32
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    mask = keep_mask(flat[:numel], 0.5)
+    grown = torch.cuda.max_memory_allocated() - base
+    # The mask (1 byte a value) and a 2-byte transient, each rounded to the allocator's blocks.
+    assert grown <= 3 * numel + 2 * (2 << 20), (grown, numel)
