@@ -32,6 +32,59 @@ extern "C" __global__ void unpack_mask(const u8* __restrict__ packed, u8* __rest
     }
 }
 
+// ---- dropout_keep_bits: F.dropout's keep-mask on a GPU, drawn straight into packed bits ----
+// gnnact/quant/philox.py, bit for bit: aten's fused_dropout_kernel_vec (4 values a thread and
+// draw) takes curand's Philox4x32-10 output for the counter (ctr0 + pass, thread) under the
+// key (k0, k1); value e is lane e % 4 of the draw of thread (e % stride) / 4 in pass
+// e / stride (stride = 4 x the launch's threads), kept where curand's uniform
+// fma(float(r), 2^-32, 2^-33) < keep. One thread per output byte: two draws, 8 values.
+__device__ __forceinline__ void philox_round(u32& c0, u32& c1, u32& c2, u32& c3, u32 k0,
+                                             u32 k1) {
+    const u32 hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
+    const u32 hi1 = __umulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;
+    c0 = hi1 ^ c1 ^ k0;
+    c1 = lo1;
+    c2 = hi0 ^ c3 ^ k1;
+    c3 = lo0;
+}
+
+extern "C" __global__ void dropout_keep_bits(u8* __restrict__ out, i64 n, i64 nbytes, u32 k0,
+                                             u32 k1, i64 ctr0, i64 stride, float keep) {
+    const i64 step = (i64)gridDim.x * blockDim.x;
+    for (i64 b = (i64)blockIdx.x * blockDim.x + threadIdx.x; b < nbytes; b += step) {
+        unsigned int packed = 0;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const i64 first = b * 8 + half * 4;
+            if (first >= n) break;
+            const u64 ctr = (u64)(ctr0 + first / stride), thread = (u64)((first % stride) / 4);
+            u32 r[4] = {(u32)ctr, (u32)(ctr >> 32), (u32)thread, (u32)(thread >> 32)};
+            u32 key0 = k0, key1 = k1;
+#pragma unroll
+            for (int round = 0; round < 10; ++round) {
+                if (round > 0) {
+                    key0 += 0x9E3779B9u;
+                    key1 += 0xBB67AE85u;
+                }
+                philox_round(r[0], r[1], r[2], r[3], key0, key1);
+            }
+#pragma unroll
+            for (int lane = 0; lane < 4; ++lane) {
+                // In PTX without .ftz, as the mask ops below (never subnormal here, but
+                // tools/check_kernels.py holds this file to it); u and keep are positive,
+                // so their bit patterns order as they do.
+                const float word = __uint2float_rn(r[lane]), scale = 2.3283064365386963e-10f,
+                            centre = 1.1641532182693481e-10f;  // 2^-32, 2^-33
+                float u;
+                asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(u) : "f"(word), "f"(scale), "f"(centre));
+                if (first + lane < n && __float_as_uint(u) < __float_as_uint(keep))
+                    packed |= 1u << (half * 4 + lane);
+            }
+        }
+        out[b] = (u8)packed;
+    }
+}
+
 // ---- mask ops: gnnact.quant.reference.sign_mask / apply_packed_mask, bit for bit ----
 // How a value v meets its mask bit m (gnnact.quant.reference.MASK_*), each the branch
 // PyTorch's own op takes, computed in PyTorch's opmath type (D::Op) with one rounding:

@@ -234,6 +234,31 @@ __device__ __forceinline__ W pack_octet(const float (&v)[8], const float* __rest
 #define CACHED 2
 #endif
 
+// PREFETCH=1 builds load a warp's next group (its next in the grid-stride loop) while it works
+// on the current one: quantize its cached octets, while the warp reduces and rounds; dequantize
+// its scale, zero and code words, while the warp writes. A warp so keeps bytes in flight
+// through its arithmetic; the launcher then caps the grid so that each warp takes several
+// groups in turn. The results are the same.
+#ifndef PREFETCH
+#define PREFETCH 0
+#endif
+
+// A group's first CACHED octets per lane (those of a short group only), as load_octet reads
+// them.
+template <typename L>
+__device__ __forceinline__ void load_cached(const typename L::T* __restrict__ x, i64 start,
+                                            i64 len, int lane, bool vec,
+                                            float (&kept)[CACHED][8]) {
+    const i64 octets = (len + 7) >> 3;
+#pragma unroll
+    for (int c = 0; c < CACHED; ++c) {
+        const i64 o = lane + 32 * c;
+        if (o < octets) {
+            load_octet<L>(x, start + 8 * o, (int)min((i64)8, len - 8 * o), vec, kept[c]);
+        }
+    }
+}
+
 template <typename L, int BITS>
 __device__ __forceinline__ void quantize_impl(
     const typename L::T* __restrict__ x, const float* __restrict__ noise, u8* __restrict__ codes,
@@ -243,8 +268,13 @@ __device__ __forceinline__ void quantize_impl(
     const bool vec = vec_flag != 0;
     const int lane = threadIdx.x & 31;
     const i64 warps = (i64)gridDim.x * (blockDim.x >> 5);
-    for (i64 g = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); g < num_groups;
-         g += warps) {
+    i64 g = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    float kept[CACHED][8];
+#if PREFETCH
+    if (g < num_groups) load_cached<L>(x, g * group_size, min(group_size, n - g * group_size),
+                                       lane, vec, kept);
+#endif
+    for (; g < num_groups; g += warps) {
         const i64 start = g * group_size;
         const i64 len = min(group_size, n - start);
         const i64 octets = (len + 7) >> 3;
@@ -254,12 +284,13 @@ __device__ __forceinline__ void quantize_impl(
         // v * 0 is NaN for an infinite or NaN v and a zero otherwise: the sum is NaN exactly
         // when the group holds a non-finite value (one fused instruction an element).
         float bad = 0.0f;
-        float kept[CACHED][8];
+#if !PREFETCH
+        load_cached<L>(x, start, len, lane, vec, kept);
+#endif
 #pragma unroll
         for (int c = 0; c < CACHED; ++c) {
             const i64 o = lane + 32 * c;
             if (o < octets) {
-                load_octet<L>(x, start + 8 * o, (int)min((i64)8, len - 8 * o), vec, kept[c]);
 #pragma unroll
                 for (int k = 0; k < 8; ++k) {
                     lo = fminf(lo, kept[c][k]);
@@ -278,6 +309,14 @@ __device__ __forceinline__ void quantize_impl(
                 bad = __fmaf_rn(v[k], 0.0f, bad);
             }
         }
+#if PREFETCH
+        float next[CACHED][8];
+        const i64 following = g + warps;
+        if (following < num_groups) {
+            load_cached<L>(x, following * group_size,
+                           min(group_size, n - following * group_size), lane, vec, next);
+        }
+#endif
         lo = warp_min(lo);
         hi = warp_max(hi);
         const int finite = __all_sync(0xffffffffu, bad == 0.0f);
@@ -321,6 +360,64 @@ __device__ __forceinline__ void quantize_impl(
         }
         // Bytes past the last octet (a short last group) are zero bytes, as in the reference.
         for (i64 b = octets * BITS + lane; b < bytes_per_group; b += 32) out[b] = 0;
+#if PREFETCH
+#pragma unroll
+        for (int c = 0; c < CACHED; ++c) {
+#pragma unroll
+            for (int k = 0; k < 8; ++k) kept[c][k] = next[c][k];
+        }
+#endif
+    }
+}
+
+// An octet's code word, from octet o of the group whose stream starts at `in`.
+template <int BITS, typename W = typename WordOf<(BITS > 4)>::T>
+__device__ __forceinline__ W octet_codes(const u8* __restrict__ in, i64 o, i64 bytes_per_group,
+                                         bool vec, const u8* __restrict__ end) {
+#if WIDE_CODE_LOADS
+    const bool wide = vec && (BITS == 3 || (BITS >= 5 && BITS <= 7))
+                      && in + o * BITS + 16 <= end;
+    return wide ? (W)load_codes_wide<BITS>(in + o * BITS)
+                : load_codes<BITS>(in, o * BITS, bytes_per_group, vec);
+#else
+    return load_codes<BITS>(in, o * BITS, bytes_per_group, vec);
+#endif
+}
+
+// Restores the octet with code word `word` to elements [at, at + count) of out.
+template <typename L, int BITS, typename W>
+__device__ __forceinline__ void restore_octet(W word, float scale, float zero,
+                                              typename L::T* __restrict__ out, i64 at,
+                                              int count, bool vec) {
+    const W mask = (1u << BITS) - 1u;
+    float v[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        const float q = (float)((word >> (k * BITS)) & mask);
+        v[k] = __fadd_rn(__fmul_rn(q, scale), zero);
+    }
+    store_octet<L>(out, at, count, vec, v);
+}
+
+// A group's scale, zero and the code words of a lane's first CACHED octets (PREFETCH=1).
+template <int BITS, typename W>
+struct GroupCodes {
+    float scale, zero;
+    W words[CACHED];
+};
+
+template <int BITS, typename W>
+__device__ __forceinline__ void load_group_codes(
+    const u8* __restrict__ codes, const float* __restrict__ scales,
+    const float* __restrict__ zeros, i64 g, i64 octets, i64 bytes_per_group, int lane,
+    bool vec, const u8* __restrict__ end, GroupCodes<BITS, W>& group) {
+    group.scale = scales[g];
+    group.zero = zeros[g];
+    const u8* in = codes + g * bytes_per_group;
+#pragma unroll
+    for (int c = 0; c < CACHED; ++c) {
+        const i64 o = lane + 32 * c;
+        if (o < octets) group.words[c] = octet_codes<BITS>(in, o, bytes_per_group, vec, end);
     }
 }
 
@@ -330,15 +427,47 @@ __device__ __forceinline__ void dequantize_impl(
     const float* __restrict__ zeros, typename L::T* __restrict__ out, i64 n, i64 group_size,
     i64 num_groups, i64 bytes_per_group, int vec_flag) {
     typedef typename WordOf<(BITS > 4)>::T W;
-    const W mask = (1u << BITS) - 1u;
     const bool vec = vec_flag != 0;
     const int lane = threadIdx.x & 31;
     const i64 warps = (i64)gridDim.x * (blockDim.x >> 5);
-#if WIDE_CODE_LOADS
     const u8* end = codes + num_groups * bytes_per_group;
-#endif
-    for (i64 g = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); g < num_groups;
-         g += warps) {
+    i64 g = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+#if PREFETCH
+    // The next group's scale, zero and code words are loaded before this group's values are
+    // stored, so a warp has a load in flight while it writes.
+    GroupCodes<BITS, W> group;
+    const auto octets_of = [&](i64 h) { return (min(group_size, n - h * group_size) + 7) >> 3; };
+    if (g < num_groups) {
+        load_group_codes<BITS, W>(codes, scales, zeros, g, octets_of(g), bytes_per_group, lane,
+                                  vec, end, group);
+    }
+    for (; g < num_groups; g += warps) {
+        const i64 start = g * group_size;
+        const i64 len = min(group_size, n - start);
+        const i64 octets = (len + 7) >> 3;
+        GroupCodes<BITS, W> next;
+        if (g + warps < num_groups) {
+            load_group_codes<BITS, W>(codes, scales, zeros, g + warps, octets_of(g + warps),
+                                      bytes_per_group, lane, vec, end, next);
+        }
+#pragma unroll
+        for (int c = 0; c < CACHED; ++c) {
+            const i64 o = lane + 32 * c;
+            if (o < octets) {
+                restore_octet<L, BITS>(group.words[c], group.scale, group.zero, out,
+                                       start + 8 * o, (int)min((i64)8, len - 8 * o), vec);
+            }
+        }
+        const u8* in = codes + g * bytes_per_group;
+        for (i64 o = lane + 32 * CACHED; o < octets; o += 32) {
+            restore_octet<L, BITS>(octet_codes<BITS>(in, o, bytes_per_group, vec, end),
+                                   group.scale, group.zero, out, start + 8 * o,
+                                   (int)min((i64)8, len - 8 * o), vec);
+        }
+        group = next;
+    }
+#else
+    for (; g < num_groups; g += warps) {
         const i64 start = g * group_size;
         const i64 len = min(group_size, n - start);
         const i64 octets = (len + 7) >> 3;
@@ -347,23 +476,12 @@ __device__ __forceinline__ void dequantize_impl(
         const u8* in = codes + g * bytes_per_group;
 #pragma unroll 2
         for (i64 o = lane; o < octets; o += 32) {
-#if WIDE_CODE_LOADS
-            const bool wide = vec && (BITS == 3 || (BITS >= 5 && BITS <= 7))
-                              && in + o * BITS + 16 <= end;
-            const W word = wide ? (W)load_codes_wide<BITS>(in + o * BITS)
-                                : load_codes<BITS>(in, o * BITS, bytes_per_group, vec);
-#else
-            const W word = load_codes<BITS>(in, o * BITS, bytes_per_group, vec);
-#endif
-            float v[8];
-#pragma unroll
-            for (int k = 0; k < 8; ++k) {
-                const float q = (float)((word >> (k * BITS)) & mask);
-                v[k] = __fadd_rn(__fmul_rn(q, scale), zero);
-            }
-            store_octet<L>(out, start + 8 * o, (int)min((i64)8, len - 8 * o), vec, v);
+            restore_octet<L, BITS>(octet_codes<BITS>(in, o, bytes_per_group, vec, end), scale,
+                                   zero, out, start + 8 * o, (int)min((i64)8, len - 8 * o),
+                                   vec);
         }
     }
+#endif
 }
 
 // ---- extern "C" entry points: quantize_<dtype>_<bits>, dequantize_<dtype>_<bits> ----

@@ -40,7 +40,7 @@ _C_TYPES = {"f32": "float", "f64": "double", "f16": "u16", "bf16": "u16"}
 
 #: The inline PTX statements the sources may use, each with a host twin in the prelude.
 PTX = ("cvt.f32.f16 %0, %1;", "cvt.rn.f16.f32 %0, %1;", "cvt.rn.bf16.f32 %0, %1;",
-       "mul.rn.f32 %0, %1, %2;", "cvt.rn.f32.f64 %0, %1;",
+       "mul.rn.f32 %0, %1, %2;", "cvt.rn.f32.f64 %0, %1;", "fma.rn.f32 %0, %1, %2, %3;",
        r"{\n\t.reg .pred q;\n\tsetp.gt.f32 q, %1, 0f00000000;\n\tselp.u32 %0, 1, 0, q;\n\t}")
 
 _PRELUDE = r"""
@@ -70,6 +70,10 @@ static inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b,
 static inline double __dmul_rn(double a, double b) { return a * b; }
 static inline float __double2float_rn(double v) { return (float)v; }
 static inline float __int_as_float(int v) { float f; std::memcpy(&f, &v, 4); return f; }
+static inline unsigned __umulhi(unsigned a, unsigned b) {
+    return (unsigned)(((unsigned long long)a * b) >> 32);
+}
+static inline float __uint2float_rn(unsigned v) { return (float)v; }
 static inline float __uint_as_float(unsigned v) { float f; std::memcpy(&f, &v, 4); return f; }
 static inline unsigned __float_as_uint(float v) { unsigned u; std::memcpy(&u, &v, 4); return u; }
 template <typename T> static inline T min(T a, T b) { return b < a ? b : a; }
@@ -133,6 +137,10 @@ static void host_ptx(const char* ptx, unsigned short& out, float in) {  // float
 static void host_ptx(const char* ptx, float& out, float a, float b) {
     ptx_check(ptx, "mul.rn.f32 %0, %1, %2;");
     out = a * b;
+}
+static void host_ptx(const char* ptx, float& out, float a, float b, float c) {
+    ptx_check(ptx, "fma.rn.f32 %0, %1, %2, %3;");
+    out = std::fma(a, b, c);
 }
 static void host_ptx(const char* ptx, unsigned& out, float v) {
     ptx_check(ptx, "{\n\t.reg .pred q;\n\tsetp.gt.f32 q, %1, 0f00000000;\n\t"
@@ -223,6 +231,9 @@ def _mask_entries() -> str:
         " int block) {\n    run_grid(grid, block, [&] { pack_mask(mask, out, n, nbytes); });\n}\n"
         'extern "C" void host_unpack_mask(const u8* packed, u8* out, i64 n, int grid,'
         " int block) {\n    run_grid(grid, block, [&] { unpack_mask(packed, out, n); });\n}\n"
+        'extern "C" void host_dropout_keep_bits(u8* out, i64 n, i64 nbytes, u32 k0, u32 k1,'
+        " i64 ctr0, i64 stride, float keep, int grid, int block) {\n    run_grid(grid, block,"
+        " [&] { dropout_keep_bits(out, n, nbytes, k0, k1, ctr0, stride, keep); });\n}\n"
         'extern "C" int host_sign_mask(int kernel, const void* x, void* y, u8* packed, i64 n,'
         " int mode, double s, int vec, int grid, int block) {\n"
         "    switch (kernel) {\n        " + "\n        ".join(sign)
@@ -343,7 +354,7 @@ def apply_packed_mask(x: Tensor, data: Tensor, out: Tensor, mode: int, s: float,
 
 
 _C_ARGS = {np.uint64: ctypes.c_void_p, np.int64: ctypes.c_int64, np.uint32: ctypes.c_uint32,
-           np.int32: ctypes.c_int, np.float64: ctypes.c_double}
+           np.int32: ctypes.c_int, np.float64: ctypes.c_double, np.float32: ctypes.c_float}
 
 
 def launch(filename: str, name: str, device: torch.device, grid: int, block: int,
@@ -356,7 +367,7 @@ def launch(filename: str, name: str, device: torch.device, grid: int, block: int
     values = [_C_ARGS[type(a)](int(a) if isinstance(a, np.uint64) else a.item()) for a in args]
     lib, launch_shape = library(filename, defines), (ctypes.c_int(grid), ctypes.c_int(block))
     op, _, rest = name.partition("_")
-    if name in ("pack_mask", "unpack_mask"):
+    if name in ("pack_mask", "unpack_mask", "dropout_keep_bits"):
         getattr(lib, f"host_{name}")(*values, *launch_shape)
         return
     names = list(_DTYPE_NAMES.values())  # a dtype's code in the generated entry points

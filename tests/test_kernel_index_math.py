@@ -23,8 +23,8 @@ WARP = 32
 CACHED = 2  # the kernel's #define
 # The loop heads and index expressions emulated below, as they read in cuda/quantize.cu.
 KERNEL_LINES = (
-    "for (i64 g = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); g < num_groups;",
-    "g += warps) {",
+    "i64 g = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);",
+    "for (; g < num_groups; g += warps) {",
     "const i64 warps = (i64)gridDim.x * (blockDim.x >> 5);",
     "const i64 len = min(group_size, n - start);",
     "const i64 octets = (len + 7) >> 3;",
@@ -47,9 +47,11 @@ KERNEL_LINES = (
     "if (b + k < limit) out[b + k] = (u8)(word >> (8 * k));",
     "for (i64 b = octets * BITS + lane; b < bytes_per_group; b += 32) out[b] = 0;",
     "for (i64 o = lane; o < octets; o += 32) {",
-    "const W word = load_codes<BITS>(in, o * BITS, bytes_per_group, vec);",
+    "return load_codes<BITS>(in, o * BITS, bytes_per_group, vec);",
     "const float q = (float)((word >> (k * BITS)) & mask);",
-    "store_octet<L>(out, start + 8 * o, (int)min((i64)8, len - 8 * o), vec, v);",
+    "restore_octet<L, BITS>(octet_codes<BITS>(in, o, bytes_per_group, vec, end), scale,",
+    "zero, out, start + 8 * o, (int)min((i64)8, len - 8 * o),",
+    "store_octet<L>(out, at, count, vec, v);",
     "if (k < count) out[at + k] = L::store(v[k]);",
 )
 WIDE = (1, 2, 4, 8)  # widths whose octet is one aligned access with `vec`

@@ -62,7 +62,7 @@ def test_host_kernels_equal_reference(n, group_size, bits, dtype):
 #: Builds with other compile-time settings (benchmarks/tune_kernels.py times them): the
 #: same results.
 VARIANTS = [("ALU_CONVERSIONS=1",), ("CACHED=1",), ("CACHED=4", "MIN_BLOCKS=6"),
-            ("WIDE_CODE_LOADS=1",)]
+            ("WIDE_CODE_LOADS=1",), ("PREFETCH=1",), ("PREFETCH=1", "CACHED=1")]
 
 
 @pytest.mark.parametrize("defines", VARIANTS, ids=",".join)
@@ -85,6 +85,24 @@ def test_builds_with_other_settings_equal_the_reference(defines, bits, dtype):
                                                       vec=vec, grid=3, defines=defines)
             torch.testing.assert_close(restored, reference.dequantize_groups(
                 *want, bits, group_size, n, dtype), rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("defines", [("PREFETCH=1",), ("PREFETCH=1", "CACHED=1")], ids=",".join)
+@pytest.mark.parametrize("bits", [2, 5])
+def test_prefetching_builds_equal_the_reference_with_several_groups_a_warp(defines, bits):
+    """PREFETCH=1 loads a warp's next group while it rounds (quantize) or writes (dequantize)
+    the current one: on one block of 8 warps, each takes 5 or more groups in turn (the last
+    one short), of the size kept in registers and of a larger one read twice."""
+    for n, group_size in [(40 * 512 + 77, 512), (17 * 1024 + 13, 1024)]:
+        x = _input(n, torch.float32, bits + n)
+        want = reference.quantize_groups(x, bits, group_size, noise=hash_uniform(3, 0, n))
+        got = host_kernels.quantize_groups(x, bits, group_size, seed=3, vec=True, grid=1,
+                                           defines=defines)
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+        restored = host_kernels.dequantize_groups(*want, bits, group_size, n, torch.float32,
+                                                  vec=True, grid=1, defines=defines)
+        assert torch.equal(restored, reference.dequantize_groups(*want, bits, group_size, n,
+                                                                 torch.float32))
 
 
 @pytest.mark.parametrize("bits", [1, 3, 8])

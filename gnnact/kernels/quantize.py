@@ -12,11 +12,12 @@ from torch import Tensor
 
 from gnnact.kernels._cupy import COMPILE_OPTIONS, device_ptr, launch
 from gnnact.quant.packed import QUANT_BITS, packed_code_bytes
+from gnnact.quant.philox import VALUES_PER_DRAW, check_draw, keep_probability
 from gnnact.quant.rng import split_seed
 
 __all__ = ["COMPILE_OPTIONS", "KERNEL_BITS", "KERNEL_DTYPES", "KERNEL_NAMES",
-           "apply_packed_mask", "dequantize_groups", "pack_mask_bits", "quantize_groups",
-           "sign_mask", "unpack_mask_bits", "vector_ok"]
+           "apply_packed_mask", "dequantize_groups", "dropout_keep_bits", "pack_mask_bits",
+           "quantize_groups", "sign_mask", "unpack_mask_bits", "vector_ok"]
 
 _DTYPE_NAMES = {torch.float32: "f32", torch.float64: "f64", torch.float16: "f16",
                 torch.bfloat16: "bf16"}
@@ -33,7 +34,7 @@ KERNEL_BITS = QUANT_BITS
 KERNEL_NAMES: dict[str, tuple[str, ...]] = {
     "quantize.cu": tuple(f"{op}_{dt}_{b}" for op in ("quantize", "dequantize")
                          for dt in _DTYPE_NAMES.values() for b in KERNEL_BITS),
-    "mask.cu": ("pack_mask", "unpack_mask",
+    "mask.cu": ("pack_mask", "unpack_mask", "dropout_keep_bits",
                 *(f"{op}_{dt}" for op in ("sign_mask", "apply_packed_mask")
                   for dt in _DTYPE_NAMES.values())),
 }
@@ -44,6 +45,21 @@ _THREADS = 256
 
 def _group_grid(num_groups: int) -> int:
     return max(1, -(-num_groups // _WARPS_PER_BLOCK))
+
+
+def _grid(num_groups: int, device: torch.device, defines: tuple[str, ...]) -> int:
+    """Blocks for ``num_groups`` groups: one warp each; for a PREFETCH=1 build at most the
+    blocks ``device`` holds at once at full occupancy (2 on the CPU, where tests run the
+    kernels on the host), so that each warp takes several groups in turn and has a next one
+    to load."""
+    grid = _group_grid(num_groups)
+    if "PREFETCH=1" not in defines:
+        return grid
+    if device.type != "cuda":
+        return min(grid, 2)
+    properties = torch.cuda.get_device_properties(device)
+    return min(grid, properties.multi_processor_count
+               * (properties.max_threads_per_multi_processor // _THREADS))
 
 
 def vector_ok(group_size: int, *tensors: Tensor | None) -> bool:
@@ -78,7 +94,7 @@ def quantize_groups(x: Tensor, bits: int, group_size: int, *, seed: int | None =
         noise = noise.reshape(-1).to(torch.float32).contiguous()
     s0, s1 = split_seed(seed or 0)
     launch("quantize.cu", f"quantize_{_dtype_name(x.dtype)}_{bits}", x.device,
-           _group_grid(num_groups), _THREADS,
+           _grid(num_groups, x.device, defines), _THREADS,
            (device_ptr(x), device_ptr(noise), device_ptr(codes), device_ptr(scales),
             device_ptr(zeros), np.int64(n), np.int64(group_size), np.int64(num_groups),
             np.int64(bytes_per_group), np.uint32(s0), np.uint32(s1),
@@ -95,7 +111,7 @@ def dequantize_groups(codes: Tensor, scales: Tensor, zeros: Tensor, bits: int, g
     codes = codes.contiguous()
     num_groups, bytes_per_group = codes.shape
     launch("quantize.cu", f"dequantize_{_dtype_name(dtype)}_{bits}", codes.device,
-           _group_grid(num_groups), _THREADS,
+           _grid(num_groups, codes.device, defines), _THREADS,
            (device_ptr(codes), device_ptr(scales.contiguous()),
             device_ptr(zeros.contiguous()), device_ptr(out), np.int64(numel),
             np.int64(group_size), np.int64(num_groups), np.int64(bytes_per_group),
@@ -119,6 +135,21 @@ def unpack_mask_bits(data: Tensor, numel: int) -> Tensor:
     out = torch.empty(numel, dtype=torch.bool, device=data.device)
     launch("mask.cu", "unpack_mask", data.device, max(1, -(-numel // _THREADS)), _THREADS,
            (device_ptr(data.contiguous()), device_ptr(out), np.int64(numel)))
+    return out
+
+
+def dropout_keep_bits(numel: int, p: float, seed: int, offset: int, threads: int,
+                      device: torch.device | str = "cuda") -> Tensor:
+    """Kernel twin of :func:`gnnact.quant.philox.dropout_keep_bits`: one thread per output
+    byte (two Philox draws)."""
+    check_draw(numel, offset)
+    device = torch.device(device)
+    nbytes = -(-numel // 8)
+    out = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    launch("mask.cu", "dropout_keep_bits", device, max(1, -(-nbytes // _THREADS)), _THREADS,
+           (device_ptr(out), np.int64(numel), np.int64(nbytes), np.uint32(seed & 0xFFFFFFFF),
+            np.uint32((seed >> 32) & 0xFFFFFFFF), np.int64(offset // 4),
+            np.int64(threads * VALUES_PER_DRAW), np.float32(keep_probability(p))))
     return out
 
 

@@ -59,7 +59,7 @@ from gnnact.ops.context import (
     transient,
     writable,
 )
-from gnnact.ops.draws import keep_mask
+from gnnact.ops.draws import keep_bits
 from gnnact.ops.higher_order import first_order_only
 from gnnact.ops.state import eager_op
 from gnnact.quant import PackedMask, pack_mask
@@ -395,7 +395,7 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True, inplace: bool = Fa
     r"""Dropout keeping its keep-mask :math:`M \sim \mathrm{Bernoulli}(1-p)` in 1 bit.
 
     The mask is drawn exactly as :func:`torch.nn.functional.dropout` draws it, on the CPU and
-    on a GPU (:func:`gnnact.ops.draws.keep_mask`), so a seeded run reproduces PyTorch's.
+    on a GPU (:func:`gnnact.ops.draws.keep_bits`), so a seeded run reproduces PyTorch's.
     """
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"dropout probability must be in [0, 1], got {p}")
@@ -403,7 +403,7 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True, inplace: bool = Fa
         return x
     if p == 1.0 or not records_graph(x):
         return transient(F.dropout(x, p, training, inplace))
-    # F.dropout's draws (gnnact.ops.draws), as booleans; packed before the output is made
-    # (the whole draw is one call, as F.dropout's).
-    keep = pack_mask(keep_mask(x, p))
+    # F.dropout's draws (gnnact.ops.draws), packed before the output is made (on a GPU
+    # computed straight into bits; the whole draw is one call, as F.dropout's).
+    keep = keep_bits(x, p)
     return _masked(x, keep, 1.0 - p, 0.0, inplace)

@@ -4,20 +4,24 @@ so that a seeded compressed run reproduces PyTorch's (and PyG's) masks.
 On the CPU, ``F.dropout`` fills a tensor with ``bernoulli_(1 - p)``: the generator's stream
 does not depend on the dtype, so booleans get the same draws without a full-size float mask.
 On a CUDA device ``F.dropout`` runs the fused ``native_dropout`` kernel, whose draws depend on
-the tensor's size, dtype and alignment and differ from ``bernoulli_``'s: its own mask is taken.
-That kernel also writes an output of the input's size; for a float32 input it runs on a
-float16 stand-in of the same size where that draws the same mask (checked once per device),
-which halves that transient: at a layer's dropout it is the largest block alive.
+the tensor's size, dtype and alignment and differ from ``bernoulli_``'s. :func:`keep_bits`
+computes that kernel's draws itself where it can (:mod:`gnnact.quant.philox`: float32,
+contiguous, 16-byte aligned, a multiple of 4 values), straight into packed bits; elsewhere the
+kernel's own mask is taken, beside a transient output of the input's size.
 """
 
 from __future__ import annotations
 
 import functools
+import threading
 
 import torch
 from torch import Tensor
 
-__all__ = ["keep_mask"]
+from gnnact.quant import PackedMask, pack_mask
+from gnnact.quant.philox import VALUES_PER_DRAW, dropout_launch
+
+__all__ = ["keep_bits", "keep_mask"]
 
 
 def keep_mask(like: Tensor, p: float, dtype: torch.dtype = torch.bool) -> Tensor:
@@ -25,9 +29,8 @@ def keep_mask(like: Tensor, p: float, dtype: torch.dtype = torch.bool) -> Tensor
     draws (``0 < p < 1``), as ``dtype``: the same draws from the same generator state, which
     they advance as ``F.dropout`` does.
 
-    On a CUDA device this runs ``native_dropout`` on a tensor of ``like``'s size (only its
-    size, dtype and alignment matter): a transient output beside the mask, in float16 where
-    ``like`` is float32 and the kernel draws the same for both (:func:`_stand_in`).
+    On a CUDA device this runs ``native_dropout`` on ``like`` (only its size, dtype and
+    alignment matter): a transient output of ``like``'s size beside the mask.
 
     Example:
         >>> x = torch.ones(1000)
@@ -41,41 +44,90 @@ def keep_mask(like: Tensor, p: float, dtype: torch.dtype = torch.bool) -> Tensor
         raise ValueError(f"p must be in (0, 1) to draw a mask, got {p}")
     with torch.no_grad():
         if like.is_cuda and like.numel() > 0:  # where F.dropout takes the fused kernel
-            mask = torch.native_dropout(_stand_in(like), p, True)[1]
+            mask = torch.native_dropout(like, p, True)[1]
             return mask if dtype == torch.bool else mask.to(dtype)
         return torch.empty_like(like, dtype=dtype).bernoulli_(1 - p)
 
 
-def _stand_in(like: Tensor) -> Tensor:
-    """What ``native_dropout`` runs on to draw ``like``'s mask: a fresh float16 tensor of its
-    shape where ``like`` is float32, contiguous and 16-byte aligned (as fresh tensors are, so
-    both get the kernel's widest loads) and the two draw the same on this device; else
-    ``like``. Float16's comparison type is float32's (float64's is not), so the same uniform
-    draws give the same mask wherever the kernel reads both alike."""
-    if (like.dtype != torch.float32 or not like.is_contiguous() or like.data_ptr() % 16
-            or torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing()
-            or not _float16_draws_match(like.device.index or 0)):
-        return like
-    return torch.empty(like.shape, dtype=torch.float16, device=like.device)
+def keep_bits(like: Tensor, p: float) -> PackedMask:
+    r""":func:`keep_mask`, packed to one bit a value: the mask ``F.dropout(like, p)`` draws.
+
+    On a CUDA device, for a float32 ``like`` that is contiguous, 16-byte aligned and of a
+    multiple of 4 values (where ``native_dropout`` takes its 4-wide path), with CuPy, the
+    draws are computed from the generator's seed and Philox offset straight into bits
+    (``cuda/mask.cu``'s ``dropout_keep_bits``), and the offset is advanced as
+    ``native_dropout`` advances it: :math:`n/8` bytes in all, where drawing through
+    ``native_dropout`` holds :math:`5n` (its output and a byte a value) at once. Used once
+    :func:`fused_draws_agree` has found the kernel equal to ``native_dropout`` on the device.
+
+    Example:
+        >>> x = torch.ones(1000)
+        >>> _ = torch.manual_seed(0)
+        >>> bits = keep_bits(x, 0.5)
+        >>> _ = torch.manual_seed(0)
+        >>> from gnnact.quant import unpack_mask
+        >>> torch.equal(unpack_mask(bits), torch.nn.functional.dropout(x, 0.5) > 0)
+        True
+    """
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"p must be in (0, 1) to draw a mask, got {p}")
+    if _computes_draws(like) and fused_draws_agree(like.device.index):
+        return PackedMask(_draw_bits(like.numel(), p, like.device), like.shape)
+    return pack_mask(keep_mask(like, p))
+
+
+def _computes_draws(like: Tensor) -> bool:
+    """Whether ``native_dropout`` takes the 4-wide path that :mod:`gnnact.quant.philox`
+    reproduces for ``like``, and the generator can be read and advanced here (not while a
+    CUDA graph is captured or a function compiled)."""
+    from gnnact.kernels import cupy_available
+
+    return (like.is_cuda and like.dtype == torch.float32 and like.numel() > 0
+            and like.numel() % VALUES_PER_DRAW == 0 and like.is_contiguous()
+            and like.data_ptr() % 16 == 0 and not torch.compiler.is_compiling()
+            and not torch.cuda.is_current_stream_capturing() and cupy_available())
+
+
+# The generator's offset is read and then advanced in two calls: one lock for all of gnnact's
+# draws keeps two threads' from overlapping (PyTorch's own draws take the generator's lock).
+_ADVANCE = threading.Lock()
+
+
+def _draw_bits(numel: int, p: float, device: torch.device) -> Tensor:
+    """The packed keep-mask of ``numel`` float32 values from ``device``'s default generator,
+    which then stands where ``native_dropout`` would have left it."""
+    from gnnact.kernels import quantize as kernels
+
+    generator = torch.cuda.default_generators[device.index]
+    properties = torch.cuda.get_device_properties(device)
+    threads, increment = dropout_launch(numel, properties.multi_processor_count,
+                                        properties.max_threads_per_multi_processor)
+    with _ADVANCE:
+        seed, offset = generator.initial_seed(), generator.get_offset()
+        generator.set_offset(offset + increment)
+    return kernels.dropout_keep_bits(numel, p, seed, offset, threads, device)
 
 
 # Cached per process: a fact about this build of PyTorch and this device, not about a model.
 @functools.cache
-def _float16_draws_match(device_index: int) -> bool:
-    """Whether ``native_dropout`` draws the same mask for a float32 and a float16 tensor of
-    one size on this device, tried on sizes that take its 4-, 2- and 1-wide paths over several
-    grid strides; the generator's state is put back afterwards."""
+def fused_draws_agree(device_index: int) -> bool:
+    """Whether ``dropout_keep_bits`` draws what ``native_dropout`` draws on GPU
+    ``device_index``, and leaves the generator where it does: checked once per device in a
+    process, on sizes below and above the launch's grid cap (one pass and several), with the
+    generator's state put back afterwards."""
     device = torch.device("cuda", device_index)
-    state = torch.cuda.get_rng_state(device)
+    generator = torch.cuda.default_generators[device_index]
+    state = generator.get_state()
     try:
-        for numel in ((1 << 22) + 4, (1 << 20) + 2, (1 << 20) + 1):
-            masks = []
-            for dtype in (torch.float32, torch.float16):
-                torch.cuda.set_rng_state(state, device)
-                masks.append(torch.native_dropout(
-                    torch.zeros(numel, dtype=dtype, device=device), 0.5, True)[1])
-            if not torch.equal(*masks):
+        for numel, p in ((1 << 10, 0.5), (3 * (1 << 16) + 4, 0.1), ((1 << 22) + 4, 0.77)):
+            x = torch.zeros(numel, device=device)
+            start = generator.get_offset()
+            want = pack_mask(torch.native_dropout(x, p, True)[1])
+            after = generator.get_offset()
+            generator.set_offset(start)
+            got = _draw_bits(numel, p, device)
+            if generator.get_offset() != after or not torch.equal(got, want.data):
                 return False
         return True
     finally:
-        torch.cuda.set_rng_state(state, device)
+        generator.set_state(state)
