@@ -21,7 +21,7 @@ from torch import Tensor
 from gnnact.quant import PackedMask, pack_mask
 from gnnact.quant.philox import VALUES_PER_DRAW, dropout_launch
 
-__all__ = ["keep_bits", "keep_mask"]
+__all__ = ["fused_draws_agree", "keep_bits", "keep_mask"]
 
 
 def keep_mask(like: Tensor, p: float, dtype: torch.dtype = torch.bool) -> Tensor:
