@@ -24,9 +24,9 @@
 #              tests, kernel throughput at every width (fp32, bf16 at 2/4/8), and the step peak
 #              of the four models (fp32 and 2 bits, arxiv shape); evidence.py's table; then
 #              SAGE's 6 largest allocations at its peak with their C++ frames (peak_stacks)
-#   tune       builds of cuda/quantize.cu with other compile-time settings (ALU_CONVERSIONS,
-#              WIDE_CODE_LOADS, CACHED, MIN_BLOCKS) against the default, kernel alone, fp32
-#              and bf16 at every width, each checked bit for bit against the default build
+#   tune       builds of cuda/quantize.cu with other compile-time settings (LANES, PREFETCH,
+#              CACHED, MIN_BLOCKS: tune_kernels.py's VARIANTS) against the default, kernel
+#              alone, fp32 and bf16 at every width, each checked bit for bit against the default build
 #              (tune_kernels.py; NVRTC builds each variant: a few minutes). Make the fastest
 #              the default.
 #   tests      CUDA tests (pytest -m cuda), quantize/dequantize and fused mask-op throughput

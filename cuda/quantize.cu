@@ -10,14 +10,15 @@
 // are needed to pack.
 //   quantize: a lane loads its octets (16-byte vector loads where the launcher found the
 //     buffers aligned, `vec`), keeps min/max and a non-finite check, and the warp combines them
-//     with shuffles (no shared memory, no __syncthreads). Noise: one hash per pair of elements. Groups of up to 32 * 8 * CACHED
-//     elements (the default 512) stay in registers for the rounding pass; larger ones are read
-//     again (L1/L2). Each octet's 8 codes are stored as one BITS-byte word (a single store for
+//     with shuffles (no shared memory, no __syncthreads). Noise: one hash per pair of
+//     elements. Groups of up to 32 * 8 * CACHED elements (the default 512) stay in registers
+//     for the rounding pass; larger ones are read again (L1/L2). Each octet's 8 codes are stored as one BITS-byte word (a single store for
 //     1, 2, 4 and 8 bits with `vec`).
 //   dequantize: a lane reads its octet's BITS bytes (one load for 1, 2, 4 and 8 bits with
 //     `vec`) and writes 8 values with vector stores.
-// Compile-time settings (CACHED, MIN_BLOCKS, ALU_CONVERSIONS, WIDE_CODE_LOADS; defaults below)
-// change speed, never results: benchmarks/tune_kernels.py times the builds side by side.
+// Compile-time settings (CACHED, MIN_BLOCKS, ALU_CONVERSIONS, WIDE_CODE_LOADS, LANES, PREFETCH;
+// defaults below) change speed, never results: benchmarks/tune_kernels.py times the builds
+// side by side.
 // A lane has 32 bytes of float32 in flight per octet, not 4.
 // Every float operation is an explicit round-to-nearest intrinsic so that NVRTC cannot
 // contract a multiply and an add into an FMA, which would round differently from torch.
@@ -72,14 +73,34 @@ struct WordOf<true> {
     typedef u64 T;
 };
 
-__device__ __forceinline__ float warp_min(float v) {
-    for (int o = 16; o > 0; o >>= 1) v = fminf(v, __shfl_xor_sync(0xffffffffu, v, o));
+// Lanes that share a group (32, 16 or 8): a warp takes 32 / LANES groups at once, each lane
+// LANES-strided octets of its own group. LANES=16 builds (with CACHED=4, which keeps a group
+// of 512 in registers) give each lane twice the bytes in flight and the range reduction one
+// shuffle step fewer. The results are the same.
+#ifndef LANES
+#define LANES 32
+#endif
+#define SEGMENTS (32 / LANES)
+
+// The minimum and maximum over the LANES lanes of a segment.
+__device__ __forceinline__ float segment_min(float v) {
+    for (int o = LANES / 2; o > 0; o >>= 1) v = fminf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
 
-__device__ __forceinline__ float warp_max(float v) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+__device__ __forceinline__ float segment_max(float v) {
+    for (int o = LANES / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
+}
+
+// Whether no lane of the segment holds a true `flag` (the whole warp takes part).
+__device__ __forceinline__ bool segment_none(bool flag, int segment) {
+#if LANES == 32
+    return __all_sync(0xffffffffu, !flag);
+#else
+    const u32 flagged = __ballot_sync(0xffffffffu, flag);
+    return ((flagged >> (segment * LANES)) & ((1u << LANES) - 1u)) == 0;
+#endif
 }
 
 // q = floor(u) + [r < u - floor(u)], u = (v - zero) * inv. The fractional part is exact
@@ -243,20 +264,26 @@ __device__ __forceinline__ W pack_octet(const float (&v)[8], const float* __rest
 #define PREFETCH 0
 #endif
 
-// A group's first CACHED octets per lane (those of a short group only), as load_octet reads
-// them.
+// A group's first CACHED octets per lane of its segment (those of a short group only), as
+// load_octet reads them.
 template <typename L>
 __device__ __forceinline__ void load_cached(const typename L::T* __restrict__ x, i64 start,
-                                            i64 len, int lane, bool vec,
+                                            i64 len, int sub, bool vec,
                                             float (&kept)[CACHED][8]) {
     const i64 octets = (len + 7) >> 3;
 #pragma unroll
     for (int c = 0; c < CACHED; ++c) {
-        const i64 o = lane + 32 * c;
+        const i64 o = sub + LANES * c;
         if (o < octets) {
             load_octet<L>(x, start + 8 * o, (int)min((i64)8, len - 8 * o), vec, kept[c]);
         }
     }
+}
+
+// The length of group g (0 past the last group: a segment without a group idles through the
+// warp's shuffles).
+__device__ __forceinline__ i64 group_length(i64 g, i64 num_groups, i64 group_size, i64 n) {
+    return g < num_groups ? min(group_size, n - g * group_size) : 0;
 }
 
 template <typename L, int BITS>
@@ -267,16 +294,19 @@ __device__ __forceinline__ void quantize_impl(
     const float levels = (float)((1 << BITS) - 1);
     const bool vec = vec_flag != 0;
     const int lane = threadIdx.x & 31;
-    const i64 warps = (i64)gridDim.x * (blockDim.x >> 5);
-    i64 g = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int sub = lane % LANES, segment = lane / LANES;
+    // Warp-uniform loop: each pass the warp takes SEGMENTS consecutive groups.
+    const i64 stride = (i64)gridDim.x * (blockDim.x >> 5) * SEGMENTS;
+    i64 base = ((i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * SEGMENTS;
     float kept[CACHED][8];
 #if PREFETCH
-    if (g < num_groups) load_cached<L>(x, g * group_size, min(group_size, n - g * group_size),
-                                       lane, vec, kept);
+    load_cached<L>(x, (base + segment) * group_size,
+                   group_length(base + segment, num_groups, group_size, n), sub, vec, kept);
 #endif
-    for (; g < num_groups; g += warps) {
+    for (; base < num_groups; base += stride) {
+        const i64 g = base + segment;
         const i64 start = g * group_size;
-        const i64 len = min(group_size, n - start);
+        const i64 len = group_length(g, num_groups, group_size, n);
         const i64 octets = (len + 7) >> 3;
 
         float lo = __int_as_float(0x7f800000);   // +inf
@@ -285,11 +315,11 @@ __device__ __forceinline__ void quantize_impl(
         // when the group holds a non-finite value (one fused instruction an element).
         float bad = 0.0f;
 #if !PREFETCH
-        load_cached<L>(x, start, len, lane, vec, kept);
+        load_cached<L>(x, start, len, sub, vec, kept);
 #endif
 #pragma unroll
         for (int c = 0; c < CACHED; ++c) {
-            const i64 o = lane + 32 * c;
+            const i64 o = sub + LANES * c;
             if (o < octets) {
 #pragma unroll
                 for (int k = 0; k < 8; ++k) {
@@ -299,7 +329,7 @@ __device__ __forceinline__ void quantize_impl(
                 }
             }
         }
-        for (i64 o = lane + 32 * CACHED; o < octets; o += 32) {
+        for (i64 o = sub + LANES * CACHED; o < octets; o += LANES) {
             float v[8];
             load_octet<L>(x, start + 8 * o, (int)min((i64)8, len - 8 * o), vec, v);
 #pragma unroll
@@ -311,15 +341,13 @@ __device__ __forceinline__ void quantize_impl(
         }
 #if PREFETCH
         float next[CACHED][8];
-        const i64 following = g + warps;
-        if (following < num_groups) {
-            load_cached<L>(x, following * group_size,
-                           min(group_size, n - following * group_size), lane, vec, next);
-        }
+        const i64 following = g + stride;
+        load_cached<L>(x, following * group_size,
+                       group_length(following, num_groups, group_size, n), sub, vec, next);
 #endif
-        lo = warp_min(lo);
-        hi = warp_max(hi);
-        const int finite = __all_sync(0xffffffffu, bad == 0.0f);
+        lo = segment_min(lo);
+        hi = segment_max(hi);
+        const bool finite = segment_none(bad != 0.0f, segment);
 
         const float range = __fsub_rn(hi, lo);
         float scale, zero, inv;
@@ -334,7 +362,7 @@ __device__ __forceinline__ void quantize_impl(
             zero = lo;
             inv = range > 0.0f ? __fdiv_rn(levels, range) : 0.0f;
         }
-        if (lane == 0) {
+        if (sub == 0 && g < num_groups) {
             scales[g] = scale;
             zeros[g] = zero;
         }
@@ -342,7 +370,7 @@ __device__ __forceinline__ void quantize_impl(
         u8* out = codes + g * bytes_per_group;
 #pragma unroll
         for (int c = 0; c < CACHED; ++c) {
-            const i64 o = lane + 32 * c;
+            const i64 o = sub + LANES * c;
             if (o < octets) {
                 const int count = (int)min((i64)8, len - 8 * o);
                 store_codes<BITS>(out, o * BITS, bytes_per_group, vec,
@@ -350,7 +378,7 @@ __device__ __forceinline__ void quantize_impl(
                                                    zero, inv, levels, s0, s1));
             }
         }
-        for (i64 o = lane + 32 * CACHED; o < octets; o += 32) {
+        for (i64 o = sub + LANES * CACHED; o < octets; o += LANES) {
             const int count = (int)min((i64)8, len - 8 * o);
             float v[8];
             load_octet<L>(x, start + 8 * o, count, vec, v);
@@ -359,7 +387,9 @@ __device__ __forceinline__ void quantize_impl(
                                                levels, s0, s1));
         }
         // Bytes past the last octet (a short last group) are zero bytes, as in the reference.
-        for (i64 b = octets * BITS + lane; b < bytes_per_group; b += 32) out[b] = 0;
+        if (g < num_groups) {
+            for (i64 b = octets * BITS + sub; b < bytes_per_group; b += LANES) out[b] = 0;
+        }
 #if PREFETCH
 #pragma unroll
         for (int c = 0; c < CACHED; ++c) {
@@ -409,14 +439,15 @@ struct GroupCodes {
 template <int BITS, typename W>
 __device__ __forceinline__ void load_group_codes(
     const u8* __restrict__ codes, const float* __restrict__ scales,
-    const float* __restrict__ zeros, i64 g, i64 octets, i64 bytes_per_group, int lane,
+    const float* __restrict__ zeros, i64 g, i64 octets, i64 bytes_per_group, int sub,
     bool vec, const u8* __restrict__ end, GroupCodes<BITS, W>& group) {
+    if (octets == 0) return;  // no group here
     group.scale = scales[g];
     group.zero = zeros[g];
     const u8* in = codes + g * bytes_per_group;
 #pragma unroll
     for (int c = 0; c < CACHED; ++c) {
-        const i64 o = lane + 32 * c;
+        const i64 o = sub + LANES * c;
         if (o < octets) group.words[c] = octet_codes<BITS>(in, o, bytes_per_group, vec, end);
     }
 }
@@ -429,37 +460,37 @@ __device__ __forceinline__ void dequantize_impl(
     typedef typename WordOf<(BITS > 4)>::T W;
     const bool vec = vec_flag != 0;
     const int lane = threadIdx.x & 31;
-    const i64 warps = (i64)gridDim.x * (blockDim.x >> 5);
+    const int sub = lane % LANES, segment = lane / LANES;
+    const i64 stride = (i64)gridDim.x * (blockDim.x >> 5) * SEGMENTS;
     const u8* end = codes + num_groups * bytes_per_group;
-    i64 g = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    i64 base = ((i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * SEGMENTS;
 #if PREFETCH
     // The next group's scale, zero and code words are loaded before this group's values are
     // stored, so a warp has a load in flight while it writes.
     GroupCodes<BITS, W> group;
-    const auto octets_of = [&](i64 h) { return (min(group_size, n - h * group_size) + 7) >> 3; };
-    if (g < num_groups) {
-        load_group_codes<BITS, W>(codes, scales, zeros, g, octets_of(g), bytes_per_group, lane,
-                                  vec, end, group);
-    }
-    for (; g < num_groups; g += warps) {
+    const auto octets_of = [&](i64 h) {
+        return (group_length(h, num_groups, group_size, n) + 7) >> 3;
+    };
+    load_group_codes<BITS, W>(codes, scales, zeros, base + segment, octets_of(base + segment),
+                              bytes_per_group, sub, vec, end, group);
+    for (; base < num_groups; base += stride) {
+        const i64 g = base + segment;
         const i64 start = g * group_size;
-        const i64 len = min(group_size, n - start);
+        const i64 len = group_length(g, num_groups, group_size, n);
         const i64 octets = (len + 7) >> 3;
         GroupCodes<BITS, W> next;
-        if (g + warps < num_groups) {
-            load_group_codes<BITS, W>(codes, scales, zeros, g + warps, octets_of(g + warps),
-                                      bytes_per_group, lane, vec, end, next);
-        }
+        load_group_codes<BITS, W>(codes, scales, zeros, g + stride, octets_of(g + stride),
+                                  bytes_per_group, sub, vec, end, next);
 #pragma unroll
         for (int c = 0; c < CACHED; ++c) {
-            const i64 o = lane + 32 * c;
+            const i64 o = sub + LANES * c;
             if (o < octets) {
                 restore_octet<L, BITS>(group.words[c], group.scale, group.zero, out,
                                        start + 8 * o, (int)min((i64)8, len - 8 * o), vec);
             }
         }
         const u8* in = codes + g * bytes_per_group;
-        for (i64 o = lane + 32 * CACHED; o < octets; o += 32) {
+        for (i64 o = sub + LANES * CACHED; o < octets; o += LANES) {
             restore_octet<L, BITS>(octet_codes<BITS>(in, o, bytes_per_group, vec, end),
                                    group.scale, group.zero, out, start + 8 * o,
                                    (int)min((i64)8, len - 8 * o), vec);
@@ -467,7 +498,9 @@ __device__ __forceinline__ void dequantize_impl(
         group = next;
     }
 #else
-    for (; g < num_groups; g += warps) {
+    for (; base < num_groups; base += stride) {
+        const i64 g = base + segment;
+        if (g >= num_groups) continue;  // no shuffles below: a segment may skip its pass
         const i64 start = g * group_size;
         const i64 len = min(group_size, n - start);
         const i64 octets = (len + 7) >> 3;
@@ -475,7 +508,7 @@ __device__ __forceinline__ void dequantize_impl(
         const float zero = zeros[g];
         const u8* in = codes + g * bytes_per_group;
 #pragma unroll 2
-        for (i64 o = lane; o < octets; o += 32) {
+        for (i64 o = sub; o < octets; o += LANES) {
             restore_octet<L, BITS>(octet_codes<BITS>(in, o, bytes_per_group, vec, end), scale,
                                    zero, out, start + 8 * o, (int)min((i64)8, len - 8 * o),
                                    vec);

@@ -62,7 +62,11 @@ def test_host_kernels_equal_reference(n, group_size, bits, dtype):
 #: Builds with other compile-time settings (benchmarks/tune_kernels.py times them): the
 #: same results.
 VARIANTS = [("ALU_CONVERSIONS=1",), ("CACHED=1",), ("CACHED=4", "MIN_BLOCKS=6"),
-            ("WIDE_CODE_LOADS=1",), ("PREFETCH=1",), ("PREFETCH=1", "CACHED=1")]
+            ("WIDE_CODE_LOADS=1",), ("PREFETCH=1",), ("PREFETCH=1", "CACHED=1"),
+            ("LANES=16", "CACHED=4"), ("LANES=8", "CACHED=8"), ("LANES=16", "CACHED=1"),
+            # every setting off its default at once: the build CI compiles with NVRTC
+            ("ALU_CONVERSIONS=1", "WIDE_CODE_LOADS=1", "LANES=16", "CACHED=4", "PREFETCH=1",
+             "MIN_BLOCKS=2")]
 
 
 @pytest.mark.parametrize("defines", VARIANTS, ids=",".join)
@@ -87,7 +91,9 @@ def test_builds_with_other_settings_equal_the_reference(defines, bits, dtype):
                 *want, bits, group_size, n, dtype), rtol=0, atol=0, equal_nan=True)
 
 
-@pytest.mark.parametrize("defines", [("PREFETCH=1",), ("PREFETCH=1", "CACHED=1")], ids=",".join)
+@pytest.mark.parametrize("defines", [("PREFETCH=1",), ("PREFETCH=1", "CACHED=1"),
+                                     ("PREFETCH=1", "LANES=16", "CACHED=4"), ("LANES=16",)],
+                         ids=",".join)
 @pytest.mark.parametrize("bits", [2, 5])
 def test_prefetching_builds_equal_the_reference_with_several_groups_a_warp(defines, bits):
     """PREFETCH=1 loads a warp's next group while it rounds (quantize) or writes (dequantize)
@@ -196,6 +202,25 @@ def test_launchers_drive_the_kernels_as_on_a_gpu(launchers_on_host, dtype, bits)
         assert all(torch.equal(a, b) for a, b in zip(seeded, hashed, strict=True))
         args = (*want, bits, 512, x.numel(), dtype)
         assert torch.equal(kernels.dequantize_groups(*args), reference.dequantize_groups(*args))
+
+
+@pytest.mark.parametrize("defines", [("LANES=16", "CACHED=4"), ("PREFETCH=1",),
+                                     ("PREFETCH=1", "LANES=8", "CACHED=8")], ids=",".join)
+def test_launchers_size_the_grid_for_other_builds(launchers_on_host, defines):
+    """A LANES=16 build's warp takes two groups at once (half the blocks); a PREFETCH=1
+    build's grid is capped (on the host at 2 blocks): the launchers' grids cover every group,
+    with the reference's results."""
+    kernels = launchers_on_host
+    assert kernels._grid(100, "quantize_f32_2", torch.device("cpu"), ("LANES=16",)) == 7
+    assert kernels._grid(1000, "quantize_f32_2", torch.device("cpu"), ("LANES=16",)) == 63
+    assert kernels._grid(1000, "quantize_f32_2", torch.device("cpu"), ("PREFETCH=1",)) == 2
+    x = _input(37 * 512 + 5, torch.float32, 4)
+    got = kernels.quantize_groups(x, 4, 512, seed=8, defines=defines)
+    want = reference.quantize_groups(x, 4, 512, noise=hash_uniform(8, 0, x.numel()))
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    args = (*want, 4, 512, x.numel(), torch.float32)
+    assert torch.equal(kernels.dequantize_groups(*args, defines=defines),
+                       reference.dequantize_groups(*args))
 
 
 @pytest.mark.parametrize("view", ["aligned", "misaligned"])

@@ -106,6 +106,20 @@ def get_function(filename: str, name: str, device_index: int,
         return module.get_function(name)
 
 
+def resident_blocks(filename: str, name: str, device: torch.device, block: int,
+                    defines: tuple[str, ...] = ()) -> int:
+    """Blocks of ``block`` threads of the kernel ``name`` that ``device`` holds at once: per
+    multiprocessor as many as its registers (the kernel's, rounded up to 8 a thread, as they
+    are allocated) and its thread limit allow, times the multiprocessors."""
+    index = cuda_index(device)
+    registers = -(-get_function(filename, name, index, defines).num_regs // 8) * 8
+    properties = torch.cuda.get_device_properties(index)
+    register_file = getattr(properties, "regs_per_multiprocessor", 65536)
+    per_sm = min(properties.max_threads_per_multi_processor // block,
+                 register_file // (registers * block))
+    return properties.multi_processor_count * max(1, per_sm)
+
+
 class _Stream(NamedTuple):
     # CuPy's launch reads only ``.ptr`` of the stream argument.
     ptr: int

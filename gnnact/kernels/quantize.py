@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from gnnact.kernels._cupy import COMPILE_OPTIONS, device_ptr, launch
+from gnnact.kernels._cupy import COMPILE_OPTIONS, device_ptr, launch, resident_blocks
 from gnnact.quant.packed import QUANT_BITS, packed_code_bytes
 from gnnact.quant.philox import VALUES_PER_DRAW, check_draw, keep_probability
 from gnnact.quant.rng import split_seed
@@ -47,19 +47,29 @@ def _group_grid(num_groups: int) -> int:
     return max(1, -(-num_groups // _WARPS_PER_BLOCK))
 
 
-def _grid(num_groups: int, device: torch.device, defines: tuple[str, ...]) -> int:
-    """Blocks for ``num_groups`` groups: one warp each; for a PREFETCH=1 build at most the
-    blocks ``device`` holds at once at full occupancy (2 on the CPU, where tests run the
-    kernels on the host), so that each warp takes several groups in turn and has a next one
-    to load."""
-    grid = _group_grid(num_groups)
-    if "PREFETCH=1" not in defines:
+def _define(defines: tuple[str, ...], name: str, default: int) -> int:
+    """The value a build's ``defines`` give the setting ``name`` (``default`` if none)."""
+    for define in defines:
+        key, _, value = define.partition("=")
+        if key == name:
+            return int(value)
+    return default
+
+
+def _grid(num_groups: int, kernel: str, device: torch.device,
+          defines: tuple[str, ...]) -> int:
+    """Blocks for ``num_groups`` groups: a warp takes ``32 / LANES`` groups at once; a
+    PREFETCH=1 build gets at most the blocks of ``kernel`` that ``device`` holds at once (2 on
+    the CPU, where tests run the kernels on the host), so that each warp takes several groups
+    in turn, has a next one to load, and no second wave of blocks runs on a part of the
+    device."""
+    segments = 32 // _define(defines, "LANES", 32)
+    grid = _group_grid(-(-num_groups // segments))
+    if not _define(defines, "PREFETCH", 0):
         return grid
     if device.type != "cuda":
         return min(grid, 2)
-    properties = torch.cuda.get_device_properties(device)
-    return min(grid, properties.multi_processor_count
-               * (properties.max_threads_per_multi_processor // _THREADS))
+    return min(grid, resident_blocks("quantize.cu", kernel, device, _THREADS, defines))
 
 
 def vector_ok(group_size: int, *tensors: Tensor | None) -> bool:
@@ -93,8 +103,9 @@ def quantize_groups(x: Tensor, bits: int, group_size: int, *, seed: int | None =
     if noise is not None:
         noise = noise.reshape(-1).to(torch.float32).contiguous()
     s0, s1 = split_seed(seed or 0)
-    launch("quantize.cu", f"quantize_{_dtype_name(x.dtype)}_{bits}", x.device,
-           _grid(num_groups, x.device, defines), _THREADS,
+    kernel = f"quantize_{_dtype_name(x.dtype)}_{bits}"
+    launch("quantize.cu", kernel, x.device, _grid(num_groups, kernel, x.device, defines),
+           _THREADS,
            (device_ptr(x), device_ptr(noise), device_ptr(codes), device_ptr(scales),
             device_ptr(zeros), np.int64(n), np.int64(group_size), np.int64(num_groups),
             np.int64(bytes_per_group), np.uint32(s0), np.uint32(s1),
@@ -110,8 +121,9 @@ def dequantize_groups(codes: Tensor, scales: Tensor, zeros: Tensor, bits: int, g
     out = torch.empty(numel, dtype=dtype, device=codes.device)
     codes = codes.contiguous()
     num_groups, bytes_per_group = codes.shape
-    launch("quantize.cu", f"dequantize_{_dtype_name(dtype)}_{bits}", codes.device,
-           _grid(num_groups, codes.device, defines), _THREADS,
+    kernel = f"dequantize_{_dtype_name(dtype)}_{bits}"
+    launch("quantize.cu", kernel, codes.device, _grid(num_groups, kernel, codes.device, defines),
+           _THREADS,
            (device_ptr(codes), device_ptr(scales.contiguous()),
             device_ptr(zeros.contiguous()), device_ptr(out), np.int64(numel),
             np.int64(group_size), np.int64(num_groups), np.int64(bytes_per_group),

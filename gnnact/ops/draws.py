@@ -114,7 +114,17 @@ def fused_draws_agree(device_index: int) -> bool:
     """Whether ``dropout_keep_bits`` draws what ``native_dropout`` draws on GPU
     ``device_index``, and leaves the generator where it does: checked once per device in a
     process, on sizes below and above the launch's grid cap (one pass and several), with the
-    generator's state put back afterwards."""
+    generator's state put back afterwards. Where it does not (or the kernel does not build),
+    a warning says so and the masks are drawn through ``native_dropout``: the same masks."""
+    from gnnact.quant.core import _self_check
+
+    return _self_check(lambda: _draws_match(device_index),
+                       f"dropout_keep_bits is not used on cuda:{device_index}",
+                       "dropout's masks are drawn through native_dropout there (the same masks, "
+                       "with a transient of 5 bytes a value)")
+
+
+def _draws_match(device_index: int) -> bool:
     device = torch.device("cuda", device_index)
     generator = torch.cuda.default_generators[device_index]
     state = generator.get_state()
