@@ -12,13 +12,13 @@
 //     buffers aligned, `vec`), keeps min/max and a non-finite check, and the warp combines them
 //     with shuffles (no shared memory, no __syncthreads). Noise: one hash per pair of
 //     elements. Groups of up to 32 * 8 * CACHED elements (the default 512) stay in registers
-//     for the rounding pass; larger ones are read again (L1/L2). Each octet's 8 codes are stored as one BITS-byte word (a single store for
-//     1, 2, 4 and 8 bits with `vec`).
+//     for the rounding pass; larger ones are read again (L1/L2). Each octet's 8 codes are
+//     stored as one BITS-byte word (a single store for 1, 2, 4 and 8 bits with `vec`).
 //   dequantize: a lane reads its octet's BITS bytes (one load for 1, 2, 4 and 8 bits with
 //     `vec`) and writes 8 values with vector stores.
-// Compile-time settings (CACHED, MIN_BLOCKS, ALU_CONVERSIONS, WIDE_CODE_LOADS, LANES, PREFETCH;
-// defaults below) change speed, never results: benchmarks/tune_kernels.py times the builds
-// side by side.
+// Compile-time settings (CACHED, MIN_BLOCKS, ALU_CONVERSIONS, WIDE_CODE_LOADS, LANES, PREFETCH,
+// CODES_FIRST; defaults below) change speed, never results: benchmarks/tune_kernels.py times
+// the builds side by side.
 // A lane has 32 bytes of float32 in flight per octet, not 4.
 // Every float operation is an explicit round-to-nearest intrinsic so that NVRTC cannot
 // contract a multiply and an add into an FMA, which would round differently from torch.
@@ -264,6 +264,13 @@ __device__ __forceinline__ W pack_octet(const float (&v)[8], const float* __rest
 #define PREFETCH 0
 #endif
 
+// CODES_FIRST=1 builds dequantize as PREFETCH's first step alone: a lane loads its group's
+// scale, zero and code words together, then restores its octets (the default loads one code
+// word before each octet's stores). The results are the same.
+#ifndef CODES_FIRST
+#define CODES_FIRST 0
+#endif
+
 // A group's first CACHED octets per lane of its segment (those of a short group only), as
 // load_octet reads them.
 template <typename L>
@@ -452,6 +459,32 @@ __device__ __forceinline__ void load_group_codes(
     }
 }
 
+// Restores group g (`len` values) from its loaded scale, zero and cached code words; octets
+// past the cached ones read their code words here.
+template <typename L, int BITS, typename W>
+__device__ __forceinline__ void restore_group(const GroupCodes<BITS, W>& group,
+                                              const u8* __restrict__ codes,
+                                              typename L::T* __restrict__ out, i64 g, i64 len,
+                                              i64 group_size, i64 bytes_per_group, int sub,
+                                              bool vec, const u8* __restrict__ end) {
+    const i64 start = g * group_size;
+    const i64 octets = (len + 7) >> 3;
+#pragma unroll
+    for (int c = 0; c < CACHED; ++c) {
+        const i64 o = sub + LANES * c;
+        if (o < octets) {
+            restore_octet<L, BITS>(group.words[c], group.scale, group.zero, out, start + 8 * o,
+                                   (int)min((i64)8, len - 8 * o), vec);
+        }
+    }
+    const u8* in = codes + g * bytes_per_group;
+    for (i64 o = sub + LANES * CACHED; o < octets; o += LANES) {
+        restore_octet<L, BITS>(octet_codes<BITS>(in, o, bytes_per_group, vec, end), group.scale,
+                               group.zero, out, start + 8 * o, (int)min((i64)8, len - 8 * o),
+                               vec);
+    }
+}
+
 template <typename L, int BITS>
 __device__ __forceinline__ void dequantize_impl(
     const u8* __restrict__ codes, const float* __restrict__ scales,
@@ -475,27 +508,25 @@ __device__ __forceinline__ void dequantize_impl(
                               bytes_per_group, sub, vec, end, group);
     for (; base < num_groups; base += stride) {
         const i64 g = base + segment;
-        const i64 start = g * group_size;
-        const i64 len = group_length(g, num_groups, group_size, n);
-        const i64 octets = (len + 7) >> 3;
         GroupCodes<BITS, W> next;
         load_group_codes<BITS, W>(codes, scales, zeros, g + stride, octets_of(g + stride),
                                   bytes_per_group, sub, vec, end, next);
-#pragma unroll
-        for (int c = 0; c < CACHED; ++c) {
-            const i64 o = sub + LANES * c;
-            if (o < octets) {
-                restore_octet<L, BITS>(group.words[c], group.scale, group.zero, out,
-                                       start + 8 * o, (int)min((i64)8, len - 8 * o), vec);
-            }
-        }
-        const u8* in = codes + g * bytes_per_group;
-        for (i64 o = sub + LANES * CACHED; o < octets; o += LANES) {
-            restore_octet<L, BITS>(octet_codes<BITS>(in, o, bytes_per_group, vec, end),
-                                   group.scale, group.zero, out, start + 8 * o,
-                                   (int)min((i64)8, len - 8 * o), vec);
-        }
+        restore_group<L, BITS, W>(group, codes, out, g, group_length(g, num_groups, group_size, n),
+                                  group_size, bytes_per_group, sub, vec, end);
         group = next;
+    }
+#elif CODES_FIRST
+    // A lane loads its group's scale, zero and code words together before restoring any
+    // octet, instead of one code word before each octet's stores.
+    for (; base < num_groups; base += stride) {
+        const i64 g = base + segment;
+        if (g >= num_groups) continue;  // no shuffles below: a segment may skip its pass
+        const i64 len = min(group_size, n - g * group_size);
+        GroupCodes<BITS, W> group;
+        load_group_codes<BITS, W>(codes, scales, zeros, g, (len + 7) >> 3, bytes_per_group, sub,
+                                  vec, end, group);
+        restore_group<L, BITS, W>(group, codes, out, g, len, group_size, bytes_per_group, sub,
+                                  vec, end);
     }
 #else
     for (; base < num_groups; base += stride) {

@@ -65,6 +65,7 @@ VARIANTS = [("ALU_CONVERSIONS=1",), ("CACHED=1",), ("CACHED=4", "MIN_BLOCKS=6"),
             ("WIDE_CODE_LOADS=1",), ("PREFETCH=1",), ("PREFETCH=1", "CACHED=1"),
             ("LANES=16", "CACHED=4"), ("LANES=8", "CACHED=8"), ("LANES=16", "CACHED=1"),
             # every setting off its default at once: the build CI compiles with NVRTC
+            ("CODES_FIRST=1",), ("CODES_FIRST=1", "LANES=16", "CACHED=4"),
             ("ALU_CONVERSIONS=1", "WIDE_CODE_LOADS=1", "LANES=16", "CACHED=4", "PREFETCH=1",
              "MIN_BLOCKS=2")]
 
@@ -92,7 +93,8 @@ def test_builds_with_other_settings_equal_the_reference(defines, bits, dtype):
 
 
 @pytest.mark.parametrize("defines", [("PREFETCH=1",), ("PREFETCH=1", "CACHED=1"),
-                                     ("PREFETCH=1", "LANES=16", "CACHED=4"), ("LANES=16",)],
+                                     ("PREFETCH=1", "LANES=16", "CACHED=4"), ("LANES=16",),
+                                     ("CODES_FIRST=1", "CACHED=1")],
                          ids=",".join)
 @pytest.mark.parametrize("bits", [2, 5])
 def test_prefetching_builds_equal_the_reference_with_several_groups_a_warp(defines, bits):
