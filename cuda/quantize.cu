@@ -17,8 +17,8 @@
 //   dequantize: a lane reads its octet's BITS bytes (one load for 1, 2, 4 and 8 bits with
 //     `vec`) and writes 8 values with vector stores.
 // Compile-time settings (CACHED, MIN_BLOCKS, ALU_CONVERSIONS, WIDE_CODE_LOADS, LANES, PREFETCH,
-// CODES_FIRST; defaults below) change speed, never results: benchmarks/tune_kernels.py times
-// the builds side by side.
+// CODES_FIRST, NOISE_FIRST; defaults below) change speed, never results:
+// benchmarks/tune_kernels.py times the builds side by side.
 // A lane has 32 bytes of float32 in flight per octet, not 4.
 // Every float operation is an explicit round-to-nearest intrinsic so that NVRTC cannot
 // contract a multiply and an add into an FMA, which would round differently from torch.
@@ -222,14 +222,16 @@ __device__ __forceinline__ void store_codes(u8* __restrict__ out, i64 b, i64 lim
 template <int BITS, typename W = typename WordOf<(BITS > 4)>::T>
 __device__ __forceinline__ W pack_octet(const float (&v)[8], const float* __restrict__ noise,
                                         i64 at, int count, bool vec, float zero, float inv,
-                                        float levels, u32 s0, u32 s1) {
+                                        float levels, u32 s0, u32 s1,
+                                        const u32* hashes = nullptr) {
     float r[8];
     if (noise != nullptr) {
         load_octet<F32>(noise, at, count, vec, r);
     } else if ((at & 1) == 0) {
 #pragma unroll
         for (int k = 0; k < 8; k += 2) {
-            const u32 h = hash_pair((u64)(at + k) >> 1, s0, s1);
+            const u32 h = hashes != nullptr ? hashes[k / 2]
+                                            : hash_pair((u64)(at + k) >> 1, s0, s1);
             r[k] = half_uniform(h, 0);
             r[k + 1] = half_uniform(h, 1);
         }
@@ -269,6 +271,13 @@ __device__ __forceinline__ W pack_octet(const float (&v)[8], const float* __rest
 // word before each octet's stores). The results are the same.
 #ifndef CODES_FIRST
 #define CODES_FIRST 0
+#endif
+
+// NOISE_FIRST=1 builds hash the noise of a lane's cached octets (seeded, octets starting on a
+// pair) right after issuing their loads, while the loads are in flight, instead of in the
+// rounding pass after the range reduction. The results are the same.
+#ifndef NOISE_FIRST
+#define NOISE_FIRST 0
 #endif
 
 // A group's first CACHED octets per lane of its segment (those of a short group only), as
@@ -323,6 +332,21 @@ __device__ __forceinline__ void quantize_impl(
         float bad = 0.0f;
 #if !PREFETCH
         load_cached<L>(x, start, len, sub, vec, kept);
+#endif
+#if NOISE_FIRST
+        u32 hashes[CACHED][4];
+        if (noise == nullptr) {
+#pragma unroll
+            for (int c = 0; c < CACHED; ++c) {
+                const i64 at = start + 8 * (sub + LANES * c);
+                if (sub + LANES * c < octets && (at & 1) == 0) {
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) {
+                        hashes[c][j] = hash_pair((u64)(at + 2 * j) >> 1, s0, s1);
+                    }
+                }
+            }
+        }
 #endif
 #pragma unroll
         for (int c = 0; c < CACHED; ++c) {
@@ -380,9 +404,14 @@ __device__ __forceinline__ void quantize_impl(
             const i64 o = sub + LANES * c;
             if (o < octets) {
                 const int count = (int)min((i64)8, len - 8 * o);
+#if NOISE_FIRST
+                const u32* pre = noise == nullptr ? hashes[c] : nullptr;
+#else
+                const u32* pre = nullptr;
+#endif
                 store_codes<BITS>(out, o * BITS, bytes_per_group, vec,
                                   pack_octet<BITS>(kept[c], noise, start + 8 * o, count, vec,
-                                                   zero, inv, levels, s0, s1));
+                                                   zero, inv, levels, s0, s1, pre));
             }
         }
         for (i64 o = sub + LANES * CACHED; o < octets; o += LANES) {
