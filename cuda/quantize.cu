@@ -216,6 +216,12 @@ __device__ __forceinline__ void store_codes(u8* __restrict__ out, i64 b, i64 lim
     }
 }
 
+// The 4 hashes of an octet starting on a pair (`at` even): one per pair of its elements.
+__device__ __forceinline__ void octet_hashes(i64 at, u32 s0, u32 s1, u32 (&h)[4]) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) h[j] = hash_pair((u64)(at + 2 * j) >> 1, s0, s1);
+}
+
 // The BITS-byte word of an octet's 8 codes (code k at bits [k BITS, (k + 1) BITS); codes past
 // count are 0), elements [at, at + count) with values v, noise from `noise` or the hash (one
 // hash per pair of elements when the octet starts on a pair, as every octet does with `vec`).
@@ -228,12 +234,15 @@ __device__ __forceinline__ W pack_octet(const float (&v)[8], const float* __rest
     if (noise != nullptr) {
         load_octet<F32>(noise, at, count, vec, r);
     } else if ((at & 1) == 0) {
+        u32 own[4];
+        if (hashes == nullptr) {
+            octet_hashes(at, s0, s1, own);
+            hashes = own;
+        }
 #pragma unroll
         for (int k = 0; k < 8; k += 2) {
-            const u32 h = hashes != nullptr ? hashes[k / 2]
-                                            : hash_pair((u64)(at + k) >> 1, s0, s1);
-            r[k] = half_uniform(h, 0);
-            r[k + 1] = half_uniform(h, 1);
+            r[k] = half_uniform(hashes[k / 2], 0);
+            r[k + 1] = half_uniform(hashes[k / 2], 1);
         }
     } else {
 #pragma unroll
@@ -339,12 +348,7 @@ __device__ __forceinline__ void quantize_impl(
 #pragma unroll
             for (int c = 0; c < CACHED; ++c) {
                 const i64 at = start + 8 * (sub + LANES * c);
-                if (sub + LANES * c < octets && (at & 1) == 0) {
-#pragma unroll
-                    for (int j = 0; j < 4; ++j) {
-                        hashes[c][j] = hash_pair((u64)(at + 2 * j) >> 1, s0, s1);
-                    }
-                }
+                if (sub + LANES * c < octets && (at & 1) == 0) octet_hashes(at, s0, s1, hashes[c]);
             }
         }
 #endif
@@ -465,7 +469,8 @@ __device__ __forceinline__ void restore_octet(W word, float scale, float zero,
     store_octet<L>(out, at, count, vec, v);
 }
 
-// A group's scale, zero and the code words of a lane's first CACHED octets (PREFETCH=1).
+// A group's scale, zero and the code words of a lane's first CACHED octets (PREFETCH=1 and
+// CODES_FIRST=1 builds).
 template <int BITS, typename W>
 struct GroupCodes {
     float scale, zero;
