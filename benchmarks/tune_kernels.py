@@ -6,12 +6,13 @@ Each variant is a set of ``NAME=VALUE`` defines (``CACHED``: octets a lane keeps
 and floor done by integer and float arithmetic; ``WIDE_CODE_LOADS``: 3, 5, 6 and 7-bit codes
 read by two aligned 8-byte loads; ``PREFETCH``: a warp loads its next group while it works on
 the current one, on a grid capped at the blocks the device holds at once; ``CODES_FIRST``:
-dequantize loads a group's code words together before restoring any; ``NOISE_FIRST``:
-quantize hashes a lane's noise while its loads are in flight; ``LANES``: lanes that share a
-group, a warp taking ``32 / LANES`` groups at once). Every build must give the default
-build's codes, scales, zeros and restored values bit for bit (``agrees``); a row gives the
-kernel's own time (calls queued back to back, :func:`_common.kernel_seconds`)
-and its share of a copy's bandwidth timed the same way, as ``bench_quantize.py`` counts bytes.
+dequantize loads a group's code words together before restoring any; ``CHUNK_STORES``:
+float32 and float64 dequantized by 16-byte chunks, a warp's store 512 consecutive bytes;
+``NOISE_FIRST``: quantize hashes a lane's noise while its loads are in flight; ``LANES``:
+lanes that share a group, a warp taking ``32 / LANES`` groups at once). Every build must give
+the default build's codes, scales, zeros and restored values bit for bit (``agrees``); a row
+gives the kernel's own time (calls queued back to back, :func:`_common.kernel_seconds`) and its
+share of a copy's bandwidth timed the same way, as ``bench_quantize.py`` counts bytes.
 
 Usage::
 
@@ -40,12 +41,12 @@ from gnnact.quant import DEFAULT_GROUP_SIZE
 
 #: The builds timed by default beside the default one (ALU_CONVERSIONS, WIDE_CODE_LOADS,
 #: CACHED=1 and CACHED=4 alone lost to it at every width twice on an H200: tune_kernels.jsonl).
-VARIANTS = ("NOISE_FIRST=1", "NOISE_FIRST=1,MIN_BLOCKS=3",
-            "NOISE_FIRST=1,LANES=16,CACHED=4,MIN_BLOCKS=2",
-            "LANES=16,CACHED=4,MIN_BLOCKS=3", "LANES=16,CACHED=4,MIN_BLOCKS=2", "LANES=16",
-            "CODES_FIRST=1", "CODES_FIRST=1,LANES=16,CACHED=4,MIN_BLOCKS=3",
-            "PREFETCH=1,MIN_BLOCKS=3", "PREFETCH=1", "PREFETCH=1,LANES=16,CACHED=4,MIN_BLOCKS=2",
-            "CACHED=1,MIN_BLOCKS=8")
+#: NOISE_FIRST and LANES/CACHED/MIN_BLOCKS change both kernels; CODES_FIRST and CHUNK_STORES
+#: dequantize only (its rows tell).
+VARIANTS = ("NOISE_FIRST=1", "CHUNK_STORES=1", "CODES_FIRST=1", "NOISE_FIRST=1,MIN_BLOCKS=3",
+            "CHUNK_STORES=1,MIN_BLOCKS=6", "LANES=16,CACHED=4,MIN_BLOCKS=3", "LANES=16",
+            "CODES_FIRST=1,LANES=16,CACHED=4,MIN_BLOCKS=3", "PREFETCH=1,MIN_BLOCKS=3",
+            "PREFETCH=1", "CACHED=1,MIN_BLOCKS=8")
 
 
 def parse_variant(text: str) -> tuple[str, ...]:

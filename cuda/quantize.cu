@@ -14,10 +14,12 @@
 //     elements. Groups of up to 32 * 8 * CACHED elements (the default 512) stay in registers
 //     for the rounding pass; larger ones are read again (L1/L2). Each octet's 8 codes are
 //     stored as one BITS-byte word (a single store for 1, 2, 4 and 8 bits with `vec`).
+//     Groups of the default size read by vectors, all of them but a short last one, take a
+//     path compiled for that size (quantize_group<..., Whole = true>): no length tests.
 //   dequantize: a lane reads its octet's BITS bytes (one load for 1, 2, 4 and 8 bits with
 //     `vec`) and writes 8 values with vector stores.
 // Compile-time settings (CACHED, MIN_BLOCKS, ALU_CONVERSIONS, WIDE_CODE_LOADS, LANES, PREFETCH,
-// CODES_FIRST, NOISE_FIRST; defaults below) change speed, never results:
+// CODES_FIRST, CHUNK_STORES, NOISE_FIRST; defaults below) change speed, never results:
 // benchmarks/tune_kernels.py times the builds side by side.
 // A lane has 32 bytes of float32 in flight per octet, not 4.
 // Every float operation is an explicit round-to-nearest intrinsic so that NVRTC cannot
@@ -30,14 +32,16 @@
 #include "dtypes.cuh"
 
 // ---- counter-based noise, identical to gnnact/quant/rng.py ----
-__device__ __forceinline__ u32 mix32(u32 x) {
-    x ^= x >> 16;
+// mix32(x) = mix32_rest(x ^ (x >> 16)): octet_hashes shares the first step between pairs.
+__device__ __forceinline__ u32 mix32_rest(u32 x) {
     x *= 0x21f0aaadu;
     x ^= x >> 15;
     x *= 0x735a2d97u;
     x ^= x >> 15;
     return x;
 }
+
+__device__ __forceinline__ u32 mix32(u32 x) { return mix32_rest(x ^ (x >> 16)); }
 
 // One hash per pair j = i / 2 of flat indices; element i takes its 16 bits (i & 1): the noise
 // of two elements for one hash, which is most of the quantize kernel's arithmetic.
@@ -103,22 +107,23 @@ __device__ __forceinline__ bool segment_none(bool flag, int segment) {
 #endif
 }
 
-// q = floor(u) + [r < u - floor(u)], u = (v - zero) * inv. The fractional part is exact
-// (Sterbenz), so no rounding of u + r can push a code past its neighbour; fmaxf(NaN, 0) = 0
-// turns a NaN code (non-finite group) into 0.
+// q = floor(u) + [r < u - floor(u)], u = (v - zero) * inv, for v of a finite group: then u >= 0
+// and u exceeds levels by a rounding at most, so min(., levels) is the only clamp needed (the
+// codes of a non-finite group are 0 without rounding, quantize_group). The fractional part is exact
+// (Sterbenz), so no rounding of u + r can push a code past its neighbour.
 __device__ __forceinline__ u32 round_code(float v, float r, float zero, float inv,
                                           float levels) {
     const float u = __fmul_rn(__fsub_rn(v, zero), inv);
 #if ALU_CONVERSIONS
-    // 0 <= u < 2^23 (or NaN): u + 2^23 rounds u to an integer n exactly representable, and
-    // n - 1 when n > u is floor(u); a NaN stays NaN, as floorf keeps it.
+    // 0 <= u < 2^23: u + 2^23 rounds u to an integer n exactly representable, and n - 1 when
+    // n > u is floor(u).
     const float n = __fsub_rn(__fadd_rn(u, 8388608.0f), 8388608.0f);
     const float fl = n > u ? __fsub_rn(n, 1.0f) : n;
 #else
     const float fl = floorf(u);
 #endif
     const float up = r < __fsub_rn(u, fl) ? 1.0f : 0.0f;
-    const float q = fminf(fmaxf(__fadd_rn(fl, up), 0.0f), levels);
+    const float q = fminf(__fadd_rn(fl, up), levels);
 #if ALU_CONVERSIONS
     // q is an integer in [0, 255]: the low bits of 2^23 + q are q.
     return __float_as_uint(__fadd_rn(q, 8388608.0f)) & 0xffu;
@@ -217,14 +222,29 @@ __device__ __forceinline__ void store_codes(u8* __restrict__ out, i64 b, i64 lim
 }
 
 // The 4 hashes of an octet starting on a pair (`at` even): one per pair of its elements.
-__device__ __forceinline__ void octet_hashes(i64 at, u32 s0, u32 s1, u32 (&h)[4]) {
+// An octet that starts on a multiple of 8 (every octet with `vec`: the caller passes it as
+// `aligned`) has pairs j0 + j, j < 4, j0 % 4 == 0: all with the high word of j0, and with
+// (x ^ j) >> 16 == x >> 16 for x = low word ^ s0, so that the inner mix32's first step is
+// t ^ j for one t. hash_pair's values, with the 64-bit index arithmetic, the high word's xor
+// and that step done once an octet, not once a pair.
+__device__ __forceinline__ void octet_hashes(i64 at, u32 s0, u32 s1, bool aligned,
+                                             u32 (&h)[4]) {
+    const u64 j0 = (u64)at >> 1;
+    if (aligned || (j0 & 3) == 0) {
+        const u32 x = ((u32)j0) ^ s0, high = ((u32)(j0 >> 32)) ^ s1;
+        const u32 t = x ^ (x >> 16);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) h[j] = hash_pair((u64)(at + 2 * j) >> 1, s0, s1);
+        for (int j = 0; j < 4; ++j) h[j] = mix32(mix32_rest(t ^ (u32)j) ^ high);
+    } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) h[j] = hash_pair(j0 + j, s0, s1);
+    }
 }
 
 // The BITS-byte word of an octet's 8 codes (code k at bits [k BITS, (k + 1) BITS); codes past
-// count are 0), elements [at, at + count) with values v, noise from `noise` or the hash (one
-// hash per pair of elements when the octet starts on a pair, as every octet does with `vec`).
+// count are 0), elements [at, at + count) with values v of a finite group, noise from `noise`
+// or the hash (one hash per pair of elements when the octet starts on a pair, as every octet
+// does with `vec`).
 template <int BITS, typename W = typename WordOf<(BITS > 4)>::T>
 __device__ __forceinline__ W pack_octet(const float (&v)[8], const float* __restrict__ noise,
                                         i64 at, int count, bool vec, float zero, float inv,
@@ -236,7 +256,7 @@ __device__ __forceinline__ W pack_octet(const float (&v)[8], const float* __rest
     } else if ((at & 1) == 0) {
         u32 own[4];
         if (hashes == nullptr) {
-            octet_hashes(at, s0, s1, own);
+            octet_hashes(at, s0, s1, vec, own);
             hashes = own;
         }
 #pragma unroll
@@ -251,12 +271,13 @@ __device__ __forceinline__ W pack_octet(const float (&v)[8], const float* __rest
             r[k] = half_uniform(hash_pair(i >> 1, s0, s1), (int)(i & 1));
         }
     }
+    // All 8 codes, then the ones past count masked off: no branch a code.
     W word = 0;
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
-        if (k < count) word |= (W)round_code(v[k], r[k], zero, inv, levels) << (k * BITS);
+        word |= (W)round_code(v[k], r[k], zero, inv, levels) << (k * BITS);
     }
-    return word;
+    return count < 8 ? word & (((W)1 << (count * BITS)) - 1) : word;
 }
 
 // Octets a lane keeps in registers between the range and the rounding pass: a group of up to
@@ -280,6 +301,16 @@ __device__ __forceinline__ W pack_octet(const float (&v)[8], const float* __rest
 // word before each octet's stores). The results are the same.
 #ifndef CODES_FIRST
 #define CODES_FIRST 0
+#endif
+
+// CHUNK_STORES=1 builds dequantize float32 and float64 by 16-byte chunks (4 or 2 values)
+// instead of octets: lane l writes chunk l of a warp's 32, so each store instruction of a warp
+// writes 512 consecutive bytes; an octet's 32 bytes (float32) are otherwise written by two
+// stores that each cover every other 16 bytes of 1 KB. A lane loads the code words of its
+// chunks in the cache (CACHED octets' worth) before it restores them, as CODES_FIRST does.
+// 16-bit types, whose octet is one chunk, are unchanged. The results are the same.
+#ifndef CHUNK_STORES
+#define CHUNK_STORES 0
 #endif
 
 // NOISE_FIRST=1 builds hash the noise of a lane's cached octets (seeded, octets starting on a
@@ -311,132 +342,178 @@ __device__ __forceinline__ i64 group_length(i64 g, i64 num_groups, i64 group_siz
     return g < num_groups ? min(group_size, n - g * group_size) : 0;
 }
 
-template <typename L, int BITS>
-__device__ __forceinline__ void quantize_impl(
-    const typename L::T* __restrict__ x, const float* __restrict__ noise, u8* __restrict__ codes,
-    float* __restrict__ scales, float* __restrict__ zeros, i64 n, i64 group_size,
-    i64 num_groups, i64 bytes_per_group, u32 s0, u32 s1, int vec_flag) {
+// The quantize kernel's arguments, as quantize_group reads them.
+template <typename L>
+struct QuantizeArgs {
+    const typename L::T* __restrict__ x;
+    const float* __restrict__ noise;
+    u8* __restrict__ codes;
+    float* __restrict__ scales;
+    float* __restrict__ zeros;
+    i64 n, group_size, num_groups, bytes_per_group;
+    u32 s0, s1;
+    bool vec;
+};
+
+// The group a lane's segment caches whole: 8 elements an octet, CACHED octets a lane.
+#define WHOLE_GROUP (8 * LANES * CACHED)
+
+// Quantizes group g (`kept`: the lane's cached octets of it, loaded here unless PREFETCH, which
+// loaded them in the previous pass and loads those of group g + stride into `kept` here).
+// Whole = true: g is a group of WHOLE_GROUP elements, all of it in the input, and `vec` holds;
+// its length, octet counts and byte offsets are then constants, and the tests and the loops
+// for octets past the cached ones, for short octets and for the bytes past the last octet
+// compile away (the same results, fewer instructions).
+template <typename L, int BITS, bool Whole>
+__device__ __forceinline__ void quantize_group(const QuantizeArgs<L>& a, i64 g, i64 stride,
+                                               int sub, int segment, float (&kept)[CACHED][8]) {
     const float levels = (float)((1 << BITS) - 1);
-    const bool vec = vec_flag != 0;
+    const bool vec = Whole || a.vec;
+    const i64 group_size = Whole ? WHOLE_GROUP : a.group_size;
+    const i64 bytes_per_group = Whole ? WHOLE_GROUP / 8 * BITS : a.bytes_per_group;
+    const float* __restrict__ noise = a.noise;
+    const u32 s0 = a.s0, s1 = a.s1;
+    const bool exists = Whole || g < a.num_groups;
+    const i64 start = g * group_size;
+    const i64 len = Whole ? WHOLE_GROUP : group_length(g, a.num_groups, group_size, a.n);
+    const i64 octets = (len + 7) >> 3;
+
+    float lo = __int_as_float(0x7f800000);   // +inf
+    float hi = __int_as_float(0xff800000);   // -inf
+    // v * 0 is NaN for an infinite or NaN v and a zero otherwise: the sum is NaN exactly
+    // when the group holds a non-finite value (one fused instruction an element).
+    float bad = 0.0f;
+#if !PREFETCH
+    load_cached<L>(a.x, start, len, sub, vec, kept);
+#endif
+#if NOISE_FIRST
+    u32 hashes[CACHED][4];
+    if (noise == nullptr) {
+#pragma unroll
+        for (int c = 0; c < CACHED; ++c) {
+            const i64 at = start + 8 * (sub + LANES * c);
+            if (sub + LANES * c < octets && (at & 1) == 0) {
+                octet_hashes(at, s0, s1, vec, hashes[c]);
+            }
+        }
+    }
+#endif
+#pragma unroll
+    for (int c = 0; c < CACHED; ++c) {
+        const i64 o = sub + LANES * c;
+        if (o < octets) {
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                lo = fminf(lo, kept[c][k]);
+                hi = fmaxf(hi, kept[c][k]);
+                bad = __fmaf_rn(kept[c][k], 0.0f, bad);
+            }
+        }
+    }
+    // Octets past the cached ones (groups larger than WHOLE_GROUP): not unrolled, so that the
+    // common group, which has none, pays one test for them.
+#pragma unroll 1
+    for (i64 o = sub + LANES * CACHED; o < octets; o += LANES) {
+        float v[8];
+        load_octet<L>(a.x, start + 8 * o, (int)min((i64)8, len - 8 * o), vec, v);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            lo = fminf(lo, v[k]);
+            hi = fmaxf(hi, v[k]);
+            bad = __fmaf_rn(v[k], 0.0f, bad);
+        }
+    }
+#if PREFETCH
+    float next[CACHED][8];
+    const i64 following = g + stride;
+    load_cached<L>(a.x, following * a.group_size,
+                   group_length(following, a.num_groups, a.group_size, a.n), sub, a.vec, next);
+#endif
+    lo = segment_min(lo);
+    hi = segment_max(hi);
+    const bool finite = segment_none(bad != 0.0f, segment);
+
+    const float range = __fsub_rn(hi, lo);
+    float scale, zero, inv;
+    const bool usable = finite && isfinite(range);
+    if (!usable) {
+        // NaN/Inf in the group, or a range that overflows: the whole group reads back as
+        // NaN, its codes are 0.
+        scale = __int_as_float(0x7fc00000);
+        zero = scale;
+        inv = 0.0f;
+    } else {
+        scale = __fdiv_rn(range, levels);
+        zero = lo;
+        inv = range > 0.0f ? __fdiv_rn(levels, range) : 0.0f;
+    }
+    if (sub == 0 && exists) {
+        a.scales[g] = scale;
+        a.zeros[g] = zero;
+    }
+
+    u8* out = a.codes + g * bytes_per_group;
+#pragma unroll
+    for (int c = 0; c < CACHED; ++c) {
+        const i64 o = sub + LANES * c;
+        if (o < octets) {
+            const int count = (int)min((i64)8, len - 8 * o);
+#if NOISE_FIRST
+            const u32* pre = noise == nullptr ? hashes[c] : nullptr;
+#else
+            const u32* pre = nullptr;
+#endif
+            store_codes<BITS>(out, o * BITS, bytes_per_group, vec,
+                              usable ? pack_octet<BITS>(kept[c], noise, start + 8 * o, count,
+                                                        vec, zero, inv, levels, s0, s1, pre)
+                                     : 0);
+        }
+    }
+#pragma unroll 1
+    for (i64 o = sub + LANES * CACHED; o < octets; o += LANES) {
+        const int count = (int)min((i64)8, len - 8 * o);
+        float v[8];
+        load_octet<L>(a.x, start + 8 * o, count, vec, v);
+        store_codes<BITS>(out, o * BITS, bytes_per_group, vec,
+                          usable ? pack_octet<BITS>(v, noise, start + 8 * o, count, vec, zero,
+                                                    inv, levels, s0, s1)
+                                 : 0);
+    }
+    // Bytes past the last octet (a short last group) are zero bytes, as in the reference.
+    if (exists) {
+        for (i64 b = octets * BITS + sub; b < bytes_per_group; b += LANES) out[b] = 0;
+    }
+#if PREFETCH
+#pragma unroll
+    for (int c = 0; c < CACHED; ++c) {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) kept[c][k] = next[c][k];
+    }
+#endif
+}
+
+template <typename L, int BITS>
+__device__ __forceinline__ void quantize_impl(const QuantizeArgs<L>& a) {
     const int lane = threadIdx.x & 31;
     const int sub = lane % LANES, segment = lane / LANES;
     // Warp-uniform loop: each pass the warp takes SEGMENTS consecutive groups.
     const i64 stride = (i64)gridDim.x * (blockDim.x >> 5) * SEGMENTS;
     i64 base = ((i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * SEGMENTS;
+    // Groups of WHOLE_GROUP elements (the default group size) by vectors: every pass whose
+    // groups all lie whole in the input takes the constant-size path.
+    const bool whole_groups = a.vec && a.group_size == WHOLE_GROUP;
     float kept[CACHED][8];
 #if PREFETCH
-    load_cached<L>(x, (base + segment) * group_size,
-                   group_length(base + segment, num_groups, group_size, n), sub, vec, kept);
+    load_cached<L>(a.x, (base + segment) * a.group_size,
+                   group_length(base + segment, a.num_groups, a.group_size, a.n), sub, a.vec,
+                   kept);
 #endif
-    for (; base < num_groups; base += stride) {
-        const i64 g = base + segment;
-        const i64 start = g * group_size;
-        const i64 len = group_length(g, num_groups, group_size, n);
-        const i64 octets = (len + 7) >> 3;
-
-        float lo = __int_as_float(0x7f800000);   // +inf
-        float hi = __int_as_float(0xff800000);   // -inf
-        // v * 0 is NaN for an infinite or NaN v and a zero otherwise: the sum is NaN exactly
-        // when the group holds a non-finite value (one fused instruction an element).
-        float bad = 0.0f;
-#if !PREFETCH
-        load_cached<L>(x, start, len, sub, vec, kept);
-#endif
-#if NOISE_FIRST
-        u32 hashes[CACHED][4];
-        if (noise == nullptr) {
-#pragma unroll
-            for (int c = 0; c < CACHED; ++c) {
-                const i64 at = start + 8 * (sub + LANES * c);
-                if (sub + LANES * c < octets && (at & 1) == 0) octet_hashes(at, s0, s1, hashes[c]);
-            }
-        }
-#endif
-#pragma unroll
-        for (int c = 0; c < CACHED; ++c) {
-            const i64 o = sub + LANES * c;
-            if (o < octets) {
-#pragma unroll
-                for (int k = 0; k < 8; ++k) {
-                    lo = fminf(lo, kept[c][k]);
-                    hi = fmaxf(hi, kept[c][k]);
-                    bad = __fmaf_rn(kept[c][k], 0.0f, bad);
-                }
-            }
-        }
-        for (i64 o = sub + LANES * CACHED; o < octets; o += LANES) {
-            float v[8];
-            load_octet<L>(x, start + 8 * o, (int)min((i64)8, len - 8 * o), vec, v);
-#pragma unroll
-            for (int k = 0; k < 8; ++k) {
-                lo = fminf(lo, v[k]);
-                hi = fmaxf(hi, v[k]);
-                bad = __fmaf_rn(v[k], 0.0f, bad);
-            }
-        }
-#if PREFETCH
-        float next[CACHED][8];
-        const i64 following = g + stride;
-        load_cached<L>(x, following * group_size,
-                       group_length(following, num_groups, group_size, n), sub, vec, next);
-#endif
-        lo = segment_min(lo);
-        hi = segment_max(hi);
-        const bool finite = segment_none(bad != 0.0f, segment);
-
-        const float range = __fsub_rn(hi, lo);
-        float scale, zero, inv;
-        if (!finite || !isfinite(range)) {
-            // NaN/Inf in the group, or a range that overflows: the whole group reads back as
-            // NaN (zero = NaN also forces every code below to 0).
-            scale = __int_as_float(0x7fc00000);
-            zero = scale;
-            inv = 0.0f;
+    for (; base < a.num_groups; base += stride) {
+        if (whole_groups && (base + SEGMENTS) * WHOLE_GROUP <= a.n) {
+            quantize_group<L, BITS, true>(a, base + segment, stride, sub, segment, kept);
         } else {
-            scale = __fdiv_rn(range, levels);
-            zero = lo;
-            inv = range > 0.0f ? __fdiv_rn(levels, range) : 0.0f;
+            quantize_group<L, BITS, false>(a, base + segment, stride, sub, segment, kept);
         }
-        if (sub == 0 && g < num_groups) {
-            scales[g] = scale;
-            zeros[g] = zero;
-        }
-
-        u8* out = codes + g * bytes_per_group;
-#pragma unroll
-        for (int c = 0; c < CACHED; ++c) {
-            const i64 o = sub + LANES * c;
-            if (o < octets) {
-                const int count = (int)min((i64)8, len - 8 * o);
-#if NOISE_FIRST
-                const u32* pre = noise == nullptr ? hashes[c] : nullptr;
-#else
-                const u32* pre = nullptr;
-#endif
-                store_codes<BITS>(out, o * BITS, bytes_per_group, vec,
-                                  pack_octet<BITS>(kept[c], noise, start + 8 * o, count, vec,
-                                                   zero, inv, levels, s0, s1, pre));
-            }
-        }
-        for (i64 o = sub + LANES * CACHED; o < octets; o += LANES) {
-            const int count = (int)min((i64)8, len - 8 * o);
-            float v[8];
-            load_octet<L>(x, start + 8 * o, count, vec, v);
-            store_codes<BITS>(out, o * BITS, bytes_per_group, vec,
-                              pack_octet<BITS>(v, noise, start + 8 * o, count, vec, zero, inv,
-                                               levels, s0, s1));
-        }
-        // Bytes past the last octet (a short last group) are zero bytes, as in the reference.
-        if (g < num_groups) {
-            for (i64 b = octets * BITS + sub; b < bytes_per_group; b += LANES) out[b] = 0;
-        }
-#if PREFETCH
-#pragma unroll
-        for (int c = 0; c < CACHED; ++c) {
-#pragma unroll
-            for (int k = 0; k < 8; ++k) kept[c][k] = next[c][k];
-        }
-#endif
     }
 }
 
@@ -467,6 +544,38 @@ __device__ __forceinline__ void restore_octet(W word, float scale, float zero,
         v[k] = __fadd_rn(__fmul_rn(q, scale), zero);
     }
     store_octet<L>(out, at, count, vec, v);
+}
+
+// Elements per 16-byte chunk of T (CHUNK_STORES), at most an octet.
+template <typename T>
+struct ChunkOf {
+    static constexpr int E = 16 / sizeof(T) < 8 ? 16 / sizeof(T) : 8;
+};
+
+// Restores E values, codes (word >> k BITS) & mask for k < E, to elements [at, at + count)
+// of out; one 16-byte store when `vec` and the chunk is whole.
+template <typename L, int BITS, int E, typename W>
+__device__ __forceinline__ void restore_chunk(W word, float scale, float zero,
+                                              typename L::T* __restrict__ out, i64 at,
+                                              int count, bool vec) {
+    const W mask = (1u << BITS) - 1u;
+    union {
+        Word16 w;
+        typename L::T t[E];
+    } chunk;
+#pragma unroll
+    for (int k = 0; k < E; ++k) {
+        const float q = (float)((word >> (k * BITS)) & mask);
+        chunk.t[k] = L::store(__fadd_rn(__fmul_rn(q, scale), zero));
+    }
+    if (vec && count == E) {
+        *reinterpret_cast<Word16*>(out + at) = chunk.w;
+    } else {
+#pragma unroll
+        for (int k = 0; k < E; ++k) {
+            if (k < count) out[at + k] = chunk.t[k];
+        }
+    }
 }
 
 // A group's scale, zero and the code words of a lane's first CACHED octets (PREFETCH=1 and
@@ -562,6 +671,41 @@ __device__ __forceinline__ void dequantize_impl(
         restore_group<L, BITS, W>(group, codes, out, g, len, group_size, bytes_per_group, sub,
                                   vec, end);
     }
+#elif CHUNK_STORES
+    constexpr int E = ChunkOf<typename L::T>::E;  // values a chunk
+    constexpr int PER = 8 / E;                     // chunks an octet
+    for (; base < num_groups; base += stride) {
+        const i64 g = base + segment;
+        if (g >= num_groups) continue;  // no shuffles below: a segment may skip its pass
+        const i64 start = g * group_size;
+        const i64 len = min(group_size, n - start);
+        const i64 chunks = (len + E - 1) / E;
+        const float scale = scales[g];
+        const float zero = zeros[g];
+        const u8* in = codes + g * bytes_per_group;
+        // Chunk q is part q % PER of octet q / PER; q % PER is sub % PER in every pass.
+        const int shift = (sub % PER) * E * BITS;
+        W words[CACHED * PER];
+#pragma unroll
+        for (int c = 0; c < CACHED * PER; ++c) {
+            const i64 q = sub + LANES * c;
+            if (q < chunks) words[c] = octet_codes<BITS>(in, q / PER, bytes_per_group, vec, end);
+        }
+#pragma unroll
+        for (int c = 0; c < CACHED * PER; ++c) {
+            const i64 q = sub + LANES * c;
+            if (q < chunks) {
+                restore_chunk<L, BITS, E>(words[c] >> shift, scale, zero, out, start + E * q,
+                                          (int)min((i64)E, len - E * q), vec);
+            }
+        }
+#pragma unroll 1
+        for (i64 q = sub + LANES * CACHED * PER; q < chunks; q += LANES) {
+            restore_chunk<L, BITS, E>(
+                octet_codes<BITS>(in, q / PER, bytes_per_group, vec, end) >> shift, scale, zero,
+                out, start + E * q, (int)min((i64)E, len - E * q), vec);
+        }
+    }
 #else
     for (; base < num_groups; base += stride) {
         const i64 g = base + segment;
@@ -595,8 +739,8 @@ __device__ __forceinline__ void dequantize_impl(
         const L::T* __restrict__ x, const float* __restrict__ noise, u8* __restrict__ codes, \
         float* __restrict__ scales, float* __restrict__ zeros, i64 n, i64 group_size,        \
         i64 num_groups, i64 bytes_per_group, u32 s0, u32 s1, int vec) {                      \
-        quantize_impl<L, BITS>(x, noise, codes, scales, zeros, n, group_size, num_groups,    \
-                               bytes_per_group, s0, s1, vec);                                \
+        quantize_impl<L, BITS>({x, noise, codes, scales, zeros, n, group_size, num_groups,   \
+                                bytes_per_group, s0, s1, vec != 0});                         \
     }                                                                                        \
     extern "C" __global__ void BOUNDS dequantize_##NAME##_##BITS(                                   \
         const u8* __restrict__ codes, const float* __restrict__ scales,                      \

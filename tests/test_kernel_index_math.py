@@ -32,7 +32,8 @@ KERNEL_LINES = (
     "const i64 g = base + segment;",
     "return g < num_groups ? min(group_size, n - g * group_size) : 0;",
     "const i64 len = min(group_size, n - start);",
-    "const i64 len = group_length(g, num_groups, group_size, n);",
+    "const i64 len = Whole ? WHOLE_GROUP : group_length(g, a.num_groups, group_size, a.n);",
+    "#define WHOLE_GROUP (8 * LANES * CACHED)",
     "const i64 octets = (len + 7) >> 3;",
     f"#define CACHED {CACHED}",
     "for (int c = 0; c < CACHED; ++c) {",
@@ -41,8 +42,9 @@ KERNEL_LINES = (
     "for (i64 o = sub + LANES * CACHED; o < octets; o += LANES) {",
     "const int count = (int)min((i64)8, len - 8 * o);",
     "store_codes<BITS>(out, o * BITS, bytes_per_group, vec,",
-    "pack_octet<BITS>(kept[c], noise, start + 8 * o, count, vec,",
-    "if (k < count) word |= (W)round_code(v[k], r[k], zero, inv, levels) << (k * BITS);",
+    "usable ? pack_octet<BITS>(kept[c], noise, start + 8 * o, count,",
+    "word |= (W)round_code(v[k], r[k], zero, inv, levels) << (k * BITS);",
+    "return count < 8 ? word & (((W)1 << (count * BITS)) - 1) : word;",
     "r[k] = half_uniform(hash_pair(i >> 1, s0, s1), (int)(i & 1));",
     "if (vec && count == 8) {",
     "load8(x + at, raw);",
@@ -86,7 +88,7 @@ def _groups_by_warp(num_groups: int) -> list[int]:
 
 
 def _octets_by_lane(length: int) -> list[tuple[int, int]]:
-    """``(lane, o)`` in the order quantize_impl's two loops take a group's octets: the CACHED
+    """``(lane, o)`` in the order quantize_group's two loops take a group's octets: the CACHED
     kept in registers, then the rest (each lane's grid-stride loop)."""
     octets = (length + 7) >> 3
     taken = [(lane, lane + 32 * c) for c in range(CACHED) for lane in range(WARP)
@@ -101,7 +103,7 @@ def _vector_access(address: int, size: int) -> None:
 
 def emulate_pack(q: np.ndarray, bits: int, group_size: int, vec: bool,
                  itemsize: int = 4) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """quantize_impl's stores of the codes ``q`` (one per element): ``(codes, writes, reads)``,
+    """quantize_group's stores of the codes ``q`` (one per element): ``(codes, writes, reads)``,
     the bytes as the kernel leaves them (0xAB where nothing was written, like torch.empty's
     garbage), how many times each byte was written and how many times each element was read
     in the rounding pass. Vector accesses assert their alignment (buffers start aligned)."""

@@ -66,7 +66,9 @@ VARIANTS = [("ALU_CONVERSIONS=1",), ("CACHED=1",), ("CACHED=4", "MIN_BLOCKS=6"),
             ("LANES=16", "CACHED=4"), ("LANES=8", "CACHED=8"), ("LANES=16", "CACHED=1"),
             # every setting off its default at once: the build CI compiles with NVRTC
             ("CODES_FIRST=1",), ("CODES_FIRST=1", "LANES=16", "CACHED=4"), ("NOISE_FIRST=1",),
-            ("NOISE_FIRST=1", "LANES=16", "CACHED=4"),
+            ("NOISE_FIRST=1", "LANES=16", "CACHED=4"), ("CHUNK_STORES=1",),
+            ("CHUNK_STORES=1", "LANES=16", "CACHED=4"), ("CHUNK_STORES=1", "CACHED=1"),
+            ("CHUNK_STORES=1", "WIDE_CODE_LOADS=1"),
             ("ALU_CONVERSIONS=1", "WIDE_CODE_LOADS=1", "LANES=16", "CACHED=4", "PREFETCH=1",
              "NOISE_FIRST=1", "MIN_BLOCKS=2")]
 
@@ -91,6 +93,22 @@ def test_builds_with_other_settings_equal_the_reference(defines, bits, dtype):
                                                       vec=vec, grid=3, defines=defines)
             torch.testing.assert_close(restored, reference.dequantize_groups(
                 *want, bits, group_size, n, dtype), rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("bits", [1, 2, 3, 6, 8])
+def test_chunk_stores_restore_every_dtype_as_the_reference(bits, dtype):
+    """CHUNK_STORES=1 dequantizes by 16-byte chunks: 4 float32 or 2 float64 values, a part
+    of an octet's code word (8 for 16-bit types); whole groups, short last chunks, groups
+    past the cached chunks, groups not on an octet (element by element)."""
+    for n, group_size in [(2048 + 13, 512), (1000, 40), (2 * 1024 + 13, 1024), (999, 13)]:
+        x = _input(n, dtype, bits * 7 + n)
+        codes = reference.quantize_groups(x, bits, group_size, noise=hash_uniform(5, 0, n))
+        want = reference.dequantize_groups(*codes, bits, group_size, n, dtype)
+        for vec in [False, True] if vector_ok(group_size, x) else [False]:
+            got = host_kernels.dequantize_groups(*codes, bits, group_size, n, dtype, vec=vec,
+                                                 grid=2, defines=("CHUNK_STORES=1",))
+            assert torch.equal(got, want), f"n={n}, group_size={group_size}, vec={vec}"
 
 
 @pytest.mark.parametrize("defines", [("PREFETCH=1",), ("PREFETCH=1", "CACHED=1"),
@@ -132,17 +150,24 @@ def test_host_kernels_on_the_launchers_grid_and_a_misaligned_view(bits):
 
 
 def test_host_kernels_keep_non_finite_and_constant_groups_as_the_reference():
-    x = torch.randn(4 * 512)
+    """A group with a NaN, one with +inf, one with -inf, one whose finite range overflows
+    (codes 0, scale and zero NaN) and a constant one, on the path for whole groups of the
+    default size and on the general one (a short last group), with noise given and hashed."""
+    x = torch.randn(5 * 512 + 100)
     x[3], x[600], x[1100] = float("nan"), float("inf"), float("-inf")
-    x[1536:] = 0.75
+    x[1536], x[1537] = -3e38, 3e38
+    x[2048:] = 0.75
     noise = torch.rand(x.numel())
-    want = reference.quantize_groups(x, 4, 512, noise=noise)
-    got = host_kernels.quantize_groups(x, 4, 512, noise=noise, vec=True)
-    assert torch.equal(got[0], want[0])
-    for a, b in zip(got[1:], want[1:], strict=True):
-        torch.testing.assert_close(a, b, equal_nan=True, rtol=0, atol=0)
-    out = host_kernels.dequantize_groups(*got, 4, 512, x.numel(), torch.float32, vec=True)
-    assert out[:1536].isnan().all() and (out[1536:] == 0.75).all()
+    for kwargs, reference_noise in (({"noise": noise}, noise),
+                                    ({"seed": 9}, hash_uniform(9, 0, x.numel()))):
+        want = reference.quantize_groups(x, 4, 512, noise=reference_noise)
+        got = host_kernels.quantize_groups(x, 4, 512, vec=True, **kwargs)
+        assert torch.equal(got[0], want[0])
+        assert not got[0][:4].any()
+        for a, b in zip(got[1:], want[1:], strict=True):
+            torch.testing.assert_close(a, b, equal_nan=True, rtol=0, atol=0)
+        out = host_kernels.dequantize_groups(*got, 4, 512, x.numel(), torch.float32, vec=True)
+        assert out[:2048].isnan().all() and (out[2048:] == 0.75).all()
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
