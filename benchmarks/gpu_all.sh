@@ -25,8 +25,9 @@
 #              of the four models (fp32 and 2 bits, arxiv shape); evidence.py's table; then
 #              SAGE's and GCNII's 6 largest allocations at their peaks with their C++ frames
 #              (peak_stacks)
-#   tune       builds of cuda/quantize.cu with other compile-time settings (LANES, PREFETCH,
-#              CACHED, MIN_BLOCKS: tune_kernels.py's VARIANTS) against the default, kernel
+#   tune       builds of cuda/quantize.cu with other compile-time settings (NOISE_FIRST,
+#              CHUNK_STORES, SHARED_CODES, CODES_FIRST, LANES, PREFETCH, CACHED, MIN_BLOCKS:
+#              tune_kernels.py's VARIANTS) against the default, kernel
 #              alone, fp32 and bf16 at every width, each checked bit for bit against the default build
 #              (tune_kernels.py; NVRTC builds each variant: a few minutes). Make the fastest
 #              the default.

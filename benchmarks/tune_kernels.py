@@ -8,6 +8,7 @@ read by two aligned 8-byte loads; ``PREFETCH``: a warp loads its next group whil
 the current one, on a grid capped at the blocks the device holds at once; ``CODES_FIRST``:
 dequantize loads a group's code words together before restoring any; ``CHUNK_STORES``:
 float32 and float64 dequantized by 16-byte chunks, a warp's store 512 consecutive bytes;
+``SHARED_CODES``: 3 and 5-7-bit codes of whole groups read from a copy in shared memory;
 ``NOISE_FIRST``: quantize hashes a lane's noise while its loads are in flight; ``LANES``:
 lanes that share a group, a warp taking ``32 / LANES`` groups at once). Every build must give
 the default build's codes, scales, zeros and restored values bit for bit (``agrees``); a row
@@ -41,12 +42,12 @@ from gnnact.quant import DEFAULT_GROUP_SIZE
 
 #: The builds timed by default beside the default one (ALU_CONVERSIONS, WIDE_CODE_LOADS,
 #: CACHED=1 and CACHED=4 alone lost to it at every width twice on an H200: tune_kernels.jsonl).
-#: NOISE_FIRST and LANES/CACHED/MIN_BLOCKS change both kernels; CODES_FIRST and CHUNK_STORES
-#: dequantize only (its rows tell).
-VARIANTS = ("NOISE_FIRST=1", "CHUNK_STORES=1", "CODES_FIRST=1", "NOISE_FIRST=1,MIN_BLOCKS=3",
-            "CHUNK_STORES=1,MIN_BLOCKS=6", "LANES=16,CACHED=4,MIN_BLOCKS=3", "LANES=16",
-            "CODES_FIRST=1,LANES=16,CACHED=4,MIN_BLOCKS=3", "PREFETCH=1,MIN_BLOCKS=3",
-            "PREFETCH=1", "CACHED=1,MIN_BLOCKS=8")
+#: NOISE_FIRST quantizes only; CODES_FIRST, CHUNK_STORES and SHARED_CODES dequantize only (the
+#: other op's rows are the default's); LANES, CACHED and MIN_BLOCKS change both.
+VARIANTS = ("NOISE_FIRST=1", "CHUNK_STORES=1", "SHARED_CODES=1", "SHARED_CODES=1,CHUNK_STORES=1",
+            "CODES_FIRST=1", "NOISE_FIRST=1,MIN_BLOCKS=3", "CHUNK_STORES=1,MIN_BLOCKS=6",
+            "LANES=16,CACHED=4,MIN_BLOCKS=3", "PREFETCH=1", "PREFETCH=1,MIN_BLOCKS=3",
+            "CACHED=1,MIN_BLOCKS=8")
 
 
 def parse_variant(text: str) -> tuple[str, ...]:

@@ -19,7 +19,8 @@
 //   dequantize: a lane reads its octet's BITS bytes (one load for 1, 2, 4 and 8 bits with
 //     `vec`) and writes 8 values with vector stores.
 // Compile-time settings (CACHED, MIN_BLOCKS, ALU_CONVERSIONS, WIDE_CODE_LOADS, LANES, PREFETCH,
-// CODES_FIRST, CHUNK_STORES, NOISE_FIRST; defaults below) change speed, never results:
+// CODES_FIRST, CHUNK_STORES, SHARED_CODES, NOISE_FIRST; defaults below) change speed, never
+// results:
 // benchmarks/tune_kernels.py times the builds side by side.
 // A lane has 32 bytes of float32 in flight per octet, not 4.
 // Every float operation is an explicit round-to-nearest intrinsic so that NVRTC cannot
@@ -313,6 +314,16 @@ __device__ __forceinline__ W pack_octet(const float (&v)[8], const float* __rest
 #define CHUNK_STORES 0
 #endif
 
+// SHARED_CODES=1 builds dequantize whole groups of the default size at 3, 5, 6 and 7 bits
+// from a copy of the group's code bytes in shared memory: the lanes of a segment load the
+// group's 64 BITS bytes together by 16-byte vectors (aligned, as `vec` has the buffer and the
+// group's bytes are a multiple of 16), then each lane reads its octets' BITS bytes from the copy
+// with two aligned 8-byte reads, instead of BITS byte loads from global memory each. The
+// results are the same.
+#ifndef SHARED_CODES
+#define SHARED_CODES 0
+#endif
+
 // NOISE_FIRST=1 builds hash the noise of a lane's cached octets (seeded, octets starting on a
 // pair) right after issuing their loads, while the loads are in flight, instead of in the
 // rounding pass after the range reduction. The results are the same.
@@ -463,7 +474,8 @@ __device__ __forceinline__ void quantize_group(const QuantizeArgs<L>& a, i64 g, 
 #else
             const u32* pre = nullptr;
 #endif
-            store_codes<BITS>(out, o * BITS, bytes_per_group, vec,
+            // A whole group's octets end inside it: their bytes need no test against its end.
+            store_codes<BITS>(out, o * BITS, Whole ? (o + 1) * BITS : bytes_per_group, vec,
                               usable ? pack_octet<BITS>(kept[c], noise, start + 8 * o, count,
                                                         vec, zero, inv, levels, s0, s1, pre)
                                      : 0);
@@ -628,6 +640,37 @@ __device__ __forceinline__ void restore_group(const GroupCodes<BITS, W>& group,
     }
 }
 
+// SHARED_CODES: whether a kernel of this width stages whole groups' codes in shared memory,
+// and the 16-byte vectors a whole group's code stream takes.
+template <int BITS>
+struct Staged {
+    static constexpr bool used = SHARED_CODES && (BITS == 3 || (BITS >= 5 && BITS <= 7));
+    static constexpr int vectors = WHOLE_GROUP / 8 * BITS / 16;
+};
+
+// Copies the code stream of the whole group at `in` (16-byte aligned) into `slice`, the
+// segment's part of the block's shared memory: a vector a lane. The first __syncwarp keeps the
+// copy from overwriting what lanes still read of the previous group, the second makes it
+// visible to the whole segment.
+template <int BITS>
+__device__ __forceinline__ void stage_codes(const u8* __restrict__ in, Word16* slice, int sub) {
+    __syncwarp();
+    const Word16* src = reinterpret_cast<const Word16*>(in);
+#pragma unroll 1
+    for (int k = sub; k < Staged<BITS>::vectors; k += LANES) slice[k] = src[k];
+    __syncwarp();
+}
+
+// The code word of octet o from a staged group's stream: two aligned 8-byte reads at most.
+template <int BITS>
+__device__ __forceinline__ u64 staged_codes(const Word16* slice, int o) {
+    const u64* words = reinterpret_cast<const u64*>(slice);
+    const int b = o * BITS, i = b >> 3, off = b & 7;
+    u64 word = words[i] >> (8 * off);
+    if (off + BITS > 8) word |= words[i + 1] << (64 - 8 * off);  // off >= 2: the shift is < 64
+    return word & (~0ull >> (64 - 8 * BITS));
+}
+
 template <typename L, int BITS>
 __device__ __forceinline__ void dequantize_impl(
     const u8* __restrict__ codes, const float* __restrict__ scales,
@@ -640,6 +683,12 @@ __device__ __forceinline__ void dequantize_impl(
     const i64 stride = (i64)gridDim.x * (blockDim.x >> 5) * SEGMENTS;
     const u8* end = codes + num_groups * bytes_per_group;
     i64 base = ((i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * SEGMENTS;
+#if SHARED_CODES
+    // One slice a segment of the block's 8 warps (256 threads, BOUNDS).
+    __shared__ Word16 staged[8 * SEGMENTS][Staged<BITS>::used ? Staged<BITS>::vectors : 1];
+    Word16* slice = staged[(threadIdx.x >> 5) * SEGMENTS + segment];
+    const bool staging = Staged<BITS>::used && vec && group_size == WHOLE_GROUP;
+#endif
 #if PREFETCH
     // The next group's scale, zero and code words are loaded before this group's values are
     // stored, so a warp has a load in flight while it writes.
@@ -675,6 +724,22 @@ __device__ __forceinline__ void dequantize_impl(
     constexpr int E = ChunkOf<typename L::T>::E;  // values a chunk
     constexpr int PER = 8 / E;                     // chunks an octet
     for (; base < num_groups; base += stride) {
+#if SHARED_CODES
+        if (staging && (base + SEGMENTS) * WHOLE_GROUP <= n) {  // the warp's groups are whole
+            const i64 g = base + segment;
+            const float scale = scales[g];
+            const float zero = zeros[g];
+            stage_codes<BITS>(codes + g * bytes_per_group, slice, sub);
+#pragma unroll
+            for (int c = 0; c < CACHED * PER; ++c) {
+                const int q = sub + LANES * c;
+                restore_chunk<L, BITS, E>((W)staged_codes<BITS>(slice, q / PER)
+                                              >> ((sub % PER) * E * BITS),
+                                          scale, zero, out, g * WHOLE_GROUP + E * q, E, true);
+            }
+            continue;
+        }
+#endif
         const i64 g = base + segment;
         if (g >= num_groups) continue;  // no shuffles below: a segment may skip its pass
         const i64 start = g * group_size;
@@ -708,6 +773,21 @@ __device__ __forceinline__ void dequantize_impl(
     }
 #else
     for (; base < num_groups; base += stride) {
+#if SHARED_CODES
+        if (staging && (base + SEGMENTS) * WHOLE_GROUP <= n) {  // the warp's groups are whole
+            const i64 g = base + segment;
+            const float scale = scales[g];
+            const float zero = zeros[g];
+            stage_codes<BITS>(codes + g * bytes_per_group, slice, sub);
+#pragma unroll
+            for (int c = 0; c < CACHED; ++c) {
+                const int o = sub + LANES * c;
+                restore_octet<L, BITS>((W)staged_codes<BITS>(slice, o), scale, zero, out,
+                                       g * WHOLE_GROUP + 8 * o, 8, true);
+            }
+            continue;
+        }
+#endif
         const i64 g = base + segment;
         if (g >= num_groups) continue;  // no shuffles below: a segment may skip its pass
         const i64 start = g * group_size;

@@ -58,6 +58,9 @@ _PRELUDE = r"""
 #define __global__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
+// A block's shared memory: the warps run one at a time on the same 32 threads, so a static
+// array is what each warp of a block sees of it.
+#define __shared__ static
 
 struct HostDim { unsigned x; };
 static thread_local HostDim threadIdx, blockIdx, blockDim, gridDim;
@@ -104,6 +107,7 @@ static unsigned __ballot_sync(unsigned, int p) {
     warp_barrier->arrive_and_wait();
     return word;
 }
+static void __syncwarp(unsigned = 0xffffffffu) { warp_barrier->arrive_and_wait(); }
 template <typename T> static T __shfl_xor_sync(unsigned, T v, int offset) {
     return warp_exchange(v, lane_of ^ offset);
 }

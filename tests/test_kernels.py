@@ -348,9 +348,11 @@ def test_a_kernel_that_disagrees_or_fails_is_named_and_left_unused():
 
 
 @cuda
+# Builds tune_kernels.py times too (CuPy's disk cache then compiles each once).
 @pytest.mark.parametrize("defines", [("LANES=16", "CACHED=4", "MIN_BLOCKS=3"),
-                                     ("PREFETCH=1", "MIN_BLOCKS=3"),
-                                     ("CHUNK_STORES=1", "NOISE_FIRST=1"), ("CODES_FIRST=1",)],
+                                     ("PREFETCH=1", "MIN_BLOCKS=3"), ("NOISE_FIRST=1",),
+                                     ("SHARED_CODES=1", "CHUNK_STORES=1"), ("SHARED_CODES=1",),
+                                     ("CODES_FIRST=1",)],
                          ids=",".join)
 def test_builds_tune_kernels_times_equal_the_reference_on_the_gpu(defines):
     """The builds benchmarks/tune_kernels.py compares, on the device (their grids from the

@@ -68,7 +68,9 @@ VARIANTS = [("ALU_CONVERSIONS=1",), ("CACHED=1",), ("CACHED=4", "MIN_BLOCKS=6"),
             ("CODES_FIRST=1",), ("CODES_FIRST=1", "LANES=16", "CACHED=4"), ("NOISE_FIRST=1",),
             ("NOISE_FIRST=1", "LANES=16", "CACHED=4"), ("CHUNK_STORES=1",),
             ("CHUNK_STORES=1", "LANES=16", "CACHED=4"), ("CHUNK_STORES=1", "CACHED=1"),
-            ("CHUNK_STORES=1", "WIDE_CODE_LOADS=1"),
+            ("CHUNK_STORES=1", "WIDE_CODE_LOADS=1"), ("SHARED_CODES=1",),
+            ("SHARED_CODES=1", "CHUNK_STORES=1"), ("SHARED_CODES=1", "LANES=16", "CACHED=4"),
+            ("SHARED_CODES=1", "CHUNK_STORES=1", "LANES=8", "CACHED=8"),
             ("ALU_CONVERSIONS=1", "WIDE_CODE_LOADS=1", "LANES=16", "CACHED=4", "PREFETCH=1",
              "NOISE_FIRST=1", "MIN_BLOCKS=2")]
 
@@ -95,19 +97,23 @@ def test_builds_with_other_settings_equal_the_reference(defines, bits, dtype):
                 *want, bits, group_size, n, dtype), rtol=0, atol=0, equal_nan=True)
 
 
+@pytest.mark.parametrize("defines", [("CHUNK_STORES=1",), ("SHARED_CODES=1",),
+                                     ("SHARED_CODES=1", "CHUNK_STORES=1")], ids=",".join)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("bits", [1, 2, 3, 6, 8])
-def test_chunk_stores_restore_every_dtype_as_the_reference(bits, dtype):
+@pytest.mark.parametrize("bits", [1, 2, 3, 5, 6, 7, 8])
+def test_dequantize_builds_restore_every_dtype_as_the_reference(bits, dtype, defines):
     """CHUNK_STORES=1 dequantizes by 16-byte chunks: 4 float32 or 2 float64 values, a part
-    of an octet's code word (8 for 16-bit types); whole groups, short last chunks, groups
-    past the cached chunks, groups not on an octet (element by element)."""
-    for n, group_size in [(2048 + 13, 512), (1000, 40), (2 * 1024 + 13, 1024), (999, 13)]:
+    of an octet's code word (8 for 16-bit types); SHARED_CODES=1 reads the 3 and 5-7-bit codes
+    of whole groups from a copy in shared memory. Whole groups (several a warp on a grid of
+    one block), short last chunks, groups past the cached chunks, groups not on an octet
+    (element by element)."""
+    for n, group_size in [(40 * 512 + 13, 512), (1000, 40), (2 * 1024 + 13, 1024), (999, 13)]:
         x = _input(n, dtype, bits * 7 + n)
         codes = reference.quantize_groups(x, bits, group_size, noise=hash_uniform(5, 0, n))
         want = reference.dequantize_groups(*codes, bits, group_size, n, dtype)
         for vec in [False, True] if vector_ok(group_size, x) else [False]:
             got = host_kernels.dequantize_groups(*codes, bits, group_size, n, dtype, vec=vec,
-                                                 grid=2, defines=("CHUNK_STORES=1",))
+                                                 grid=1, defines=defines)
             assert torch.equal(got, want), f"n={n}, group_size={group_size}, vec={vec}"
 
 
