@@ -12,7 +12,13 @@ typedef unsigned long long u64;
 // load/store: as float, from float (round to nearest even), what quantization computes in.
 // Op, op_load, op_store: the type PyTorch computes an elementwise op in ("opmath": float for
 // float, half and bfloat16, double for double) and the exact conversions to and from it.
+// paired: two values of a 32-bit word (the first in the low half) are taken by one packed
+// instruction (sm_80+) where an exact result allows it: pair_min and pair_max are the fminf
+// and fmaxf of each half (NaN loses, as there), pair_zero_fma(v, a) is v * 0 + a in each half
+// (NaN where v is infinite or NaN or a is NaN, a signed zero otherwise); pair_inf and
+// pair_minus_inf hold +inf and -inf twice.
 struct F32 {
+    static constexpr bool paired = false;
     typedef float T;
     typedef float Op;
     static __device__ __forceinline__ float load(T v) { return v; }
@@ -21,6 +27,7 @@ struct F32 {
     static __device__ __forceinline__ T op_store(Op v) { return v; }
 };
 struct F64 {
+    static constexpr bool paired = false;
     typedef double T;
     typedef double Op;
     static __device__ __forceinline__ float load(T v) { return __double2float_rn(v); }
@@ -29,6 +36,24 @@ struct F64 {
     static __device__ __forceinline__ T op_store(Op v) { return v; }
 };
 struct F16 {
+    static constexpr bool paired = true;
+    static constexpr u32 pair_inf = 0x7c007c00u, pair_minus_inf = 0xfc00fc00u;
+    static __device__ __forceinline__ u32 pair_min(u32 a, u32 b) {
+        u32 d;
+        asm("min.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+        return d;
+    }
+    static __device__ __forceinline__ u32 pair_max(u32 a, u32 b) {
+        u32 d;
+        asm("max.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+        return d;
+    }
+    static __device__ __forceinline__ u32 pair_zero_fma(u32 v, u32 a) {
+        const u32 zero = 0;
+        u32 d;
+        asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(v), "r"(zero), "r"(a));
+        return d;
+    }
     typedef u16 T;
     typedef float Op;
     static __device__ __forceinline__ float load(T v) {
@@ -45,6 +70,24 @@ struct F16 {
     static __device__ __forceinline__ T op_store(Op v) { return store(v); }
 };
 struct BF16 {
+    static constexpr bool paired = true;
+    static constexpr u32 pair_inf = 0x7f807f80u, pair_minus_inf = 0xff80ff80u;
+    static __device__ __forceinline__ u32 pair_min(u32 a, u32 b) {
+        u32 d;
+        asm("min.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+        return d;
+    }
+    static __device__ __forceinline__ u32 pair_max(u32 a, u32 b) {
+        u32 d;
+        asm("max.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+        return d;
+    }
+    static __device__ __forceinline__ u32 pair_zero_fma(u32 v, u32 a) {
+        const u32 zero = 0;
+        u32 d;
+        asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(v), "r"(zero), "r"(a));
+        return d;
+    }
     typedef u16 T;
     typedef float Op;
     static __device__ __forceinline__ float load(T v) { return __uint_as_float(((u32)v) << 16); }

@@ -9,8 +9,9 @@
 // bytes [o BITS, (o + 1) BITS) at every width 1-8: no two lanes share a byte, and no shuffles
 // are needed to pack.
 //   quantize: a lane loads its octets (16-byte vector loads where the launcher found the
-//     buffers aligned, `vec`), keeps min/max and a non-finite check, and the warp combines them
-//     with shuffles (no shared memory, no __syncthreads). Noise: one hash per pair of
+//     buffers aligned, `vec`), keeps min/max and a non-finite check (float16 and bfloat16: two
+//     values an instruction on the loaded words, Range), and the warp combines them with
+//     shuffles (no shared memory, no __syncthreads). Noise: one hash per pair of
 //     elements. Groups of up to 32 * 8 * CACHED elements (the default 512) stay in registers
 //     for the rounding pass; larger ones are read again (L1/L2). Each octet's 8 codes are
 //     stored as one BITS-byte word (a single store for 1, 2, 4 and 8 bits with `vec`).
@@ -133,22 +134,88 @@ __device__ __forceinline__ u32 round_code(float v, float r, float zero, float in
 #endif
 }
 
-// Elements [at, at + count) of x as float, count in 1..8; the slots past count repeat the
-// first element, which changes neither a minimum, a maximum nor the finite flag. One or more
-// 16-byte loads when `vec` (x + at is then 16-byte aligned) and the octet is whole.
+// Elements [at, at + count) of x, count in 1..8; the slots past count repeat the first
+// element, which changes neither a minimum, a maximum nor the finite test. One or more 16-byte
+// loads when `vec` (x + at is then 16-byte aligned) and the octet is whole.
+template <typename L>
+__device__ __forceinline__ void load_raw(const typename L::T* __restrict__ x, i64 at, int count,
+                                         bool vec, typename L::T (&raw)[8]) {
+    if (vec && count == 8) {
+        load8(x + at, raw);
+    } else {
+        const typename L::T first = x[at];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) raw[k] = k < count ? x[at + k] : first;
+    }
+}
+
+// The same elements as float.
 template <typename L>
 __device__ __forceinline__ void load_octet(const typename L::T* __restrict__ x, i64 at,
                                            int count, bool vec, float (&v)[8]) {
-    if (vec && count == 8) {
-        typename L::T raw[8];
-        load8(x + at, raw);
+    typename L::T raw[8];
+    load_raw<L>(x, at, count, vec, raw);
 #pragma unroll
-        for (int k = 0; k < 8; ++k) v[k] = L::load(raw[k]);
-    } else {
-        const float first = L::load(x[at]);
+    for (int k = 0; k < 8; ++k) v[k] = L::load(raw[k]);
+}
+
+// The quantizer's range pass over the values a lane loads: their minimum, maximum and whether
+// one is not finite (v * 0 is NaN for an infinite or NaN v and a zero otherwise, so `bad` is NaN
+// exactly when one was: one fused instruction a value).
+template <typename L, bool Paired = L::paired>
+struct Range {
+    float lo, hi, bad;
+    __device__ __forceinline__ Range()
+        : lo(__int_as_float(0x7f800000)), hi(__int_as_float(0xff800000)), bad(0.0f) {}
+    __device__ __forceinline__ void add_octet(const typename L::T (&raw)[8]) {
 #pragma unroll
-        for (int k = 0; k < 8; ++k) v[k] = k < count ? L::load(x[at + k]) : first;
+        for (int k = 0; k < 8; ++k) {
+            const float v = L::load(raw[k]);
+            lo = fminf(lo, v);
+            hi = fmaxf(hi, v);
+            bad = __fmaf_rn(v, 0.0f, bad);
+        }
     }
+    __device__ __forceinline__ float low() const { return lo; }
+    __device__ __forceinline__ float high() const { return hi; }
+    __device__ __forceinline__ bool flagged() const { return bad != 0.0f; }
+};
+
+// float16 and bfloat16: two values an instruction, on the words they were loaded in
+// (dtypes.cuh: the same minimum, maximum and test as on their float values), converted to
+// float once the octets are all in, not value by value.
+template <typename L>
+struct Range<L, true> {
+    u32 lo, hi, bad;
+    __device__ __forceinline__ Range() : lo(L::pair_inf), hi(L::pair_minus_inf), bad(0u) {}
+    __device__ __forceinline__ void add_octet(const u16 (&raw)[8]) {
+#pragma unroll
+        for (int k = 0; k < 8; k += 2) {
+            const u32 w = raw[k] | ((u32)raw[k + 1] << 16);
+            lo = L::pair_min(lo, w);
+            hi = L::pair_max(hi, w);
+            bad = L::pair_zero_fma(w, bad);
+        }
+    }
+    __device__ __forceinline__ float low() const {
+        return fminf(L::load((u16)lo), L::load((u16)(lo >> 16)));
+    }
+    __device__ __forceinline__ float high() const {
+        return fmaxf(L::load((u16)hi), L::load((u16)(hi >> 16)));
+    }
+    // A half is a signed zero or (once a value was not finite) NaN.
+    __device__ __forceinline__ bool flagged() const { return (bad & 0x7fff7fffu) != 0; }
+};
+
+// load_octet that also adds the octet to `range`.
+template <typename L>
+__device__ __forceinline__ void load_ranged(const typename L::T* __restrict__ x, i64 at,
+                                            int count, bool vec, float (&v)[8], Range<L>& range) {
+    typename L::T raw[8];
+    load_raw<L>(x, at, count, vec, raw);
+    range.add_octet(raw);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v[k] = L::load(raw[k]);
 }
 
 // Elements [at, at + count) of out from v; vector stores when `vec` and the octet is whole.
@@ -332,17 +399,18 @@ __device__ __forceinline__ W pack_octet(const float (&v)[8], const float* __rest
 #endif
 
 // A group's first CACHED octets per lane of its segment (those of a short group only), as
-// load_octet reads them.
+// load_octet reads them, added to `range`.
 template <typename L>
 __device__ __forceinline__ void load_cached(const typename L::T* __restrict__ x, i64 start,
                                             i64 len, int sub, bool vec,
-                                            float (&kept)[CACHED][8]) {
+                                            float (&kept)[CACHED][8], Range<L>& range) {
     const i64 octets = (len + 7) >> 3;
 #pragma unroll
     for (int c = 0; c < CACHED; ++c) {
         const i64 o = sub + LANES * c;
         if (o < octets) {
-            load_octet<L>(x, start + 8 * o, (int)min((i64)8, len - 8 * o), vec, kept[c]);
+            load_ranged<L>(x, start + 8 * o, (int)min((i64)8, len - 8 * o), vec, kept[c],
+                           range);
         }
     }
 }
@@ -369,15 +437,17 @@ struct QuantizeArgs {
 // The group a lane's segment caches whole: 8 elements an octet, CACHED octets a lane.
 #define WHOLE_GROUP (8 * LANES * CACHED)
 
-// Quantizes group g (`kept`: the lane's cached octets of it, loaded here unless PREFETCH, which
-// loaded them in the previous pass and loads those of group g + stride into `kept` here).
+// Quantizes group g (`kept`: the lane's cached octets of it and `range` their range pass, loaded
+// here unless PREFETCH, which loaded them in the previous pass and loads those of group
+// g + stride into `kept` and `range` here).
 // Whole = true: g is a group of WHOLE_GROUP elements, all of it in the input, and `vec` holds;
 // its length, octet counts and byte offsets are then constants, and the tests and the loops
 // for octets past the cached ones, for short octets and for the bytes past the last octet
 // compile away (the same results, fewer instructions).
 template <typename L, int BITS, bool Whole>
 __device__ __forceinline__ void quantize_group(const QuantizeArgs<L>& a, i64 g, i64 stride,
-                                               int sub, int segment, float (&kept)[CACHED][8]) {
+                                               int sub, int segment, float (&kept)[CACHED][8],
+                                               Range<L>& range) {
     const float levels = (float)((1 << BITS) - 1);
     const bool vec = Whole || a.vec;
     const i64 group_size = Whole ? WHOLE_GROUP : a.group_size;
@@ -389,13 +459,8 @@ __device__ __forceinline__ void quantize_group(const QuantizeArgs<L>& a, i64 g, 
     const i64 len = Whole ? WHOLE_GROUP : group_length(g, a.num_groups, group_size, a.n);
     const i64 octets = (len + 7) >> 3;
 
-    float lo = __int_as_float(0x7f800000);   // +inf
-    float hi = __int_as_float(0xff800000);   // -inf
-    // v * 0 is NaN for an infinite or NaN v and a zero otherwise: the sum is NaN exactly
-    // when the group holds a non-finite value (one fused instruction an element).
-    float bad = 0.0f;
 #if !PREFETCH
-    load_cached<L>(a.x, start, len, sub, vec, kept);
+    load_cached<L>(a.x, start, len, sub, vec, kept, range);
 #endif
 #if NOISE_FIRST
     u32 hashes[CACHED][4];
@@ -409,44 +474,28 @@ __device__ __forceinline__ void quantize_group(const QuantizeArgs<L>& a, i64 g, 
         }
     }
 #endif
-#pragma unroll
-    for (int c = 0; c < CACHED; ++c) {
-        const i64 o = sub + LANES * c;
-        if (o < octets) {
-#pragma unroll
-            for (int k = 0; k < 8; ++k) {
-                lo = fminf(lo, kept[c][k]);
-                hi = fmaxf(hi, kept[c][k]);
-                bad = __fmaf_rn(kept[c][k], 0.0f, bad);
-            }
-        }
-    }
     // Octets past the cached ones (groups larger than WHOLE_GROUP): not unrolled, so that the
     // common group, which has none, pays one test for them.
 #pragma unroll 1
     for (i64 o = sub + LANES * CACHED; o < octets; o += LANES) {
         float v[8];
-        load_octet<L>(a.x, start + 8 * o, (int)min((i64)8, len - 8 * o), vec, v);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-            lo = fminf(lo, v[k]);
-            hi = fmaxf(hi, v[k]);
-            bad = __fmaf_rn(v[k], 0.0f, bad);
-        }
+        load_ranged<L>(a.x, start + 8 * o, (int)min((i64)8, len - 8 * o), vec, v, range);
     }
 #if PREFETCH
     float next[CACHED][8];
+    Range<L> next_range;
     const i64 following = g + stride;
     load_cached<L>(a.x, following * a.group_size,
-                   group_length(following, a.num_groups, a.group_size, a.n), sub, a.vec, next);
+                   group_length(following, a.num_groups, a.group_size, a.n), sub, a.vec, next,
+                   next_range);
 #endif
-    lo = segment_min(lo);
-    hi = segment_max(hi);
-    const bool finite = segment_none(bad != 0.0f, segment);
+    const float lo = segment_min(range.low());
+    const float hi = segment_max(range.high());
+    const bool finite = segment_none(range.flagged(), segment);
 
-    const float range = __fsub_rn(hi, lo);
+    const float width = __fsub_rn(hi, lo);
     float scale, zero, inv;
-    const bool usable = finite && isfinite(range);
+    const bool usable = finite && isfinite(width);
     if (!usable) {
         // NaN/Inf in the group, or a range that overflows: the whole group reads back as
         // NaN, its codes are 0.
@@ -454,9 +503,9 @@ __device__ __forceinline__ void quantize_group(const QuantizeArgs<L>& a, i64 g, 
         zero = scale;
         inv = 0.0f;
     } else {
-        scale = __fdiv_rn(range, levels);
+        scale = __fdiv_rn(width, levels);
         zero = lo;
-        inv = range > 0.0f ? __fdiv_rn(levels, range) : 0.0f;
+        inv = width > 0.0f ? __fdiv_rn(levels, width) : 0.0f;
     }
     if (sub == 0 && exists) {
         a.scales[g] = scale;
@@ -501,6 +550,7 @@ __device__ __forceinline__ void quantize_group(const QuantizeArgs<L>& a, i64 g, 
 #pragma unroll
         for (int k = 0; k < 8; ++k) kept[c][k] = next[c][k];
     }
+    range = next_range;
 #endif
 }
 
@@ -516,15 +566,19 @@ __device__ __forceinline__ void quantize_impl(const QuantizeArgs<L>& a) {
     const bool whole_groups = a.vec && a.group_size == WHOLE_GROUP;
     float kept[CACHED][8];
 #if PREFETCH
+    Range<L> range;
     load_cached<L>(a.x, (base + segment) * a.group_size,
                    group_length(base + segment, a.num_groups, a.group_size, a.n), sub, a.vec,
-                   kept);
+                   kept, range);
 #endif
     for (; base < a.num_groups; base += stride) {
+#if !PREFETCH
+        Range<L> range;
+#endif
         if (whole_groups && (base + SEGMENTS) * WHOLE_GROUP <= a.n) {
-            quantize_group<L, BITS, true>(a, base + segment, stride, sub, segment, kept);
+            quantize_group<L, BITS, true>(a, base + segment, stride, sub, segment, kept, range);
         } else {
-            quantize_group<L, BITS, false>(a, base + segment, stride, sub, segment, kept);
+            quantize_group<L, BITS, false>(a, base + segment, stride, sub, segment, kept, range);
         }
     }
 }

@@ -41,7 +41,9 @@ _C_TYPES = {"f32": "float", "f64": "double", "f16": "u16", "bf16": "u16"}
 #: The inline PTX statements the sources may use, each with a host twin in the prelude.
 PTX = ("cvt.f32.f16 %0, %1;", "cvt.rn.f16.f32 %0, %1;", "cvt.rn.bf16.f32 %0, %1;",
        "mul.rn.f32 %0, %1, %2;", "cvt.rn.f32.f64 %0, %1;", "fma.rn.f32 %0, %1, %2, %3;",
-       r"{\n\t.reg .pred q;\n\tsetp.gt.f32 q, %1, 0f00000000;\n\tselp.u32 %0, 1, 0, q;\n\t}")
+       r"{\n\t.reg .pred q;\n\tsetp.gt.f32 q, %1, 0f00000000;\n\tselp.u32 %0, 1, 0, q;\n\t}",
+       "min.f16x2 %0, %1, %2;", "max.f16x2 %0, %1, %2;", "fma.rn.f16x2 %0, %1, %2, %3;",
+       "min.bf16x2 %0, %1, %2;", "max.bf16x2 %0, %1, %2;", "fma.rn.bf16x2 %0, %1, %2, %3;")
 
 _PRELUDE = r"""
 #include <barrier>
@@ -154,6 +156,56 @@ static void host_ptx(const char* ptx, unsigned& out, float v) {
 static void host_ptx(const char* ptx, float& out, double v) {
     ptx_check(ptx, "cvt.rn.f32.f64 %0, %1;");
     out = (float)v;
+}
+
+// Packed pairs of float16 or bfloat16 (the first value in the low half): each half through
+// float, where min, max and v * 0 + a are exact.
+static float pair_half(unsigned w, int k, bool bf16) {
+    const unsigned short h = (unsigned short)(w >> (16 * k));
+    if (bf16) {
+        const unsigned b = (unsigned)h << 16;
+        float f;
+        std::memcpy(&f, &b, 4);
+        return f;
+    }
+    _Float16 f;
+    std::memcpy(&f, &h, 2);
+    return (float)f;
+}
+static unsigned pair_word(float lo, float hi, bool bf16) {
+    unsigned short h[2];
+    const float v[2] = {lo, hi};
+    for (int k = 0; k < 2; ++k) {
+        if (bf16) {  // min, max, zeros and NaN: exact in bfloat16 (NaN made canonical)
+            unsigned b;
+            std::memcpy(&b, &v[k], 4);
+            h[k] = std::isnan(v[k]) ? (unsigned short)0x7fff : (unsigned short)(b >> 16);
+        } else {
+            const _Float16 f = (_Float16)v[k];
+            std::memcpy(&h[k], &f, 2);
+        }
+    }
+    return h[0] | ((unsigned)h[1] << 16);
+}
+static void host_ptx(const char* ptx, unsigned& out, unsigned a, unsigned b) {
+    const bool bf16 = std::strstr(ptx, "bf16x2") != nullptr;
+    const bool is_min = std::strncmp(ptx, "min.", 4) == 0;
+    if (!is_min && std::strncmp(ptx, "max.", 4) != 0) ptx_check(ptx, "min/max pairs");
+    float r[2];
+    for (int k = 0; k < 2; ++k) {
+        const float x = pair_half(a, k, bf16), y = pair_half(b, k, bf16);
+        r[k] = is_min ? std::fmin(x, y) : std::fmax(x, y);
+    }
+    out = pair_word(r[0], r[1], bf16);
+}
+static void host_ptx(const char* ptx, unsigned& out, unsigned v, unsigned zero, unsigned a) {
+    const bool bf16 = std::strcmp(ptx, "fma.rn.bf16x2 %0, %1, %2, %3;") == 0;
+    if (!bf16) ptx_check(ptx, "fma.rn.f16x2 %0, %1, %2, %3;");
+    float r[2];
+    for (int k = 0; k < 2; ++k) {
+        r[k] = pair_half(v, k, bf16) * pair_half(zero, k, bf16) + pair_half(a, k, bf16);
+    }
+    out = pair_word(r[0], r[1], bf16);
 }
 
 static int __all_sync(unsigned, int p) {

@@ -48,7 +48,7 @@ KERNEL_LINES = (
     "r[k] = half_uniform(hash_pair(i >> 1, s0, s1), (int)(i & 1));",
     "if (vec && count == 8) {",
     "load8(x + at, raw);",
-    "for (int k = 0; k < 8; ++k) v[k] = k < count ? L::load(x[at + k]) : first;",
+    "for (int k = 0; k < 8; ++k) raw[k] = k < count ? x[at + k] : first;",
     "if (vec && BITS == 2) return *reinterpret_cast<const u16*>(in + b);",
     "if (b + k < limit) word |= (W)in[b + k] << (8 * k);",
     "*reinterpret_cast<u64*>(out + b) = (u64)word;",

@@ -155,14 +155,17 @@ def test_host_kernels_on_the_launchers_grid_and_a_misaligned_view(bits):
                                                         torch.float32))
 
 
-def test_host_kernels_keep_non_finite_and_constant_groups_as_the_reference():
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_host_kernels_keep_non_finite_and_constant_groups_as_the_reference(dtype):
     """A group with a NaN, one with +inf, one with -inf, one whose finite range overflows
-    (codes 0, scale and zero NaN) and a constant one, on the path for whole groups of the
-    default size and on the general one (a short last group), with noise given and hashed."""
-    x = torch.randn(5 * 512 + 100)
+    (codes 0, scale and zero NaN; infinite in float16) and a constant one, on the path for
+    whole groups of the default size and on the general one (a short last group), with noise
+    given and hashed; float16 and bfloat16 take their range two values an instruction."""
+    x = torch.randn(5 * 512 + 100, dtype=torch.float64)
     x[3], x[600], x[1100] = float("nan"), float("inf"), float("-inf")
     x[1536], x[1537] = -3e38, 3e38
     x[2048:] = 0.75
+    x = x.to(dtype)
     noise = torch.rand(x.numel())
     for kwargs, reference_noise in (({"noise": noise}, noise),
                                     ({"seed": 9}, hash_uniform(9, 0, x.numel()))):
@@ -172,7 +175,7 @@ def test_host_kernels_keep_non_finite_and_constant_groups_as_the_reference():
         assert not got[0][:4].any()
         for a, b in zip(got[1:], want[1:], strict=True):
             torch.testing.assert_close(a, b, equal_nan=True, rtol=0, atol=0)
-        out = host_kernels.dequantize_groups(*got, 4, 512, x.numel(), torch.float32, vec=True)
+        out = host_kernels.dequantize_groups(*got, 4, 512, x.numel(), dtype, vec=True)
         assert out[:2048].isnan().all() and (out[2048:] == 0.75).all()
 
 

@@ -69,9 +69,11 @@ def _backend(backend: str, device: torch.device, bits: int | None = None) -> Mod
 def kernel_agrees(device_index: int, bits: int) -> bool:
     """Whether the CUDA kernels for ``bits`` reproduce the torch reference
     (``gnnact.quant.reference``) on GPU ``device_index``, bit for bit: checked once per device
-    and width in a process: quantize and dequantize of 5 groups of 64 float32 values, the last
-    one short, with fixed noise and with the seeded hash, and of groups of 13, which the
-    kernels take element by element rather than by 16-byte vectors.
+    and width in a process: quantize and dequantize of 1,061 float32 values in groups of 64 and
+    of 512 (the default size, which the kernels take by a path compiled for it), the last one
+    short, with fixed noise and with the seeded hash, in groups of 13, which the kernels
+    take element by element rather than by 16-byte vectors, and of the same values in
+    bfloat16 and float16.
     ``backend="auto"`` sends a width to the kernels only when they agree; otherwise it warns,
     naming the width, and keeps it on the torch path (the same format, slower).
     ``backend="cupy"`` calls the kernels unchecked.
@@ -95,20 +97,26 @@ def kernel_matches(kernels: ModuleType, device: torch.device, bits: int) -> bool
     reference on the CPU (its seeded noise being the hash the kernels compute, as the
     reference draws it on CUDA)."""
     generator = torch.Generator().manual_seed(0)
-    x = torch.randn(4 * 64 + 37, generator=generator)
-    fixed = torch.rand(x.numel(), generator=generator)
+    values = torch.randn(2 * DEFAULT_GROUP_SIZE + 37, generator=generator)
+    fixed = torch.rand(values.numel(), generator=generator)
 
-    def agree(group_size: int, noise: Tensor | None, seed: int | None) -> bool:
+    def agree(group_size: int, noise: Tensor | None, seed: int | None,
+              dtype: torch.dtype = torch.float32) -> bool:
+        x = values.to(dtype)
         reference_noise = noise if noise is not None else hash_uniform(seed, 0, x.numel())
         want = reference.quantize_groups(x, bits, group_size, noise=reference_noise)
         got = kernels.quantize_groups(x.to(device), bits, group_size, seed=seed,
                                       noise=None if noise is None else noise.to(device))
-        back = kernels.dequantize_groups(*got, bits, group_size, x.numel(), torch.float32)
+        back = kernels.dequantize_groups(*got, bits, group_size, x.numel(), dtype)
         return (all(torch.equal(a, b.cpu()) for a, b in zip(want, got, strict=True))
                 and torch.equal(back.cpu(), reference.dequantize_groups(
-                    *want, bits, group_size, x.numel(), torch.float32)))
+                    *want, bits, group_size, x.numel(), dtype)))
 
-    return agree(64, fixed, None) and agree(64, None, 7) and agree(13, fixed, None)
+    # float16 and bfloat16 too: the kernels take their range pass on packed pairs.
+    return (agree(64, fixed, None) and agree(64, None, 7) and agree(13, fixed, None)
+            and agree(DEFAULT_GROUP_SIZE, fixed, None) and agree(DEFAULT_GROUP_SIZE, None, 7)
+            and agree(DEFAULT_GROUP_SIZE, None, 7, torch.bfloat16)
+            and agree(DEFAULT_GROUP_SIZE, None, 7, torch.float16))
 
 
 def _self_check(check: Callable[[], bool], unused: str, instead: str) -> bool:
