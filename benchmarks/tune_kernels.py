@@ -11,9 +11,10 @@ float32 and float64 dequantized by 16-byte chunks, a warp's store 512 consecutiv
 ``SHARED_CODES``: 3 and 5-7-bit codes of whole groups read from a copy in shared memory;
 ``NOISE_FIRST``: quantize hashes a lane's noise while its loads are in flight; ``LANES``:
 lanes that share a group, a warp taking ``32 / LANES`` groups at once). Every build must give
-the default build's codes, scales, zeros and restored values bit for bit (``agrees``); a row
-gives the kernel's own time (calls queued back to back, :func:`_common.kernel_seconds`) and its
-share of a copy's bandwidth timed the same way, as ``bench_quantize.py`` counts bytes.
+the default build's codes, scales, zeros and restored values bit for bit (``agrees``); a row,
+one for each op the build changes (:data:`ONE_OP`), gives the kernel's own time (calls queued
+back to back, :func:`_common.kernel_seconds`) and its share of a copy's bandwidth timed the
+same way, as ``bench_quantize.py`` counts bytes.
 
 Usage::
 
@@ -42,12 +43,26 @@ from gnnact.quant import DEFAULT_GROUP_SIZE
 
 #: The builds timed by default beside the default one (ALU_CONVERSIONS, WIDE_CODE_LOADS,
 #: CACHED=1 and CACHED=4 alone lost to it at every width twice on an H200: tune_kernels.jsonl).
-#: NOISE_FIRST quantizes only; CODES_FIRST, CHUNK_STORES and SHARED_CODES dequantize only (the
-#: other op's rows are the default's); LANES, CACHED and MIN_BLOCKS change both.
 VARIANTS = ("NOISE_FIRST=1", "CHUNK_STORES=1", "SHARED_CODES=1", "SHARED_CODES=1,CHUNK_STORES=1",
             "CODES_FIRST=1", "NOISE_FIRST=1,MIN_BLOCKS=3", "CHUNK_STORES=1,MIN_BLOCKS=6",
             "LANES=16,CACHED=4,MIN_BLOCKS=3", "PREFETCH=1", "PREFETCH=1,MIN_BLOCKS=3",
             "CACHED=1,MIN_BLOCKS=8")
+
+
+#: Settings that change one kernel only: a variant made of them is timed on that op alone
+#: (the other op's kernel is the default build's); LANES, CACHED, MIN_BLOCKS and PREFETCH
+#: change both.
+ONE_OP = {"NOISE_FIRST": "quantize", "ALU_CONVERSIONS": "quantize",
+          "CODES_FIRST": "dequantize", "CHUNK_STORES": "dequantize",
+          "SHARED_CODES": "dequantize", "WIDE_CODE_LOADS": "dequantize"}
+
+
+def timed_ops(defines: tuple[str, ...]) -> tuple[str, ...]:
+    """The ops whose kernels ``defines`` change (both for the default build, ``()``)."""
+    ops = {ONE_OP.get(d.partition("=")[0]) for d in defines}
+    if len(ops) == 1 and None not in ops:
+        return (ops.pop(),)
+    return ("quantize", "dequantize")
 
 
 def parse_variant(text: str) -> tuple[str, ...]:
@@ -90,6 +105,8 @@ def tune(device: torch.device, variants: list[tuple[str, ...]], bits_list: list[
             agrees = _same(quantize(), base) and _same((dequantize(),), (base_back,))
             name = ",".join(defines) or "default"
             for op, fn in (("quantize", quantize), ("dequantize", dequantize)):
+                if op not in timed_ops(defines):
+                    continue
                 seconds = kernel_seconds(fn, device, repeats=repeats)
                 frac = moved / seconds / 1e9 / copy_gbps
                 rows.append({"bench": "kernel_variant", **env, "defines": ",".join(defines),

@@ -35,25 +35,34 @@ struct F64 {
     static __device__ __forceinline__ Op op_load(T v) { return v; }
     static __device__ __forceinline__ T op_store(Op v) { return v; }
 };
-struct F16 {
+// The packed-pair operations of float16 (BF = false) and bfloat16 (BF = true), as `paired`
+// above describes them.
+template <bool BF>
+struct PairOps {
     static constexpr bool paired = true;
-    static constexpr u32 pair_inf = 0x7c007c00u, pair_minus_inf = 0xfc00fc00u;
     static __device__ __forceinline__ u32 pair_min(u32 a, u32 b) {
         u32 d;
-        asm("min.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+        if (BF) asm("min.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+        else asm("min.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
         return d;
     }
     static __device__ __forceinline__ u32 pair_max(u32 a, u32 b) {
         u32 d;
-        asm("max.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+        if (BF) asm("max.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+        else asm("max.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
         return d;
     }
     static __device__ __forceinline__ u32 pair_zero_fma(u32 v, u32 a) {
         const u32 zero = 0;
         u32 d;
-        asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(v), "r"(zero), "r"(a));
+        if (BF) asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(v), "r"(zero), "r"(a));
+        else asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(v), "r"(zero), "r"(a));
         return d;
     }
+};
+
+struct F16 : PairOps<false> {
+    static constexpr u32 pair_inf = 0x7c007c00u, pair_minus_inf = 0xfc00fc00u;
     typedef u16 T;
     typedef float Op;
     static __device__ __forceinline__ float load(T v) {
@@ -69,25 +78,8 @@ struct F16 {
     static __device__ __forceinline__ Op op_load(T v) { return load(v); }
     static __device__ __forceinline__ T op_store(Op v) { return store(v); }
 };
-struct BF16 {
-    static constexpr bool paired = true;
+struct BF16 : PairOps<true> {
     static constexpr u32 pair_inf = 0x7f807f80u, pair_minus_inf = 0xff80ff80u;
-    static __device__ __forceinline__ u32 pair_min(u32 a, u32 b) {
-        u32 d;
-        asm("min.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-        return d;
-    }
-    static __device__ __forceinline__ u32 pair_max(u32 a, u32 b) {
-        u32 d;
-        asm("max.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-        return d;
-    }
-    static __device__ __forceinline__ u32 pair_zero_fma(u32 v, u32 a) {
-        const u32 zero = 0;
-        u32 d;
-        asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(v), "r"(zero), "r"(a));
-        return d;
-    }
     typedef u16 T;
     typedef float Op;
     static __device__ __forceinline__ float load(T v) { return __uint_as_float(((u32)v) << 16); }

@@ -725,6 +725,31 @@ __device__ __forceinline__ u64 staged_codes(const Word16* slice, int o) {
     return word & (~0ull >> (64 - 8 * BITS));
 }
 
+// Restores whole group g from a staged copy of its code stream (SHARED_CODES), E values a
+// store: an octet (E = 8), or a chunk of CHUNK_STORES (E = 4 or 2, PER chunks an octet).
+template <typename L, int BITS, int E>
+__device__ __forceinline__ void restore_staged(const u8* __restrict__ codes,
+                                               const float* __restrict__ scales,
+                                               const float* __restrict__ zeros,
+                                               typename L::T* __restrict__ out, i64 g,
+                                               i64 bytes_per_group, Word16* slice, int sub) {
+    typedef typename WordOf<(BITS > 4)>::T W;
+    constexpr int PER = 8 / E;
+    const float scale = scales[g];
+    const float zero = zeros[g];
+    stage_codes<BITS>(codes + g * bytes_per_group, slice, sub);
+#pragma unroll
+    for (int c = 0; c < CACHED * PER; ++c) {
+        const int q = sub + LANES * c;  // the octet or chunk; q % PER is sub % PER
+        const W word = (W)staged_codes<BITS>(slice, q / PER) >> ((sub % PER) * E * BITS);
+        if constexpr (E == 8) {
+            restore_octet<L, BITS>(word, scale, zero, out, g * WHOLE_GROUP + 8 * q, 8, true);
+        } else {
+            restore_chunk<L, BITS, E>(word, scale, zero, out, g * WHOLE_GROUP + E * q, E, true);
+        }
+    }
+}
+
 template <typename L, int BITS>
 __device__ __forceinline__ void dequantize_impl(
     const u8* __restrict__ codes, const float* __restrict__ scales,
@@ -780,17 +805,8 @@ __device__ __forceinline__ void dequantize_impl(
     for (; base < num_groups; base += stride) {
 #if SHARED_CODES
         if (staging && (base + SEGMENTS) * WHOLE_GROUP <= n) {  // the warp's groups are whole
-            const i64 g = base + segment;
-            const float scale = scales[g];
-            const float zero = zeros[g];
-            stage_codes<BITS>(codes + g * bytes_per_group, slice, sub);
-#pragma unroll
-            for (int c = 0; c < CACHED * PER; ++c) {
-                const int q = sub + LANES * c;
-                restore_chunk<L, BITS, E>((W)staged_codes<BITS>(slice, q / PER)
-                                              >> ((sub % PER) * E * BITS),
-                                          scale, zero, out, g * WHOLE_GROUP + E * q, E, true);
-            }
+            restore_staged<L, BITS, E>(codes, scales, zeros, out, base + segment,
+                                       bytes_per_group, slice, sub);
             continue;
         }
 #endif
@@ -829,16 +845,8 @@ __device__ __forceinline__ void dequantize_impl(
     for (; base < num_groups; base += stride) {
 #if SHARED_CODES
         if (staging && (base + SEGMENTS) * WHOLE_GROUP <= n) {  // the warp's groups are whole
-            const i64 g = base + segment;
-            const float scale = scales[g];
-            const float zero = zeros[g];
-            stage_codes<BITS>(codes + g * bytes_per_group, slice, sub);
-#pragma unroll
-            for (int c = 0; c < CACHED; ++c) {
-                const int o = sub + LANES * c;
-                restore_octet<L, BITS>((W)staged_codes<BITS>(slice, o), scale, zero, out,
-                                       g * WHOLE_GROUP + 8 * o, 8, true);
-            }
+            restore_staged<L, BITS, 8>(codes, scales, zeros, out, base + segment,
+                                       bytes_per_group, slice, sub);
             continue;
         }
 #endif

@@ -464,6 +464,12 @@ def test_tune_kernels_reads_variants_and_refuses_a_cpu(capsys):
     assert tune.parse_variant("ALU_CONVERSIONS=1, MIN_BLOCKS=6") == ("ALU_CONVERSIONS=1",
                                                                      "MIN_BLOCKS=6")
     assert tune.parse_variant("") == ()
+    # A build that changes one kernel is timed on that op alone.
+    assert tune.timed_ops(()) == ("quantize", "dequantize")
+    assert tune.timed_ops(("NOISE_FIRST=1",)) == ("quantize",)
+    assert tune.timed_ops(("SHARED_CODES=1", "CHUNK_STORES=1")) == ("dequantize",)
+    assert tune.timed_ops(("NOISE_FIRST=1", "CODES_FIRST=1")) == ("quantize", "dequantize")
+    assert tune.timed_ops(("CHUNK_STORES=1", "MIN_BLOCKS=6")) == ("quantize", "dequantize")
     with pytest.raises(ValueError, match="NAME=VALUE"):
         tune.parse_variant("CACHED")
     with pytest.raises(SystemExit):
