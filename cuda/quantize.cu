@@ -111,8 +111,8 @@ __device__ __forceinline__ bool segment_none(bool flag, int segment) {
 
 // q = floor(u) + [r < u - floor(u)], u = (v - zero) * inv, for v of a finite group: then u >= 0
 // and u exceeds levels by a rounding at most, so min(., levels) is the only clamp needed (the
-// codes of a non-finite group are 0 without rounding, quantize_group). The fractional part is exact
-// (Sterbenz), so no rounding of u + r can push a code past its neighbour.
+// codes of a non-finite group are 0 without rounding, quantize_group). The fractional part is
+// exact (Sterbenz), so no rounding of u + r can push a code past its neighbour.
 __device__ __forceinline__ u32 round_code(float v, float r, float zero, float inv,
                                           float levels) {
     const float u = __fmul_rn(__fsub_rn(v, zero), inv);
@@ -385,8 +385,9 @@ __device__ __forceinline__ W pack_octet(const float (&v)[8], const float* __rest
 // from a copy of the group's code bytes in shared memory: the lanes of a segment load the
 // group's 64 BITS bytes together by 16-byte vectors (aligned, as `vec` has the buffer and the
 // group's bytes are a multiple of 16), then each lane reads its octets' BITS bytes from the copy
-// with two aligned 8-byte reads, instead of BITS byte loads from global memory each. The
-// results are the same.
+// with two aligned 8-byte reads, instead of BITS byte loads from global memory each (in the
+// default loop or CHUNK_STORES's; PREFETCH and CODES_FIRST builds do not stage). The results
+// are the same.
 #ifndef SHARED_CODES
 #define SHARED_CODES 0
 #endif
@@ -762,7 +763,7 @@ __device__ __forceinline__ void dequantize_impl(
     const i64 stride = (i64)gridDim.x * (blockDim.x >> 5) * SEGMENTS;
     const u8* end = codes + num_groups * bytes_per_group;
     i64 base = ((i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * SEGMENTS;
-#if SHARED_CODES
+#if SHARED_CODES && !PREFETCH && !CODES_FIRST  // the loops below that stage whole groups
     // One slice a segment of the block's 8 warps (256 threads, BOUNDS).
     __shared__ Word16 staged[8 * SEGMENTS][Staged<BITS>::used ? Staged<BITS>::vectors : 1];
     Word16* slice = staged[(threadIdx.x >> 5) * SEGMENTS + segment];
