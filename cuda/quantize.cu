@@ -598,18 +598,25 @@ __device__ __forceinline__ W octet_codes(const u8* __restrict__ in, i64 o, i64 b
 #endif
 }
 
+// The E values the codes (word >> k BITS) & mask, k < E, restore to: q scale + zero, each
+// operation rounded as the reference rounds it.
+template <int BITS, int E, typename W>
+__device__ __forceinline__ void restored_values(W word, float scale, float zero, float (&v)[E]) {
+    const W mask = (1u << BITS) - 1u;
+#pragma unroll
+    for (int k = 0; k < E; ++k) {
+        const float q = (float)((word >> (k * BITS)) & mask);
+        v[k] = __fadd_rn(__fmul_rn(q, scale), zero);
+    }
+}
+
 // Restores the octet with code word `word` to elements [at, at + count) of out.
 template <typename L, int BITS, typename W>
 __device__ __forceinline__ void restore_octet(W word, float scale, float zero,
                                               typename L::T* __restrict__ out, i64 at,
                                               int count, bool vec) {
-    const W mask = (1u << BITS) - 1u;
     float v[8];
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-        const float q = (float)((word >> (k * BITS)) & mask);
-        v[k] = __fadd_rn(__fmul_rn(q, scale), zero);
-    }
+    restored_values<BITS>(word, scale, zero, v);
     store_octet<L>(out, at, count, vec, v);
 }
 
@@ -625,16 +632,14 @@ template <typename L, int BITS, int E, typename W>
 __device__ __forceinline__ void restore_chunk(W word, float scale, float zero,
                                               typename L::T* __restrict__ out, i64 at,
                                               int count, bool vec) {
-    const W mask = (1u << BITS) - 1u;
+    float v[E];
+    restored_values<BITS>(word, scale, zero, v);
     union {
         Word16 w;
         typename L::T t[E];
     } chunk;
 #pragma unroll
-    for (int k = 0; k < E; ++k) {
-        const float q = (float)((word >> (k * BITS)) & mask);
-        chunk.t[k] = L::store(__fadd_rn(__fmul_rn(q, scale), zero));
-    }
+    for (int k = 0; k < E; ++k) chunk.t[k] = L::store(v[k]);
     if (vec && count == E) {
         *reinterpret_cast<Word16*>(out + at) = chunk.w;
     } else {
