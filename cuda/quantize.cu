@@ -12,17 +12,18 @@
 //     buffers aligned, `vec`), keeps min/max and a non-finite check (float16 and bfloat16: two
 //     values an instruction on the loaded words, Range), and the warp combines them with
 //     shuffles (no shared memory, no __syncthreads). Noise: one hash per pair of
-//     elements. Groups of up to 32 * 8 * CACHED elements (the default 512) stay in registers
-//     for the rounding pass; larger ones are read again (L1/L2). Each octet's 8 codes are
-//     stored as one BITS-byte word (a single store for 1, 2, 4 and 8 bits with `vec`).
+//     elements, an octet's 4 sharing their inner mix. Seeded rounding is integer arithmetic
+//     on a float's bits (round_hashed): no conversion instruction. Groups of up to
+//     32 * 8 * CACHED elements (the default 512) stay in registers for the rounding pass;
+//     larger ones are read again (L1/L2). Each octet's 8 codes are stored as one BITS-byte
+//     word (a single store for 1, 2, 4 and 8 bits with `vec`).
 //     Groups of the default size read by vectors, all of them but a short last one, take a
 //     path compiled for that size (quantize_group<..., Whole = true>): no length tests.
 //   dequantize: a lane reads its octet's BITS bytes (one load for 1, 2, 4 and 8 bits with
 //     `vec`) and writes 8 values with vector stores.
-// Compile-time settings (CACHED, MIN_BLOCKS, ALU_CONVERSIONS, WIDE_CODE_LOADS, LANES, PREFETCH,
-// CODES_FIRST, CHUNK_STORES, SHARED_CODES, NOISE_FIRST; defaults below) change speed, never
-// results:
-// benchmarks/tune_kernels.py times the builds side by side.
+// Compile-time settings (CACHED, MIN_BLOCKS, ALU_CONVERSIONS, FLOOR_ROUNDING, WIDE_CODE_LOADS,
+// LANES, PREFETCH, CODES_FIRST, CHUNK_STORES, SHARED_CODES, NOISE_FIRST; defaults below) change
+// speed, never results: benchmarks/tune_kernels.py times the builds side by side.
 // A lane has 32 bytes of float32 in flight per octet, not 4.
 // Every float operation is an explicit round-to-nearest intrinsic so that NVRTC cannot
 // contract a multiply and an add into an FMA, which would round differently from torch.
@@ -34,6 +35,12 @@
 #include "dtypes.cuh"
 
 // ---- counter-based noise, identical to gnnact/quant/rng.py ----
+// Element i takes 16 bits of the hash g of its pair j = i / 2, which mixes the pair's octet
+// o = j / 4 (64 bits, o_lo and o_hi) and its place k = j % 4 in it:
+//   g = mix32(mix32(o_lo ^ s0) ^ o_hi ^ s1 ^ phi_k),   phi_k = k 0x9e3779b9 mod 2^32,
+//   r_i = (65535 - g_i) 2^-16,   g_i = (g >> 16 (i & 1)) & 0xffff.
+// An octet's 4 pairs share the inner mix32 (octet_hashes): the noise of 8 elements for 4 outer
+// and 1 inner mix32, which are most of the quantize kernel's arithmetic.
 // mix32(x) = mix32_rest(x ^ (x >> 16)): octet_hashes shares the first step between pairs.
 __device__ __forceinline__ u32 mix32_rest(u32 x) {
     x *= 0x21f0aaadu;
@@ -45,21 +52,30 @@ __device__ __forceinline__ u32 mix32_rest(u32 x) {
 
 __device__ __forceinline__ u32 mix32(u32 x) { return mix32_rest(x ^ (x >> 16)); }
 
-// One hash per pair j = i / 2 of flat indices; element i takes its 16 bits (i & 1): the noise
-// of two elements for one hash, which is most of the quantize kernel's arithmetic.
-__device__ __forceinline__ u32 hash_pair(u64 j, u32 s0, u32 s1) {
-    return mix32(mix32(((u32)j) ^ s0) ^ ((u32)(j >> 32)) ^ s1);
+// phi_k: what the place k of a pair in its octet adds to the outer mix32's input.
+__device__ __forceinline__ constexpr u32 pair_phi(u32 k) { return k * 0x9e3779b9u; }
+
+// The inner part of octet o's hashes: mix32(o_lo ^ s0) ^ o_hi ^ s1.
+__device__ __forceinline__ u32 octet_key(u64 o, u32 s0, u32 s1) {
+    return mix32(((u32)o) ^ s0) ^ ((u32)(o >> 32)) ^ s1;
 }
 
-// ALU_CONVERSIONS=1 builds do the quantizer's int/float conversions and floor with integer and
-// float arithmetic instead of conversion instructions, which an SM issues at an eighth of the
-// rate of an add; the results are identical (benchmarks/tune_kernels.py times both).
+// g of pair j.
+__device__ __forceinline__ u32 hash_pair(u64 j, u32 s0, u32 s1) {
+    return mix32(octet_key(j >> 2, s0, s1) ^ pair_phi((u32)j & 3u));
+}
+
+// ALU_CONVERSIONS=1 builds do round_code's int/float conversions and floor (given noise, and
+// seeded noise in FLOOR_ROUNDING builds) with integer and float arithmetic instead of conversion
+// instructions, which an SM issues at an eighth of the rate of an add; the results are
+// identical (benchmarks/tune_kernels.py times both).
 #ifndef ALU_CONVERSIONS
 #define ALU_CONVERSIONS 0
 #endif
 
-__device__ __forceinline__ float half_uniform(u32 h, int half) {
-    const u32 m = (h >> (16 * half)) & 0xffffu;
+// r of element `half` of the pair with hash g.
+__device__ __forceinline__ float half_uniform(u32 g, int half) {
+    const u32 m = (~g >> (16 * half)) & 0xffffu;  // 65535 - g_i
 #if ALU_CONVERSIONS
     // 1 + m 2^-16 has m in the top 16 bits of its mantissa; subtracting 1 is exact.
     return __fsub_rn(__uint_as_float(0x3f800000u | (m << 7)), 1.0f);
@@ -134,6 +150,69 @@ __device__ __forceinline__ u32 round_code(float v, float r, float zero, float in
 #endif
 }
 
+// FLOOR_ROUNDING=1 builds round hashed noise as round_code rounds any noise (r as a float, then
+// floor, compare and convert: three conversion instructions a value, which an SM issues at an
+// eighth of the rate of an add) instead of with round_hashed's integer form below. The results
+// are the same.
+#ifndef FLOOR_ROUNDING
+#define FLOOR_ROUNDING 0
+#endif
+
+// round_hashed<BITS> returns a word whose bits [code_at<BITS>(), + BITS) hold q; the bits
+// above them, which pack_octet masks off, need not be 0.
+#if FLOOR_ROUNDING
+typedef float HashNoise;
+
+template <int BITS>
+__device__ __forceinline__ constexpr int code_at() { return 0; }
+
+__device__ __forceinline__ float hashed_noise(u32 g, int half) { return half_uniform(g, half); }
+
+template <int BITS>
+__device__ __forceinline__ u32 round_hashed(float v, float r, float zero, float inv,
+                                            float levels) {
+    return round_code(v, r, zero, inv, levels);
+}
+#else
+template <int BITS>
+__device__ __forceinline__ constexpr int code_at() { return BITS < 8 ? 16 : 0; }
+
+// Hashed noise as round_hashed takes it: the bits of the float 2^23 + g_i (g_i = 65535 - m for
+// r = m 2^-16: the 16 bits of the pair's hash g that element `half` takes). The low half in
+// PTX: one LOP3, where ptxas makes two of its two constants.
+typedef u32 HashNoise;
+
+__device__ __forceinline__ u32 hashed_noise(u32 g, int half) {
+    if (half) return 0x4b000000u + (g >> 16);
+    u32 d;
+    asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(d) : "r"(g), "r"(0xffffu), "r"(0x4b000000u));
+    return d;
+}
+
+// round_code's q for noise r = m 2^-16 (`word`: hashed_noise), with no conversion instruction
+// below 8 bits. With u_c = min(u, levels), U = u_c 2^16 and m' = 65535 - m, the reference's
+// q = min(floor(u) + [m < 2^16 frac(u)], levels) is floor(ceil(U + m') / 2^16): it rounds up
+// exactly when ceil(U) >= 2^16 floor(u_c) + m + 1. Below 8 bits U + m' < 2^23, and one fma
+// rounded upwards gives 2^23 + ceil(U + m') exactly (the floats in [2^23, 2^24) are the
+// integers): q is bits 16-22 of its word, and the exponent lies above them. At 8 bits U + m'
+// reaches 2^24 - 1, so the sum is formed without 2^23 and converted rounding up (a float
+// rounded up keeps its ceiling).
+template <int BITS>
+__device__ __forceinline__ u32 round_hashed(float v, u32 word, float zero, float inv,
+                                            float levels) {
+    const float u = fminf(__fmul_rn(__fsub_rn(v, zero), inv), levels);
+    if (BITS < 8) return __float_as_uint(__fmaf_ru(u, 65536.0f, __uint_as_float(word)));
+    const float m = __fsub_rn(__uint_as_float(word), 8388608.0f);  // m', exact
+    return __float2uint_ru(__fmaf_ru(u, 65536.0f, m)) >> 16;
+}
+#endif
+
+// x moved d bits up (down when d < 0; a constant once the caller's loop is unrolled).
+template <typename W>
+__device__ __forceinline__ W moved(u32 x, int d) {
+    return d >= 0 ? (W)x << d : (W)(x >> -d);
+}
+
 // Elements [at, at + count) of x, count in 1..8; the slots past count repeat the first
 // element, which changes neither a minimum, a maximum nor the finite test. One or more 16-byte
 // loads when `vec` (x + at is then 16-byte aligned) and the octet is whole.
@@ -149,14 +228,39 @@ __device__ __forceinline__ void load_raw(const typename L::T* __restrict__ x, i6
     }
 }
 
+// An octet's elements as float, L::load each.
+template <typename L>
+struct OctetValues {
+    static __device__ __forceinline__ void of(const typename L::T (&raw)[8], float (&v)[8]) {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) v[k] = L::load(raw[k]);
+    }
+};
+
+// bfloat16 by the 32-bit words it was loaded in: a word's second value is the word with its
+// low half cleared, one instruction (in PTX: NVVM would make it the 16 bits extracted and
+// shifted back, two).
+template <>
+struct OctetValues<BF16> {
+    static __device__ __forceinline__ void of(const u16 (&raw)[8], float (&v)[8]) {
+#pragma unroll
+        for (int k = 0; k < 8; k += 2) {
+            const u32 w = raw[k] | ((u32)raw[k + 1] << 16);
+            u32 high;
+            asm("and.b32 %0, %1, 0xffff0000;" : "=r"(high) : "r"(w));
+            v[k] = __uint_as_float(w << 16);
+            v[k + 1] = __uint_as_float(high);
+        }
+    }
+};
+
 // The same elements as float.
 template <typename L>
 __device__ __forceinline__ void load_octet(const typename L::T* __restrict__ x, i64 at,
                                            int count, bool vec, float (&v)[8]) {
     typename L::T raw[8];
     load_raw<L>(x, at, count, vec, raw);
-#pragma unroll
-    for (int k = 0; k < 8; ++k) v[k] = L::load(raw[k]);
+    OctetValues<L>::of(raw, v);
 }
 
 // The quantizer's range pass over the values a lane loads: their minimum, maximum and whether
@@ -214,8 +318,7 @@ __device__ __forceinline__ void load_ranged(const typename L::T* __restrict__ x,
     typename L::T raw[8];
     load_raw<L>(x, at, count, vec, raw);
     range.add_octet(raw);
-#pragma unroll
-    for (int k = 0; k < 8; ++k) v[k] = L::load(raw[k]);
+    OctetValues<L>::of(raw, v);
 }
 
 // Elements [at, at + count) of out from v; vector stores when `vec` and the octet is whole.
@@ -289,23 +392,21 @@ __device__ __forceinline__ void store_codes(u8* __restrict__ out, i64 b, i64 lim
     }
 }
 
-// The 4 hashes of an octet starting on a pair (`at` even): one per pair of its elements.
-// An octet that starts on a multiple of 8 (every octet with `vec`: the caller passes it as
-// `aligned`) has pairs j0 + j, j < 4, j0 % 4 == 0: all with the high word of j0, and with
-// (x ^ j) >> 16 == x >> 16 for x = low word ^ s0, so that the inner mix32's first step is
-// t ^ j for one t. hash_pair's values, with the 64-bit index arithmetic, the high word's xor
-// and that step done once an octet, not once a pair.
+// The 4 hashes of an octet starting on a pair (`at` even): one per pair of its elements. An
+// octet that starts on a multiple of 8 (every octet with `vec`: the caller passes it as
+// `aligned`) is an octet o of the noise: its pairs share octet_key, and with x that key,
+// (x ^ phi_k) ^ ((x ^ phi_k) >> 16) is t ^ phi_k ^ (phi_k >> 16) for t = x ^ (x >> 16): the
+// outer mix32's first step is one xor a pair.
 __device__ __forceinline__ void octet_hashes(i64 at, u32 s0, u32 s1, bool aligned,
                                              u32 (&h)[4]) {
-    const u64 j0 = (u64)at >> 1;
-    if (aligned || (j0 & 3) == 0) {
-        const u32 x = ((u32)j0) ^ s0, high = ((u32)(j0 >> 32)) ^ s1;
+    if (aligned || (at & 7) == 0) {
+        const u32 x = octet_key((u64)at >> 3, s0, s1);
         const u32 t = x ^ (x >> 16);
 #pragma unroll
-        for (int j = 0; j < 4; ++j) h[j] = mix32(mix32_rest(t ^ (u32)j) ^ high);
+        for (int k = 0; k < 4; ++k) h[k] = mix32_rest(t ^ pair_phi(k) ^ (pair_phi(k) >> 16));
     } else {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) h[j] = hash_pair(j0 + j, s0, s1);
+        for (int k = 0; k < 4; ++k) h[k] = hash_pair(((u64)at >> 1) + k, s0, s1);
     }
 }
 
@@ -318,32 +419,39 @@ __device__ __forceinline__ W pack_octet(const float (&v)[8], const float* __rest
                                         i64 at, int count, bool vec, float zero, float inv,
                                         float levels, u32 s0, u32 s1,
                                         const u32* hashes = nullptr) {
-    float r[8];
+    W word = 0;
     if (noise != nullptr) {
+        float r[8];
         load_octet<F32>(noise, at, count, vec, r);
-    } else if ((at & 1) == 0) {
-        u32 own[4];
-        if (hashes == nullptr) {
-            octet_hashes(at, s0, s1, vec, own);
-            hashes = own;
-        }
-#pragma unroll
-        for (int k = 0; k < 8; k += 2) {
-            r[k] = half_uniform(hashes[k / 2], 0);
-            r[k + 1] = half_uniform(hashes[k / 2], 1);
-        }
-    } else {
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
-            const u64 i = (u64)(at + k);
-            r[k] = half_uniform(hash_pair(i >> 1, s0, s1), (int)(i & 1));
+            word |= (W)round_code(v[k], r[k], zero, inv, levels) << (k * BITS);
         }
-    }
-    // All 8 codes, then the ones past count masked off: no branch a code.
-    W word = 0;
+    } else {
+        // The noise of each element: from one hash a pair (an octet's 4 when it starts on one).
+        HashNoise n[8];
+        if ((at & 1) == 0) {
+            u32 own[4];
+            if (hashes == nullptr) {
+                octet_hashes(at, s0, s1, vec, own);
+                hashes = own;
+            }
 #pragma unroll
-    for (int k = 0; k < 8; ++k) {
-        word |= (W)round_code(v[k], r[k], zero, inv, levels) << (k * BITS);
+            for (int k = 0; k < 8; ++k) n[k] = hashed_noise(hashes[k / 2], k & 1);
+        } else {
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                n[k] = hashed_noise(hash_pair((u64)(at + k) >> 1, s0, s1), (k + 1) & 1);
+            }
+        }
+        // All 8 codes, then the ones past count masked off: no branch a code. Each moved from
+        // its bits of round_hashed's word to its place with one shift, masked as merged.
+        const W mask = (1u << BITS) - 1u;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const u32 q = round_hashed<BITS>(v[k], n[k], zero, inv, levels);
+            word |= moved<W>(q, k * BITS - code_at<BITS>()) & (mask << (k * BITS));
+        }
     }
     return count < 8 ? word & (((W)1 << (count * BITS)) - 1) : word;
 }

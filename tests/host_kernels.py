@@ -7,8 +7,8 @@ vote or ballot is an exchange through 32 slots between two barrier phases, which
 lockstep lanes of a GPU warp compute. Float intrinsics are the IEEE operations they name
 (``-ffp-contract=off``: no fused multiply-add, as ``__fmul_rn``/``__fadd_rn`` forbid on the
 GPU). Each inline PTX statement of the sources (:data:`PTX`: float16 and bfloat16
-conversions, the mask ops' product, sign test and scale) becomes a call of its host twin;
-one the harness does not know fails the build.
+conversions, the mask ops' product, sign test and scale, bit operations) becomes a call of its
+host twin; one the harness does not know fails the build.
 
 What this checks on a CPU: index arithmetic, vector accesses through the ``Octet`` union,
 the range reduction across lanes, rounding and packing, the mask ops, every element type, all
@@ -43,10 +43,12 @@ PTX = ("cvt.f32.f16 %0, %1;", "cvt.rn.f16.f32 %0, %1;", "cvt.rn.bf16.f32 %0, %1;
        "mul.rn.f32 %0, %1, %2;", "cvt.rn.f32.f64 %0, %1;", "fma.rn.f32 %0, %1, %2, %3;",
        r"{\n\t.reg .pred q;\n\tsetp.gt.f32 q, %1, 0f00000000;\n\tselp.u32 %0, 1, 0, q;\n\t}",
        "min.f16x2 %0, %1, %2;", "max.f16x2 %0, %1, %2;", "fma.rn.f16x2 %0, %1, %2, %3;",
-       "min.bf16x2 %0, %1, %2;", "max.bf16x2 %0, %1, %2;", "fma.rn.bf16x2 %0, %1, %2, %3;")
+       "min.bf16x2 %0, %1, %2;", "max.bf16x2 %0, %1, %2;", "fma.rn.bf16x2 %0, %1, %2, %3;",
+       "lop3.b32 %0, %1, %2, %3, 0xea;", "and.b32 %0, %1, 0xffff0000;")
 
 _PRELUDE = r"""
 #include <barrier>
+#include <cfenv>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -72,6 +74,19 @@ static inline float __fadd_rn(float a, float b) { return a + b; }
 static inline float __fsub_rn(float a, float b) { return a - b; }
 static inline float __fdiv_rn(float a, float b) { return a / b; }
 static inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+// Rounded upwards: the host's fma in that mode (-frounding-math keeps the compiler from moving
+// it across the mode switches; each lane is a thread with a mode of its own).
+static inline float __fmaf_ru(float a, float b, float c) {
+    const int mode = std::fegetround();
+    std::fesetround(FE_UPWARD);
+    const float r = std::fma(a, b, c);
+    std::fesetround(mode);
+    return r;
+}
+static inline unsigned __float2uint_ru(float v) {  // saturating, NaN to 0, as cvt.rpi.u32
+    if (!(v > 0.0f)) return 0u;
+    return v >= 4294967296.0f ? 0xffffffffu : (unsigned)std::ceil(v);
+}
 static inline double __dmul_rn(double a, double b) { return a * b; }
 static inline float __double2float_rn(double v) { return (float)v; }
 static inline float __int_as_float(int v) { float f; std::memcpy(&f, &v, 4); return f; }
@@ -153,6 +168,10 @@ static void host_ptx(const char* ptx, unsigned& out, float v) {
                    "selp.u32 %0, 1, 0, q;\n\t}");
     out = v > 0.0f;
 }
+static void host_ptx(const char* ptx, unsigned& out, unsigned w) {
+    ptx_check(ptx, "and.b32 %0, %1, 0xffff0000;");
+    out = w & 0xffff0000u;
+}
 static void host_ptx(const char* ptx, float& out, double v) {
     ptx_check(ptx, "cvt.rn.f32.f64 %0, %1;");
     out = (float)v;
@@ -199,6 +218,15 @@ static void host_ptx(const char* ptx, unsigned& out, unsigned a, unsigned b) {
     out = pair_word(r[0], r[1], bf16);
 }
 static void host_ptx(const char* ptx, unsigned& out, unsigned v, unsigned zero, unsigned a) {
+    if (std::strncmp(ptx, "lop3.b32 ", 9) == 0) {  // bit by bit: LUT bit 4 a + 2 b + c
+        const unsigned lut = (unsigned)std::strtoul(std::strrchr(ptx, ',') + 1, nullptr, 16);
+        out = 0;
+        for (int k = 0; k < 32; ++k) {
+            const unsigned at = ((v >> k) & 1u) << 2 | ((zero >> k) & 1u) << 1 | ((a >> k) & 1u);
+            out |= ((lut >> at) & 1u) << k;
+        }
+        return;
+    }
     const bool bf16 = std::strcmp(ptx, "fma.rn.bf16x2 %0, %1, %2, %3;") == 0;
     if (!bf16) ptx_check(ptx, "fma.rn.f16x2 %0, %1, %2, %3;");
     float r[2];
@@ -260,7 +288,14 @@ def _quantize_entries() -> str:
                 f"{case} run_grid(grid, block, [&] {{ dequantize_{name}_{bits}(codes, scales, "
                 f"zeros, ({t}*)out, n, group_size, num_groups, bytes_per_group, vec); }}); "
                 "return 0;")
+    rounding = [f"case {bits}: for (i64 i = 0; i < n; ++i) out[i] = (round_hashed<{bits}>(v[i], "
+                f"hashed_noise(g[i >> 1], (int)(i & 1)), zero, inv, {(1 << bits) - 1}.0f) >> "
+                f"code_at<{bits}>()) & {(1 << bits) - 1}u; return 0;" for bits in QUANT_BITS]
     return (
+        'extern "C" int host_round_hashed(int bits, const float* v, const u32* g, i64 n,'
+        " float zero, float inv, u32* out) {\n"
+        "    switch (bits) {\n        " + "\n        ".join(rounding)
+        + "\n    }\n    return 1;\n}\n"
         'extern "C" int host_quantize(int kernel, const void* x, const float* noise, u8* codes,'
         " float* scales, float* zeros, i64 n, i64 group_size, i64 num_groups,"
         " i64 bytes_per_group, u32 s0, u32 s1, int vec, int grid, int block) {\n"
@@ -346,8 +381,8 @@ def library(filename: str, defines: tuple[str, ...] = ()) -> ctypes.CDLL:
                       + _ENTRIES[filename]())
     lib = folder / f"{Path(filename).stem}_host.so"
     result = subprocess.run(
-        [cxx, "-std=c++20", "-O1", "-ffp-contract=off", "-fPIC", "-shared", "-pthread",
-         "-w", *(f"-D{d}" for d in defines), "-o", str(lib), str(source)],
+        [cxx, "-std=c++20", "-O1", "-ffp-contract=off", "-frounding-math", "-fPIC", "-shared",
+         "-pthread", "-w", *(f"-D{d}" for d in defines), "-o", str(lib), str(source)],
         capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise RuntimeError(f"host build of cuda/{filename} failed:\n{result.stderr[-4000:]}")
@@ -373,6 +408,21 @@ def quantize_groups(x: Tensor, bits: int, group_size: int, *, seed: int | None =
             device_ptr(zeros), np.int64(n), np.int64(group_size), np.int64(num_groups),
             np.int64(bytes_per_group), np.uint32(s0), np.uint32(s1), np.int32(vec)), defines)
     return codes, scales, zeros
+
+
+def round_hashed(v: Tensor, g: Tensor, bits: int, zero: float, inv: float,
+                 defines: tuple[str, ...] = ()) -> Tensor:
+    """The codes ``quantize.cu`` rounds the values ``v`` (float32) of a finite group with
+    ``zero`` and ``inv`` to, element ``i`` with the hash ``g[i // 2]`` of its pair (int64
+    holding 32-bit words) as the seeded kernels do: ``round_hashed`` on ``hashed_noise``."""
+    values = np.ascontiguousarray(v.numpy(), dtype=np.float32)
+    words = np.ascontiguousarray(g.numpy(), dtype=np.uint32)
+    out = np.zeros(values.size, dtype=np.uint32)
+    assert library("quantize.cu", defines).host_round_hashed(
+        ctypes.c_int(bits), ctypes.c_void_p(values.ctypes.data),
+        ctypes.c_void_p(words.ctypes.data), ctypes.c_int64(values.size), ctypes.c_float(zero),
+        ctypes.c_float(inv), ctypes.c_void_p(out.ctypes.data)) == 0
+    return torch.from_numpy(out.astype(np.int64))
 
 
 def dequantize_groups(codes: Tensor, scales: Tensor, zeros: Tensor, bits: int, group_size: int,

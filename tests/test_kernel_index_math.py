@@ -45,7 +45,7 @@ KERNEL_LINES = (
     "usable ? pack_octet<BITS>(kept[c], noise, start + 8 * o, count,",
     "word |= (W)round_code(v[k], r[k], zero, inv, levels) << (k * BITS);",
     "return count < 8 ? word & (((W)1 << (count * BITS)) - 1) : word;",
-    "r[k] = half_uniform(hash_pair(i >> 1, s0, s1), (int)(i & 1));",
+    "n[k] = hashed_noise(hash_pair((u64)(at + k) >> 1, s0, s1), (k + 1) & 1);",
     "if (vec && count == 8) {",
     "load8(x + at, raw);",
     "for (int k = 0; k < 8; ++k) raw[k] = k < count ? x[at + k] : first;",

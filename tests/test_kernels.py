@@ -352,11 +352,12 @@ def test_a_kernel_that_disagrees_or_fails_is_named_and_left_unused():
 @pytest.mark.parametrize("defines", [("LANES=16", "CACHED=4", "MIN_BLOCKS=3"),
                                      ("PREFETCH=1", "MIN_BLOCKS=3"), ("NOISE_FIRST=1",),
                                      ("SHARED_CODES=1", "CHUNK_STORES=1"), ("SHARED_CODES=1",),
-                                     ("CODES_FIRST=1",)],
+                                     ("CODES_FIRST=1",), ("FLOOR_ROUNDING=1",)],
                          ids=",".join)
 def test_builds_tune_kernels_times_equal_the_reference_on_the_gpu(defines):
     """The builds benchmarks/tune_kernels.py compares, on the device (their grids from the
-    kernel's own registers where PREFETCH caps them): the reference's results."""
+    kernel's own registers where PREFETCH caps them): the reference's results, with given
+    noise and seeded."""
     from gnnact.kernels import quantize as kernels
     from gnnact.kernels._cupy import resident_blocks
 
@@ -366,10 +367,13 @@ def test_builds_tune_kernels_times_equal_the_reference_on_the_gpu(defines):
     assert blocks % sms == 0 and sms <= blocks <= 8 * sms
     x = torch.randn(3 * 2**20 + 77, device="cuda")
     noise = torch.rand(x.numel(), device="cuda")
-    for bits in (2, 5):
+    for bits in (2, 5, 8):
         got = kernels.quantize_groups(x, bits, 512, noise=noise, defines=defines)
         want = reference.quantize_groups(x, bits, 512, noise=noise)
         assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+        seeded = kernels.quantize_groups(x, bits, 512, seed=99, defines=defines)
+        assert all(torch.equal(a, b) for a, b in zip(
+            seeded, reference.quantize_groups(x, bits, 512, seed=99), strict=True))
         args = (*want, bits, 512, x.numel(), torch.float32)
         assert torch.equal(kernels.dequantize_groups(*args, defines=defines),
                            reference.dequantize_groups(*args))

@@ -59,9 +59,72 @@ def test_host_kernels_equal_reference(n, group_size, bits, dtype):
                 *want, bits, group_size, n, dtype)), f"dequantize differs (vec={vec})"
 
 
+def _rounded_as_reference(v: torch.Tensor, noise_bits: torch.Tensor, bits: int, zero: float,
+                          inv: float) -> torch.Tensor:
+    """The reference's codes for values ``v`` with the hash bits ``noise_bits`` (each
+    element's 16 bits of its pair's hash: r = (65535 - bits) 2^-16)."""
+    u = (v - torch.tensor(zero)) * torch.tensor(inv)
+    floor = torch.floor(u)
+    r = (0xFFFF - noise_bits).to(torch.float32) * 2.0**-16
+    return (floor + (r < u - floor)).clamp_(0, (1 << bits) - 1).to(torch.int64)
+
+
+def _hashed_codes(v: torch.Tensor, noise_bits: torch.Tensor, bits: int, zero: float,
+                  inv: float, defines: tuple[str, ...] = ()) -> torch.Tensor:
+    """``round_hashed`` of the kernel source on ``v``, element i taking ``noise_bits[i]``."""
+    pad = noise_bits.numel() % 2
+    halves = torch.cat([noise_bits, noise_bits.new_zeros(pad)]).view(-1, 2)
+    return host_kernels.round_hashed(v, halves[:, 0] | (halves[:, 1] << 16), bits, zero, inv,
+                                     defines)
+
+
+@pytest.mark.parametrize("defines", [(), ("FLOOR_ROUNDING=1",)], ids=["default", "floor"])
+@pytest.mark.parametrize("bits", QUANT_BITS)
+def test_hashed_rounding_equals_the_reference_on_every_boundary(bits, defines):
+    """The seeded kernels round in integers (a float's bits, no conversion below 8 bits): on
+    the boundaries of the reference's q = floor(u) + [r < frac(u)] — frac(u) equal to r, one
+    float either side, codes at 0 and at the top level, u past the top level by a rounding or
+    more — for noise bits at both ends of their range and between."""
+    levels = (1 << bits) - 1
+    noise = [0, 1, 2, 255, 32767, 32768, 65279, 65534, 65535]
+    values, noise_bits = [], []
+    for n_bits in noise:
+        r = (0xFFFF - n_bits) * 2.0**-16
+        for whole in sorted({0, 1, levels // 2, max(levels - 1, 0), levels}):
+            at = torch.tensor(whole + r, dtype=torch.float32)  # exact: 8 + 16 bits
+            for u in (at, torch.nextafter(at, at + 1), torch.nextafter(at, at - 1),
+                      torch.tensor(float(whole)), torch.nextafter(torch.tensor(whole + 1.0),
+                                                                  torch.tensor(0.0))):
+                values.append(float(u))
+                noise_bits.append(n_bits)
+        top = torch.tensor(float(levels))
+        for u in (top, torch.nextafter(top, top + 1),
+                  torch.nextafter(torch.nextafter(top, top + 1), top + 1), top + 0.25,
+                  top + 1, torch.tensor(1e-30), torch.tensor(0.0)):
+            values.append(float(u))
+            noise_bits.append(n_bits)
+    v = torch.tensor(values, dtype=torch.float32).clamp_(min=0)
+    n_bits = torch.tensor(noise_bits, dtype=torch.int64)
+    assert torch.equal(_hashed_codes(v, n_bits, bits, 0.0, 1.0, defines),
+                       _rounded_as_reference(v, n_bits, bits, 0.0, 1.0))
+
+    # Groups as the kernel sees them: v in [zero, zero + width], inv = levels / width rounded
+    # (its largest u may exceed levels by a rounding), every noise value.
+    generator = torch.Generator().manual_seed(bits)
+    for width in (1e-3, 0.7, 3.0, 1234.5):
+        zero = -0.37 * width
+        inv = float(torch.tensor(float(levels)) / torch.tensor(width))
+        v = zero + width * torch.rand(65536 * 2, generator=generator)
+        v[:4] = torch.tensor([zero, zero + width, zero + width, zero])
+        n_bits = torch.arange(65536).repeat(2)
+        assert torch.equal(_hashed_codes(v, n_bits, bits, zero, inv, defines),
+                           _rounded_as_reference(v, n_bits, bits, zero, inv))
+
+
 #: Builds with other compile-time settings (benchmarks/tune_kernels.py times them): the
 #: same results.
-VARIANTS = [("ALU_CONVERSIONS=1",), ("CACHED=1",), ("CACHED=4", "MIN_BLOCKS=6"),
+VARIANTS = [("ALU_CONVERSIONS=1",), ("FLOOR_ROUNDING=1",),
+            ("FLOOR_ROUNDING=1", "ALU_CONVERSIONS=1"), ("CACHED=1",), ("CACHED=4", "MIN_BLOCKS=6"),
             ("WIDE_CODE_LOADS=1",), ("PREFETCH=1",), ("PREFETCH=1", "CACHED=1"),
             ("LANES=16", "CACHED=4"), ("LANES=8", "CACHED=8"), ("LANES=16", "CACHED=1"),
             ("CODES_FIRST=1",), ("CODES_FIRST=1", "LANES=16", "CACHED=4"), ("NOISE_FIRST=1",),
@@ -71,8 +134,8 @@ VARIANTS = [("ALU_CONVERSIONS=1",), ("CACHED=1",), ("CACHED=4", "MIN_BLOCKS=6"),
             ("SHARED_CODES=1", "CHUNK_STORES=1"), ("SHARED_CODES=1", "LANES=16", "CACHED=4"),
             ("SHARED_CODES=1", "CHUNK_STORES=1", "LANES=8", "CACHED=8"),
             # every setting off its default at once: the build CI compiles with NVRTC
-            ("ALU_CONVERSIONS=1", "WIDE_CODE_LOADS=1", "LANES=16", "CACHED=4", "PREFETCH=1",
-             "NOISE_FIRST=1", "MIN_BLOCKS=2")]
+            ("ALU_CONVERSIONS=1", "FLOOR_ROUNDING=1", "WIDE_CODE_LOADS=1", "LANES=16",
+             "CACHED=4", "PREFETCH=1", "NOISE_FIRST=1", "MIN_BLOCKS=2")]
 
 
 @pytest.mark.parametrize("defines", VARIANTS, ids=",".join)

@@ -4,11 +4,16 @@ Stochastic rounding needs one uniform :math:`r_i \in [0, 1)` per element. Drawin
 ``torch.rand`` would make the GPU kernel read 4 extra bytes per element; instead the noise is a
 hash of the element's flat index :math:`i` and a 64-bit seed :math:`s = (s_1 \ll 32) | s_0`.
 One 32-bit hash serves a pair of elements, :math:`j = \lfloor i / 2 \rfloor`, each taking
-16 bits of it:
+16 bits of it; the hash mixes the pair's octet :math:`o = \lfloor j / 4 \rfloor` (8 elements,
+:math:`o_{lo}` and :math:`o_{hi}` its low and high 32-bit words) and its place
+:math:`k = j \bmod 4` in it:
 
 .. math::
-    h_j = \mathrm{mix}\big(\mathrm{mix}(j_{lo} \oplus s_0) \oplus j_{hi} \oplus s_1\big), \qquad
-    r_i = \big(\lfloor h_j / 2^{16 (i \bmod 2)} \rfloor \bmod 2^{16}\big) \cdot 2^{-16},
+    g_j = \mathrm{mix}\big(\mathrm{mix}(o_{lo} \oplus s_0) \oplus o_{hi} \oplus s_1
+          \oplus \varphi_k\big), \qquad \varphi_k = k \cdot \mathtt{0x9e3779b9} \bmod 2^{32},
+
+    r_i = \big(2^{16} - 1 - (\lfloor g_j / 2^{16 (i \bmod 2)} \rfloor \bmod 2^{16})\big)
+          \cdot 2^{-16},
 
 where :math:`\mathrm{mix}` is the 32-bit integer finaliser ``x ^= x >> 16; x *= 0x21f0aaad;
 x ^= x >> 15; x *= 0x735a2d97; x ^= x >> 15`` (a bijection on 32-bit words). Both
@@ -16,10 +21,14 @@ multipliers are below :math:`2^{31}`, so the torch path can evaluate it in ``int
 overflow. :math:`r_i` is exactly representable in float32, so ``cuda/quantize.cu`` reproduces
 it bit for bit: on a CUDA device the torch and CuPy backends give identical codes for a seed.
 
-Why 16 bits, and two per hash: the hash is most of the quantize kernel's arithmetic, and the
-kernel must keep up with memory. Rounding up with probability :math:`P(r_i < f)` for a
-fractional part :math:`f` is then :math:`\lceil 2^{16} f \rceil / 2^{16}`: a bias below
-:math:`2^{-16}` of one quantization step, far under the rounding noise itself.
+Why this shape: the hash is most of the quantize kernel's arithmetic, and the kernel must keep
+up with memory. The 8 elements an octet of the kernel holds share the inner :math:`\mathrm{mix}`
+(5 of them for 8 values, not 8), and the kernel's integer rounding takes
+:math:`2^{16} - 1 - 2^{16} r_i`, which is the 16 bits of :math:`g_j` themselves
+(``round_hashed`` in ``cuda/quantize.cu``). Two values a hash, 16 bits each: rounding up
+with probability :math:`P(r_i < f)` for a fractional part :math:`f` is
+:math:`\lceil 2^{16} f \rceil / 2^{16}`, a bias below :math:`2^{-16}` of one quantization
+step, far under the rounding noise itself.
 
 On the CPU, :func:`seeded_uniform` draws the noise with ``torch.rand`` from a generator seeded
 with :math:`s` instead: the int64 hash costs about 20× more there (0.63 s vs 0.03 s for 4M
@@ -51,6 +60,7 @@ __all__ = ["PassSeeds", "draw_seed", "hash_uniform", "seeded_uniform", "split_se
 _MASK32 = 0xFFFFFFFF
 _MUL1 = 0x21F0AAAD
 _MUL2 = 0x735A2D97
+_PHI = 0x9E3779B9  # phi_k = k * _PHI mod 2^32: a pair's place k in its octet
 
 
 def _mix32(x: Tensor) -> Tensor:
@@ -84,9 +94,10 @@ def hash_uniform(seed: int, start: int, count: int, device: torch.device | str =
     s0, s1 = split_seed(seed)
     i = torch.arange(start, start + count, dtype=torch.int64, device=device)
     pair = i >> 1
-    h = _mix32((pair & _MASK32) ^ s0)
-    h = _mix32(h ^ (pair >> 32) ^ s1)
-    return ((h >> ((i & 1) << 4)) & 0xFFFF).to(torch.float32) * (2.0**-16)
+    octet = i >> 3
+    h = _mix32((octet & _MASK32) ^ s0)
+    h = _mix32(h ^ (octet >> 32) ^ s1 ^ (((pair & 3) * _PHI) & _MASK32))
+    return (0xFFFF - ((h >> ((i & 1) << 4)) & 0xFFFF)).to(torch.float32) * (2.0**-16)
 
 
 def seeded_uniform(seed: int, count: int, device: torch.device | str = "cpu") -> Tensor:
