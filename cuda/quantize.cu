@@ -158,13 +158,10 @@ __device__ __forceinline__ u32 round_code(float v, float r, float zero, float in
 #define FLOOR_ROUNDING 0
 #endif
 
-// round_hashed<BITS> returns a word whose bits [code_at<BITS>(), + BITS) hold q; the bits
-// above them, which pack_octet masks off, need not be 0.
+// round_hashed<BITS> returns a word whose byte HASHED_CODE_AT / 8 is q (packed_codes).
 #if FLOOR_ROUNDING
 typedef float HashNoise;
-
-template <int BITS>
-__device__ __forceinline__ constexpr int code_at() { return 0; }
+#define HASHED_CODE_AT 0
 
 __device__ __forceinline__ float hashed_noise(u32 g, int half) { return half_uniform(g, half); }
 
@@ -174,8 +171,7 @@ __device__ __forceinline__ u32 round_hashed(float v, float r, float zero, float 
     return round_code(v, r, zero, inv, levels);
 }
 #else
-template <int BITS>
-__device__ __forceinline__ constexpr int code_at() { return BITS < 8 ? 16 : 0; }
+#define HASHED_CODE_AT 16
 
 // Hashed noise as round_hashed takes it: the bits of the float 2^23 + g_i (g_i = 65535 - m for
 // r = m 2^-16: the 16 bits of the pair's hash g that element `half` takes). The low half in
@@ -194,16 +190,16 @@ __device__ __forceinline__ u32 hashed_noise(u32 g, int half) {
 // q = min(floor(u) + [m < 2^16 frac(u)], levels) is floor(ceil(U + m') / 2^16): it rounds up
 // exactly when ceil(U) >= 2^16 floor(u_c) + m + 1. Below 8 bits U + m' < 2^23, and one fma
 // rounded upwards gives 2^23 + ceil(U + m') exactly (the floats in [2^23, 2^24) are the
-// integers): q is bits 16-22 of its word, and the exponent lies above them. At 8 bits U + m'
-// reaches 2^24 - 1, so the sum is formed without 2^23 and converted rounding up (a float
-// rounded up keeps its ceiling).
+// integers): q is bits 16-22 of its word, and bit 23 (the exponent's lowest) is 0. At 8 bits
+// U + m' reaches 2^24 - 1, so the sum is formed without 2^23 and converted rounding up (a float
+// rounded up keeps its ceiling): q is bits 16-23 of that integer. Either way byte 2 is q.
 template <int BITS>
 __device__ __forceinline__ u32 round_hashed(float v, u32 word, float zero, float inv,
                                             float levels) {
     const float u = fminf(__fmul_rn(__fsub_rn(v, zero), inv), levels);
     if (BITS < 8) return __float_as_uint(__fmaf_ru(u, 65536.0f, __uint_as_float(word)));
     const float m = __fsub_rn(__uint_as_float(word), 8388608.0f);  // m', exact
-    return __float2uint_ru(__fmaf_ru(u, 65536.0f, m)) >> 16;
+    return __float2uint_ru(__fmaf_ru(u, 65536.0f, m));
 }
 #endif
 
@@ -211,6 +207,45 @@ __device__ __forceinline__ u32 round_hashed(float v, u32 word, float zero, float
 template <typename W>
 __device__ __forceinline__ W moved(u32 x, int d) {
     return d >= 0 ? (W)x << d : (W)(x >> -d);
+}
+
+// Byte B of each of a, b, c and d, as the 4 bytes of one word: three PRMTs.
+template <int B>
+__device__ __forceinline__ u32 bytes_of(u32 a, u32 b, u32 c, u32 d) {
+    const u32 low = __byte_perm(a, b, B | (B + 4) << 4);
+    const u32 high = __byte_perm(c, d, B << 8 | (B + 4) << 12);
+    return __byte_perm(low, high, 0x7610);
+}
+
+// The word of an octet's 8 codes, code k at bits [k BITS, (k + 1) BITS), from q[k], whose byte
+// AT / 8 is code k. At 1, 2, 4 and 8 bits those bytes are gathered by PRMTs and packed together,
+// about 9 instructions an octet instead of two a code: 4 and 8 bits by a shift and an add;
+// 2 bits by a multiply (with code k in byte k, the product with 2^6 + 2^12 + 2^18 + 2^24 holds
+// code k at bit 24 + 2k, and its other terms, 2-bit values at other even bits, carry into
+// none of them); 1 bit as pairs of codes packed so. Other widths shift each code into place.
+template <int BITS, int AT, typename W = typename WordOf<(BITS > 4)>::T>
+__device__ __forceinline__ W packed_codes(const u32 (&q)[8]) {
+    constexpr int B = AT / 8;
+    constexpr u32 SPREAD = 0x1041040u;  // 2^6 + 2^12 + 2^18 + 2^24
+    if constexpr (BITS == 8) {
+        return bytes_of<B>(q[0], q[1], q[2], q[3]) | (W)bytes_of<B>(q[4], q[5], q[6], q[7]) << 32;
+    } else if constexpr (BITS == 4) {
+        return bytes_of<B>(q[0], q[2], q[4], q[6]) + (bytes_of<B>(q[1], q[3], q[5], q[7]) << 4);
+    } else if constexpr (BITS == 2) {
+        const u32 low = bytes_of<B>(q[0], q[1], q[2], q[3]) * SPREAD;
+        const u32 high = bytes_of<B>(q[4], q[5], q[6], q[7]) * SPREAD;
+        return __byte_perm(low, high, 0x0073) & 0xffffu;
+    } else if constexpr (BITS == 1) {
+        const u32 pairs = bytes_of<B>(q[0], q[2], q[4], q[6])
+                          + (bytes_of<B>(q[1], q[3], q[5], q[7]) << 1);
+        return (pairs * SPREAD) >> 24;
+    } else {
+        const W mask = (1u << BITS) - 1u;
+        W word = 0;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) word |= moved<W>(q[k], k * BITS - AT) & (mask << (k * BITS));
+        return word;
+    }
 }
 
 // Elements [at, at + count) of x, count in 1..8; the slots past count repeat the first
@@ -419,14 +454,14 @@ __device__ __forceinline__ W pack_octet(const float (&v)[8], const float* __rest
                                         i64 at, int count, bool vec, float zero, float inv,
                                         float levels, u32 s0, u32 s1,
                                         const u32* hashes = nullptr) {
-    W word = 0;
+    W word;
+    u32 q[8];
     if (noise != nullptr) {
         float r[8];
         load_octet<F32>(noise, at, count, vec, r);
 #pragma unroll
-        for (int k = 0; k < 8; ++k) {
-            word |= (W)round_code(v[k], r[k], zero, inv, levels) << (k * BITS);
-        }
+        for (int k = 0; k < 8; ++k) q[k] = round_code(v[k], r[k], zero, inv, levels);
+        word = packed_codes<BITS, 0>(q);
     } else {
         // The noise of each element: from one hash a pair (an octet's 4 when it starts on one).
         HashNoise n[8];
@@ -444,15 +479,11 @@ __device__ __forceinline__ W pack_octet(const float (&v)[8], const float* __rest
                 n[k] = hashed_noise(hash_pair((u64)(at + k) >> 1, s0, s1), (k + 1) & 1);
             }
         }
-        // All 8 codes, then the ones past count masked off: no branch a code. Each moved from
-        // its bits of round_hashed's word to its place with one shift, masked as merged.
-        const W mask = (1u << BITS) - 1u;
 #pragma unroll
-        for (int k = 0; k < 8; ++k) {
-            const u32 q = round_hashed<BITS>(v[k], n[k], zero, inv, levels);
-            word |= moved<W>(q, k * BITS - code_at<BITS>()) & (mask << (k * BITS));
-        }
+        for (int k = 0; k < 8; ++k) q[k] = round_hashed<BITS>(v[k], n[k], zero, inv, levels);
+        word = packed_codes<BITS, HASHED_CODE_AT>(q);
     }
+    // All 8 codes were rounded, and the ones past count are masked off: no branch a code.
     return count < 8 ? word & (((W)1 << (count * BITS)) - 1) : word;
 }
 

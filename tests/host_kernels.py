@@ -94,6 +94,15 @@ static inline unsigned __umulhi(unsigned a, unsigned b) {
     return (unsigned)(((unsigned long long)a * b) >> 32);
 }
 static inline float __uint2float_rn(unsigned v) { return (float)v; }
+// PRMT: byte n of the result is byte (s >> 4n) & 7 of x's and y's 8.
+static inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+    const unsigned long long bytes = x | (unsigned long long)y << 32;
+    unsigned r = 0;
+    for (int n = 0; n < 4; ++n) {
+        r |= (unsigned)((bytes >> (8 * ((s >> (4 * n)) & 7))) & 0xff) << (8 * n);
+    }
+    return r;
+}
 static inline float __uint_as_float(unsigned v) { float f; std::memcpy(&f, &v, 4); return f; }
 static inline unsigned __float_as_uint(float v) { unsigned u; std::memcpy(&u, &v, 4); return u; }
 template <typename T> static inline T min(T a, T b) { return b < a ? b : a; }
@@ -288,9 +297,10 @@ def _quantize_entries() -> str:
                 f"{case} run_grid(grid, block, [&] {{ dequantize_{name}_{bits}(codes, scales, "
                 f"zeros, ({t}*)out, n, group_size, num_groups, bytes_per_group, vec); }}); "
                 "return 0;")
+    # The byte of round_hashed's word that packed_codes takes as the code.
     rounding = [f"case {bits}: for (i64 i = 0; i < n; ++i) out[i] = (round_hashed<{bits}>(v[i], "
                 f"hashed_noise(g[i >> 1], (int)(i & 1)), zero, inv, {(1 << bits) - 1}.0f) >> "
-                f"code_at<{bits}>()) & {(1 << bits) - 1}u; return 0;" for bits in QUANT_BITS]
+                "HASHED_CODE_AT) & 0xffu; return 0;" for bits in QUANT_BITS]
     return (
         'extern "C" int host_round_hashed(int bits, const float* v, const u32* g, i64 n,'
         " float zero, float inv, u32* out) {\n"
@@ -414,7 +424,8 @@ def round_hashed(v: Tensor, g: Tensor, bits: int, zero: float, inv: float,
                  defines: tuple[str, ...] = ()) -> Tensor:
     """The codes ``quantize.cu`` rounds the values ``v`` (float32) of a finite group with
     ``zero`` and ``inv`` to, element ``i`` with the hash ``g[i // 2]`` of its pair (int64
-    holding 32-bit words) as the seeded kernels do: ``round_hashed`` on ``hashed_noise``."""
+    holding 32-bit words) as the seeded kernels do: ``round_hashed`` on ``hashed_noise``, the
+    byte of its word that ``packed_codes`` takes for the code (``HASHED_CODE_AT``)."""
     values = np.ascontiguousarray(v.numpy(), dtype=np.float32)
     words = np.ascontiguousarray(g.numpy(), dtype=np.uint32)
     out = np.zeros(values.size, dtype=np.uint32)

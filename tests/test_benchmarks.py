@@ -492,3 +492,47 @@ def test_check_kernels_builds_a_variant():
         pytest.skip(f"no NVRTC here: {run.stderr[-300:]}")
     assert run.returncode == 0, run.stdout + run.stderr
     assert "all compiled" in run.stdout
+
+
+def _tool(name: str):
+    path = BENCH.parent / "tools" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_sass_counts_classes_a_listing_by_pipe(capsys):
+    """tools/sass_counts.py: instructions of a cuobjdump listing by the pipe that issues them
+    (predicated ones too; NOP padding not at all); bad widths refused by name."""
+    tool = _tool("sass_counts")
+    listing = """
+        /*0000*/                   LDC R1, c[0x0][0x28] ;
+        /*0010*/                   IMAD.WIDE.U32 R12, R3, UR4, R12 ;
+        /*0020*/                   LOP3.LUT R26, R18, 0xffff, R21, 0xea, !PT ;
+        /*0030*/                   FFMA.FTZ.RP R22, R27, 65536, R26 ;
+        /*0040*/              @!P1 BRA 0x6f0 ;
+        /*0050*/                   F2I.U32.CEIL.NTZ R3, R4 ;
+        /*0060*/                   SHFL.BFLY PT, R3, R14, 0x10, 0x1f ;
+        /*0070*/                   EXIT ;
+        /*0080*/                   NOP;
+    """
+    assert tool.count_sass(listing) == {"total": 8, "fma": 2, "alu": 1, "conv": 1, "mem": 1,
+                                        "shfl": 1, "other": 2}
+    with pytest.raises(SystemExit):
+        tool.main(["--bits", "9"])
+    assert "--bits must be in 1..8" in capsys.readouterr().err
+
+
+def test_sass_counts_of_the_seeded_quantizer(tmp_path):
+    """End to end (nvcc and cuobjdump): the whole-group pass of the bfloat16 2-bit quantizer,
+    a row of its counts; seeded rounding issues no conversion."""
+    tool = _tool("sass_counts")
+    if tool.find_tool("nvcc") is None or tool.find_tool("cuobjdump") is None:
+        pytest.skip("needs nvcc and cuobjdump (pip install nvidia-cuda-cuobjdump "
+                    "nvidia-cuda-nvdisasm)")
+    report = tmp_path / "sass.jsonl"
+    assert tool.main(["--dtypes", "bfloat16", "--bits", "2", "--report", str(report)]) == 0
+    row = json.loads(report.read_text())
+    assert row["dtype"] == "bfloat16" and row["bits"] == 2 and row["group_size"] == 512
+    assert row["conv"] == 0 and 300 < row["total"] < 600

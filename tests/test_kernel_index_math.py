@@ -43,7 +43,7 @@ KERNEL_LINES = (
     "const int count = (int)min((i64)8, len - 8 * o);",
     "store_codes<BITS>(out, o * BITS, bytes_per_group, vec,",
     "usable ? pack_octet<BITS>(kept[c], noise, start + 8 * o, count,",
-    "word |= (W)round_code(v[k], r[k], zero, inv, levels) << (k * BITS);",
+    "for (int k = 0; k < 8; ++k) q[k] = round_code(v[k], r[k], zero, inv, levels);",
     "return count < 8 ? word & (((W)1 << (count * BITS)) - 1) : word;",
     "n[k] = hashed_noise(hash_pair((u64)(at + k) >> 1, s0, s1), (k + 1) & 1);",
     "if (vec && count == 8) {",
