@@ -25,10 +25,10 @@
 #              of the four models (fp32 and 2 bits, arxiv shape); evidence.py's table; then
 #              SAGE's and GCNII's 6 largest allocations at their peaks with their C++ frames
 #              (peak_stacks)
-#   tune       builds of cuda/quantize.cu with other compile-time settings (NOISE_FIRST,
-#              CHUNK_STORES, SHARED_CODES, CODES_FIRST, LANES, PREFETCH, CACHED, MIN_BLOCKS:
-#              tune_kernels.py's VARIANTS) against the default, kernel
-#              alone, fp32 and bf16 at every width, each checked bit for bit against the default build
+#   tune       builds of cuda/quantize.cu with other compile-time settings (FLOOR_ROUNDING,
+#              NOISE_FIRST, CHUNK_STORES, SHARED_CODES, CODES_FIRST, LANES, PREFETCH, CACHED,
+#              MIN_BLOCKS: tune_kernels.py's VARIANTS) against the default, kernel alone, fp32
+#              and bf16 at every width, each checked bit for bit against the default build
 #              (tune_kernels.py; NVRTC builds each variant: a few minutes). Make the fastest
 #              the default.
 #   tests      CUDA tests (pytest -m cuda), quantize/dequantize and fused mask-op throughput
@@ -125,7 +125,7 @@ for part in "${parts[@]}"; do
   echo "== $part"
   case "$part" in
     evidence)
-      # Not the tuning builds' test: 6 more NVRTC builds of quantize.cu that no tune follows.
+      # Not the tuning builds' test: 7 more NVRTC builds of quantize.cu that no tune follows.
       core_checks 90 -k "not builds_tune_kernels_times"
       capped 150 "$py" benchmarks/bench_largest.py --device cuda --cap-gb 16 \
         --methods pyg gnnact2 --out "$out/largest.jsonl"
@@ -134,7 +134,7 @@ for part in "${parts[@]}"; do
       "$py" benchmarks/evidence.py "$out"
       ;;
     quick)
-      # The CUDA tests build 6 variants of quantize.cu (42 s on an H200 when they built 2);
+      # The CUDA tests build 7 variants of quantize.cu (42 s on an H200 when they built 2);
       # tune then finds them in CuPy's cache.
       core_checks 180
       "$py" benchmarks/evidence.py "$out"
