@@ -98,6 +98,11 @@ _TABLES = {
     "quantize.jsonl": ("Quantizer throughput", [
         ("op", "op"), ("backend", "backend"), ("dtype", "dtype"), ("bits", "bits"),
         ("GB/s", lambda r: f"{r['gbps']:.2f}"), ("share of a copy", "frac_of_copy")]),
+    "sass_counts.jsonl": ("Quantizer instructions a whole group (tools/sass_counts.py)", [
+        ("build", lambda r: ", ".join(r["defines"]) or "default"), ("dtype", "dtype"),
+        ("bits", "bits"), ("group", "group_size"), ("total", "total"), ("fma", "fma"),
+        ("alu", "alu"), ("conv", "conv"), ("mem", "mem"), ("shfl", "shfl"),
+        ("other", "other")]),
 }
 
 

@@ -535,4 +535,5 @@ def test_sass_counts_of_the_seeded_quantizer(tmp_path):
     assert tool.main(["--dtypes", "bfloat16", "--bits", "2", "--report", str(report)]) == 0
     row = json.loads(report.read_text())
     assert row["dtype"] == "bfloat16" and row["bits"] == 2 and row["group_size"] == 512
+    assert row["device_name"] == "static SASS, sm_90" and row["commit"]
     assert row["conv"] == 0 and 300 < row["total"] < 600

@@ -44,6 +44,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import torch  # noqa: E402
+
 from gnnact.env import git_commit  # noqa: E402
 from gnnact.kernels._cupy import compile_options, kernel_source  # noqa: E402
 
@@ -150,11 +152,16 @@ def main(argv: list[str] | None = None) -> int:
     settings = dict(d.partition("=")[::2] for d in defines)
     whole = 8 * int(settings.get("LANES", 32)) * int(settings.get("CACHED", 2))  # WHOLE_GROUP
     commit = git_commit() if args.cuda_dir is None else git_commit(root=args.cuda_dir.parent)
+    version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
+    release = re.search(r"release (\d+\.\d+)", version)
+    # What the benchmark tables head a run with: the "device" is the compiler and target.
+    made_by = {"device_name": f"static SASS, sm_{args.arch}", "torch": torch.__version__,
+               "nvcc": release.group(1) if release else None}
     rows = []
     for dtype in args.dtypes:
         for bits in args.bits:
             counts = probe_counts(dtype, bits, defines, nvcc, cuobjdump, args.arch, args.cuda_dir)
-            rows.append({"bench": "sass_counts", "commit": commit,
+            rows.append({"bench": "sass_counts", **made_by, "commit": commit,
                          "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
                              timespec="seconds"),
                          "arch": f"sm_{args.arch}", "defines": list(defines), "dtype": dtype,
