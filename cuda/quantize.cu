@@ -73,17 +73,6 @@ __device__ __forceinline__ u32 hash_pair(u64 j, u32 s0, u32 s1) {
 #define ALU_CONVERSIONS 0
 #endif
 
-// r of element `half` of the pair with hash g.
-__device__ __forceinline__ float half_uniform(u32 g, int half) {
-    const u32 m = (~g >> (16 * half)) & 0xffffu;  // 65535 - g_i
-#if ALU_CONVERSIONS
-    // 1 + m 2^-16 has m in the top 16 bits of its mantissa; subtracting 1 is exact.
-    return __fsub_rn(__uint_as_float(0x3f800000u | (m << 7)), 1.0f);
-#else
-    return (float)m * 1.52587890625e-05f;  // 2^-16: exact
-#endif
-}
-
 // The integer word that holds an octet's 8 codes: 32 bits up to 4 bits a code (cheaper shifts
 // and masks), 64 above.
 template <bool Wide>
@@ -163,7 +152,16 @@ __device__ __forceinline__ u32 round_code(float v, float r, float zero, float in
 typedef float HashNoise;
 #define HASHED_CODE_AT 0
 
-__device__ __forceinline__ float hashed_noise(u32 g, int half) { return half_uniform(g, half); }
+// Hashed noise as round_code takes it: r of element `half` of the pair with hash g.
+__device__ __forceinline__ float hashed_noise(u32 g, int half) {
+    const u32 m = (~g >> (16 * half)) & 0xffffu;  // 65535 - g_i
+#if ALU_CONVERSIONS
+    // 1 + m 2^-16 has m in the top 16 bits of its mantissa; subtracting 1 is exact.
+    return __fsub_rn(__uint_as_float(0x3f800000u | (m << 7)), 1.0f);
+#else
+    return (float)m * 1.52587890625e-05f;  // 2^-16: exact
+#endif
+}
 
 template <int BITS>
 __device__ __forceinline__ u32 round_hashed(float v, float r, float zero, float inv,
@@ -263,6 +261,11 @@ __device__ __forceinline__ void load_raw(const typename L::T* __restrict__ x, i6
     }
 }
 
+// The 32-bit word values k and k + 1 of a 16-bit octet were loaded in (k even).
+__device__ __forceinline__ u32 pair_at(const u16 (&raw)[8], int k) {
+    return raw[k] | ((u32)raw[k + 1] << 16);
+}
+
 // An octet's elements as float, L::load each.
 template <typename L>
 struct OctetValues {
@@ -280,7 +283,7 @@ struct OctetValues<BF16> {
     static __device__ __forceinline__ void of(const u16 (&raw)[8], float (&v)[8]) {
 #pragma unroll
         for (int k = 0; k < 8; k += 2) {
-            const u32 w = raw[k] | ((u32)raw[k + 1] << 16);
+            const u32 w = pair_at(raw, k);
             u32 high;
             asm("and.b32 %0, %1, 0xffff0000;" : "=r"(high) : "r"(w));
             v[k] = __uint_as_float(w << 16);
@@ -330,7 +333,7 @@ struct Range<L, true> {
     __device__ __forceinline__ void add_octet(const u16 (&raw)[8]) {
 #pragma unroll
         for (int k = 0; k < 8; k += 2) {
-            const u32 w = raw[k] | ((u32)raw[k + 1] << 16);
+            const u32 w = pair_at(raw, k);
             lo = L::pair_min(lo, w);
             hi = L::pair_max(hi, w);
             bad = L::pair_zero_fma(w, bad);

@@ -10,11 +10,13 @@ from pathlib import Path
 import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+TOOLS = BENCH.parent / "tools"
 
 
-def _script(name: str):
-    sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+def _script(name: str, folder: Path = BENCH):
+    """The script ``folder/<name>.py`` (a benchmark, or with ``TOOLS`` a tool) as a module."""
+    sys.path.insert(0, str(folder))
+    spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -485,7 +487,7 @@ def test_check_kernels_builds_a_variant():
     CI checks the build tune_kernels.py compares."""
     import subprocess
 
-    run = subprocess.run([sys.executable, str(BENCH.parent / "tools" / "check_kernels.py"),
+    run = subprocess.run([sys.executable, str(TOOLS / "check_kernels.py"),
                           "--arch", "90", "--define", "ALU_CONVERSIONS=1"],
                          capture_output=True, text=True, timeout=600)
     if "NVRTC" not in run.stdout:
@@ -494,18 +496,10 @@ def test_check_kernels_builds_a_variant():
     assert "all compiled" in run.stdout
 
 
-def _tool(name: str):
-    path = BENCH.parent / "tools" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_sass_counts_classes_a_listing_by_pipe(capsys):
     """tools/sass_counts.py: instructions of a cuobjdump listing by the pipe that issues them
     (predicated ones too; NOP padding not at all); bad widths refused by name."""
-    tool = _tool("sass_counts")
+    tool = _script("sass_counts", TOOLS)
     listing = """
         /*0000*/                   LDC R1, c[0x0][0x28] ;
         /*0010*/                   IMAD.WIDE.U32 R12, R3, UR4, R12 ;
@@ -527,7 +521,7 @@ def test_sass_counts_classes_a_listing_by_pipe(capsys):
 def test_sass_counts_of_the_seeded_quantizer(tmp_path):
     """End to end (nvcc and cuobjdump): the whole-group pass of the bfloat16 2-bit quantizer,
     a row of its counts; seeded rounding issues no conversion."""
-    tool = _tool("sass_counts")
+    tool = _script("sass_counts", TOOLS)
     if tool.find_tool("nvcc") is None or tool.find_tool("cuobjdump") is None:
         pytest.skip("needs nvcc and cuobjdump (pip install nvidia-cuda-cuobjdump "
                     "nvidia-cuda-nvdisasm)")
