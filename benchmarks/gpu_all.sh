@@ -25,6 +25,14 @@
 #              of the four models (fp32 and 2 bits, arxiv shape); evidence.py's table; then
 #              SAGE's and GCNII's 6 largest allocations at their peaks with their C++ frames
 #              (peak_stacks)
+#   kernels    the CUDA tests (not the tuning builds') and kernel throughput at every width,
+#              float32 and bfloat16, in about 3 minutes
+#   profile    Nsight Compute's full section set for the kernels of profile_kernels.py
+#              (quantize fp32 and bf16 at 2 bits, fp32 at 8; dequantize fp32 at 1, 2 and 5, bf16
+#              at 2): ncu_details.txt (what bounds each: throughputs, issue, occupancy, stall
+#              reasons), ncu_raw.csv (every metric), ncu_sass.csv (each SASS instruction's
+#              executions and stall samples) and their summary, kernel_profile.jsonl (a row a
+#              kernel); about 2 minutes
 #   tune       builds of cuda/quantize.cu with other compile-time settings (FLOOR_ROUNDING,
 #              NOISE_FIRST, CHUNK_STORES, SHARED_CODES, CODES_FIRST, LANES, PREFETCH, CACHED,
 #              MIN_BLOCKS: tune_kernels.py's VARIANTS) against the default, kernel alone, fp32
@@ -108,7 +116,7 @@ core_checks() {
   done
 }
 parts=("$@")
-[ ${#parts[@]} -gt 0 ] || parts=(tests tune train products suite suite-gat generic swap largest peak
+[ ${#parts[@]} -gt 0 ] || parts=(tests tune profile train products suite suite-gat generic swap largest peak
                                  amp compile distributed accuracy adaptive-dblp
                                  adaptive-computers adaptive-physics)
 
@@ -145,7 +153,38 @@ for part in "${parts[@]}"; do
           --stacks 6 --out "$out/peak_stacks.jsonl"
       done
       ;;
+    kernels)
+      capped 150 "$py" -m pytest -m cuda -q -rs -p no:cacheprovider \
+        -k "not builds_tune_kernels_times" >"$out/pytest_cuda.txt" 2>&1
+      tail -15 "$out/pytest_cuda.txt"
+      for dtype in float32 bfloat16; do
+        capped 90 "$py" benchmarks/bench_quantize.py --device cuda --dtype "$dtype" \
+          --bits 1 2 3 4 5 6 7 8 --out "$out/quantize.jsonl"
+      done
+      ;;
+    profile)
+      ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu \
+              2>/dev/null | head -1)
+      if [ -n "$ncu" ]; then
+        capped 240 "$ncu" --clock-control none --set full -k regex:quantize_ -f \
+          -o "$out/kernels" "$py" benchmarks/profile_kernels.py
+        "$ncu" --import "$out/kernels.ncu-rep" --page details >"$out/ncu_details.txt" 2>&1
+        "$ncu" --import "$out/kernels.ncu-rep" --page raw --csv >"$out/ncu_raw.csv" 2>&1
+        "$ncu" --import "$out/kernels.ncu-rep" --page source --csv --print-source sass \
+          >"$out/ncu_sass.csv" 2>&1
+        "$py" benchmarks/profile_kernels.py --summarize "$out/ncu_raw.csv" \
+          --out "$out/kernel_profile.jsonl" || status=1
+      else
+        echo "no ncu on this machine"
+        status=1
+      fi
+      ;;
     tune)  # rows are written width by width: a run cut short keeps what it measured
+      # First the builds' own test (given noise and seeded, against the reference), which
+      # compiles them: tune_kernels.py then finds them in CuPy's cache.
+      capped 240 "$py" -m pytest -m cuda -q -p no:cacheprovider -k builds_tune_kernels_times \
+        >"$out/pytest_variants.txt" 2>&1
+      tail -3 "$out/pytest_variants.txt"
       capped 330 "$py" benchmarks/tune_kernels.py --out "$out/tune_kernels.jsonl"
       ;;
     tests)

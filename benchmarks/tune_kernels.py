@@ -12,11 +12,12 @@ dequantize loads a group's code words together before restoring any; ``CHUNK_STO
 float32 and float64 dequantized by 16-byte chunks, a warp's store 512 consecutive bytes;
 ``SHARED_CODES``: 3 and 5-7-bit codes of whole groups read from a copy in shared memory;
 ``NOISE_FIRST``: quantize hashes a lane's noise while its loads are in flight; ``LANES``:
-lanes that share a group, a warp taking ``32 / LANES`` groups at once). Every build must give
-the default build's codes, scales, zeros and restored values bit for bit (``agrees``); a row,
-one for each op the build changes (:data:`ONE_OP`), gives the kernel's own time (calls queued
-back to back, :func:`_common.kernel_seconds`) and its share of a copy's bandwidth timed the
-same way, as ``bench_quantize.py`` counts bytes.
+lanes that share a group, a warp taking ``32 / LANES`` groups at once; ``WAVES``: the grid
+capped at that many waves of resident blocks, each warp taking groups in turn). Every build
+must give the default build's codes, scales, zeros and restored values bit for bit
+(``agrees``); a row, one for each op the build changes (:data:`ONE_OP`), gives the kernel's own
+time (calls queued back to back, :func:`_common.kernel_seconds`) and its share of a copy's
+bandwidth timed the same way, as ``bench_quantize.py`` counts bytes.
 
 Usage::
 
@@ -45,11 +46,13 @@ from gnnact.quant import DEFAULT_GROUP_SIZE
 
 #: The builds timed by default beside the default one (ALU_CONVERSIONS, WIDE_CODE_LOADS,
 #: CACHED=1 and CACHED=4 alone lost to it at every width twice on an H200: tune_kernels.jsonl).
-#: FLOOR_ROUNDING is the seeded rounding those runs timed as the default.
-VARIANTS = ("FLOOR_ROUNDING=1", "NOISE_FIRST=1", "CHUNK_STORES=1", "SHARED_CODES=1",
-            "SHARED_CODES=1,CHUNK_STORES=1", "CODES_FIRST=1", "NOISE_FIRST=1,MIN_BLOCKS=3",
-            "CHUNK_STORES=1,MIN_BLOCKS=6", "LANES=16,CACHED=4,MIN_BLOCKS=3", "PREFETCH=1",
-            "PREFETCH=1,MIN_BLOCKS=3", "CACHED=1,MIN_BLOCKS=8")
+#: FLOOR_ROUNDING is the seeded rounding those runs timed as the default. Settings of the two
+#: ops go together in one build where they do not interact (NOISE_FIRST, quantize's; and
+#: CHUNK_STORES, dequantize's): one build, both timed.
+VARIANTS = ("CHUNK_STORES=1,NOISE_FIRST=1", "WAVES=1", "WAVES=1,CHUNK_STORES=1,NOISE_FIRST=1",
+            "LANES=16,CACHED=4,MIN_BLOCKS=3",
+            "LANES=16,CACHED=4,MIN_BLOCKS=3,NOISE_FIRST=1,WAVES=1",
+            "SHARED_CODES=1,CHUNK_STORES=1", "CODES_FIRST=1", "PREFETCH=1", "FLOOR_ROUNDING=1")
 
 
 #: Settings that change one kernel only: a variant made of them is timed on that op alone

@@ -22,8 +22,8 @@
 //   dequantize: a lane reads its octet's BITS bytes (one load for 1, 2, 4 and 8 bits with
 //     `vec`) and writes 8 values with vector stores.
 // Compile-time settings (CACHED, MIN_BLOCKS, ALU_CONVERSIONS, FLOOR_ROUNDING, WIDE_CODE_LOADS,
-// LANES, PREFETCH, CODES_FIRST, CHUNK_STORES, SHARED_CODES, NOISE_FIRST; defaults below) change
-// speed, never results: benchmarks/tune_kernels.py times the builds side by side.
+// LANES, PREFETCH, WAVES, CODES_FIRST, CHUNK_STORES, SHARED_CODES, NOISE_FIRST; defaults below)
+// change speed, never results: benchmarks/tune_kernels.py times the builds side by side.
 // A lane has 32 bytes of float32 in flight per octet, not 4.
 // Every float operation is an explicit round-to-nearest intrinsic so that NVRTC cannot
 // contract a multiply and an add into an FMA, which would round differently from torch.
@@ -505,6 +505,11 @@ __device__ __forceinline__ W pack_octet(const float (&v)[8], const float* __rest
 #ifndef PREFETCH
 #define PREFETCH 0
 #endif
+
+// WAVES=k builds are the default kernels on a grid of at most k waves of the blocks the device
+// holds at once (the launcher reads it, gnnact/kernels/quantize.py): each warp takes groups in
+// turn through the grid-stride loops, where the default grid gives each warp one group (a
+// block's place on its SM is then held until its slowest warp ends). The results are the same.
 
 // CODES_FIRST=1 builds dequantize as PREFETCH's first step alone: a lane loads its group's
 // scale, zero and code words together, then restores its octets (the default loads one code

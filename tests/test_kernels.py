@@ -8,6 +8,7 @@ import warnings
 import pytest
 import torch
 from mask_values import assert_same_values, specials
+from test_benchmarks import _script
 
 import gnnact
 from gnnact.kernels import kernel_source_dir
@@ -349,11 +350,8 @@ def test_a_kernel_that_disagrees_or_fails_is_named_and_left_unused():
 
 @cuda
 # Builds tune_kernels.py times too (CuPy's disk cache then compiles each once).
-@pytest.mark.parametrize("defines", [("LANES=16", "CACHED=4", "MIN_BLOCKS=3"),
-                                     ("PREFETCH=1", "MIN_BLOCKS=3"), ("NOISE_FIRST=1",),
-                                     ("SHARED_CODES=1", "CHUNK_STORES=1"), ("SHARED_CODES=1",),
-                                     ("CODES_FIRST=1",), ("FLOOR_ROUNDING=1",)],
-                         ids=",".join)
+@pytest.mark.parametrize("defines", [tuple(v.split(","))
+                                     for v in _script("tune_kernels").VARIANTS], ids=",".join)
 def test_builds_tune_kernels_times_equal_the_reference_on_the_gpu(defines):
     """The builds benchmarks/tune_kernels.py compares, on the device (their grids from the
     kernel's own registers where PREFETCH caps them): the reference's results, with given

@@ -305,15 +305,21 @@ def test_launchers_drive_the_kernels_as_on_a_gpu(launchers_on_host, dtype, bits)
 
 
 @pytest.mark.parametrize("defines", [("LANES=16", "CACHED=4"), ("PREFETCH=1",),
-                                     ("PREFETCH=1", "LANES=8", "CACHED=8")], ids=",".join)
+                                     ("PREFETCH=1", "LANES=8", "CACHED=8"), ("WAVES=1",),
+                                     ("WAVES=1", "LANES=16", "CACHED=4")], ids=",".join)
 def test_launchers_size_the_grid_for_other_builds(launchers_on_host, defines):
-    """A LANES=16 build's warp takes two groups at once (half the blocks); a PREFETCH=1
-    build's grid is capped (on the host at 2 blocks): the launchers' grids cover every group,
-    with the reference's results."""
+    """A LANES=16 build's warp takes two groups at once (half the blocks); a PREFETCH=1 or
+    WAVES=k build's grid is capped (on the host at 2 blocks): the launchers' grids cover every
+    group, with the reference's results."""
     kernels = launchers_on_host
-    assert kernels._grid(100, "quantize_f32_2", torch.device("cpu"), ("LANES=16",)) == 7
-    assert kernels._grid(1000, "quantize_f32_2", torch.device("cpu"), ("LANES=16",)) == 63
-    assert kernels._grid(1000, "quantize_f32_2", torch.device("cpu"), ("PREFETCH=1",)) == 2
+    cpu = torch.device("cpu")
+    assert kernels._grid(100, "quantize_f32_2", cpu, ("LANES=16",)) == 7
+    assert kernels._grid(1000, "quantize_f32_2", cpu, ("LANES=16",)) == 63
+    assert kernels._grid(1000, "quantize_f32_2", cpu, ("PREFETCH=1",)) == 2
+    assert kernels._grid(1000, "quantize_f32_2", cpu, ("WAVES=3",)) == 2
+    assert kernels._grid(1000, "quantize_f32_2", cpu, ("WAVES=0",)) == 125
+    with pytest.raises(ValueError, match="WAVES must be >= 0"):
+        kernels._grid(1000, "quantize_f32_2", cpu, ("WAVES=-1",))
     x = _input(37 * 512 + 5, torch.float32, 4)
     got = kernels.quantize_groups(x, 4, 512, seed=8, defines=defines)
     want = reference.quantize_groups(x, 4, 512, noise=hash_uniform(8, 0, x.numel()))

@@ -62,14 +62,20 @@ def _grid(num_groups: int, kernel: str, device: torch.device,
     PREFETCH=1 build gets at most the blocks of ``kernel`` that ``device`` holds at once (2 on
     the CPU, where tests run the kernels on the host), so that each warp takes several groups
     in turn, has a next one to load, and no second wave of blocks runs on a part of the
-    device."""
+    device; a WAVES=k build at most k times those blocks (its warps then take groups in turn
+    without loading ahead: no block waits on its slowest warp to free its place, and the
+    kernel's set-up is paid once for many groups)."""
     segments = 32 // _define(defines, "LANES", 32)
     grid = _group_grid(-(-num_groups // segments))
-    if not _define(defines, "PREFETCH", 0):
+    waves = _define(defines, "WAVES", 0)
+    if waves < 0:
+        raise ValueError(f"WAVES must be >= 0 (0: a block for every 8 warps' groups), got {waves}")
+    if not waves and not _define(defines, "PREFETCH", 0):
         return grid
     if device.type != "cuda":
         return min(grid, 2)
-    return min(grid, resident_blocks("quantize.cu", kernel, device, _THREADS, defines))
+    return min(grid, max(1, waves) * resident_blocks("quantize.cu", kernel, device, _THREADS,
+                                                     defines))
 
 
 def vector_ok(group_size: int, *tensors: Tensor | None) -> bool:
