@@ -52,7 +52,8 @@ from gnnact.quant import DEFAULT_GROUP_SIZE
 VARIANTS = ("CHUNK_STORES=1,NOISE_FIRST=1", "WAVES=1", "WAVES=1,CHUNK_STORES=1,NOISE_FIRST=1",
             "LANES=16,CACHED=4,MIN_BLOCKS=3",
             "LANES=16,CACHED=4,MIN_BLOCKS=3,NOISE_FIRST=1,WAVES=1",
-            "SHARED_CODES=1,CHUNK_STORES=1", "CODES_FIRST=1", "PREFETCH=1", "FLOOR_ROUNDING=1")
+            "SHARED_CODES=1,CHUNK_STORES=1", "CODES_FIRST=1", "PREFETCH=1", "FLOOR_ROUNDING=1",
+            "MIN_BLOCKS=5,WAVES=1")
 
 
 #: Settings that change one kernel only: a variant made of them is timed on that op alone
