@@ -33,12 +33,12 @@
 #              reasons), ncu_raw.csv (every metric), ncu_sass.csv (each SASS instruction's
 #              executions and stall samples) and their summary, kernel_profile.jsonl (a row a
 #              kernel); about 2 minutes
-#   tune       builds of cuda/quantize.cu with other compile-time settings (FLOOR_ROUNDING,
-#              NOISE_FIRST, CHUNK_STORES, SHARED_CODES, CODES_FIRST, LANES, PREFETCH, CACHED,
-#              MIN_BLOCKS: tune_kernels.py's VARIANTS) against the default, kernel alone, fp32
-#              and bf16 at every width, each checked bit for bit against the default build
-#              (tune_kernels.py; NVRTC builds each variant: a few minutes). Make the fastest
-#              the default.
+#   tune       builds of cuda/quantize.cu with other compile-time settings (tune_kernels.py's
+#              VARIANTS: the previous shapes and dequantize loops, FLOOR_ROUNDING, WAVES, a
+#              quantizing warp of 4 groups) against the default, kernel alone, bf16 and fp32 at
+#              every width, each checked bit for bit against the default build, after the
+#              builds' own CUDA test (NVRTC builds each variant: a few minutes; 7 minutes for
+#              10 builds on an H200). Make the fastest the default.
 #   tests      CUDA tests (pytest -m cuda), quantize/dequantize and fused mask-op throughput
 #   train      training step time and memory, PyG fp32 vs gnnact 2/4 bits, arxiv-shaped graph,
 #              all four models
@@ -133,7 +133,7 @@ for part in "${parts[@]}"; do
   echo "== $part"
   case "$part" in
     evidence)
-      # Not the tuning builds' test: 10 more NVRTC builds of quantize.cu that no tune follows.
+      # Not the tuning builds' test: 6 more NVRTC builds of quantize.cu that no tune follows.
       core_checks 90 -k "not builds_tune_kernels_times"
       capped 150 "$py" benchmarks/bench_largest.py --device cuda --cap-gb 16 \
         --methods pyg gnnact2 --out "$out/largest.jsonl"
@@ -142,7 +142,7 @@ for part in "${parts[@]}"; do
       "$py" benchmarks/evidence.py "$out"
       ;;
     quick)
-      # The CUDA tests build 10 variants of quantize.cu (42 s on an H200 when they built 2;
+      # The CUDA tests build 6 variants of quantize.cu (42 s on an H200 when they built 2;
       # NVRTC took 21 s a build on a 2-core CPU); tune then finds them in CuPy's cache.
       core_checks 240
       "$py" benchmarks/evidence.py "$out"

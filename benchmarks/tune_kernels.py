@@ -44,16 +44,15 @@ from _common import RESULTS, append_rows, environment, kernel_seconds
 
 from gnnact.quant import DEFAULT_GROUP_SIZE
 
-#: The builds timed by default beside the default one (ALU_CONVERSIONS, WIDE_CODE_LOADS,
-#: CACHED=1 and CACHED=4 alone lost to it at every width twice on an H200: tune_kernels.jsonl).
-#: FLOOR_ROUNDING is the seeded rounding those runs timed as the default. Settings of the two
-#: ops go together in one build where they do not interact (NOISE_FIRST, quantize's; and
-#: CHUNK_STORES, dequantize's): one build, both timed.
-VARIANTS = ("CHUNK_STORES=1,NOISE_FIRST=1", "WAVES=1", "WAVES=1,CHUNK_STORES=1,NOISE_FIRST=1",
-            "LANES=16,CACHED=4,MIN_BLOCKS=3",
-            "LANES=16,CACHED=4,MIN_BLOCKS=3,NOISE_FIRST=1,WAVES=1",
-            "SHARED_CODES=1,CHUNK_STORES=1", "CODES_FIRST=1", "PREFETCH=1", "FLOOR_ROUNDING=1",
-            "MIN_BLOCKS=5,WAVES=1")
+#: The builds timed by default beside the default one. On an H200 (tune_kernels.jsonl, 7116a3f)
+#: the quantizer's LANES=16, CACHED=4, MIN_BLOCKS=3 (fastest at every width but 7 bits) and the
+#: dequantizer's CHUNK_STORES=1 with SHARED_CODES=1 (at every width) became the defaults;
+#: NOISE_FIRST, PREFETCH, CODES_FIRST and WAVES=1 lost at nearly every width (ALU_CONVERSIONS,
+#: WIDE_CODE_LOADS, CACHED=1 and CACHED=4 alone in earlier runs). Here: the previous defaults,
+#: FLOOR_ROUNDING (the seeded rounding before integer rounding), a grid of one wave, and a
+#: quantizer whose warp takes 4 groups at once.
+VARIANTS = ("LANES=32,CACHED=2,MIN_BLOCKS=4", "CHUNK_STORES=0,SHARED_CODES=0", "SHARED_CODES=0",
+            "FLOOR_ROUNDING=1", "WAVES=1", "LANES=8,CACHED=8,MIN_BLOCKS=2")
 
 
 #: Settings that change one kernel only: a variant made of them is timed on that op alone

@@ -3,8 +3,9 @@
 // The packed format and the arithmetic are defined by gnnact/quant/reference.py; this file
 // reproduces it bit for bit. Compiled by CuPy (NVRTC) from gnnact/kernels/quantize.py.
 //
-// One warp owns one group of `group_size` consecutive elements, and each lane handles octets:
-// 8 consecutive elements of the group. Code j sits at bits [j BITS, (j + 1) BITS) of the
+// A segment of a warp's lanes (16 to quantize, the whole warp to dequantize: OP_LANES, each
+// op's shape below) owns one group of `group_size` consecutive elements, and each lane handles
+// octets: 8 consecutive elements of the group. Code j sits at bits [j BITS, (j + 1) BITS) of the
 // group's LSB-first bit stream (the reference's layout), so octet o owns exactly the BITS
 // bytes [o BITS, (o + 1) BITS) at every width 1-8: no two lanes share a byte, and no shuffles
 // are needed to pack.
@@ -14,7 +15,7 @@
 //     shuffles (no shared memory, no __syncthreads). Noise: one hash per pair of
 //     elements, an octet's 4 sharing their inner mix. Seeded rounding is integer arithmetic
 //     on a float's bits (round_hashed): no conversion instruction. Groups of up to
-//     32 * 8 * CACHED elements (the default 512) stay in registers for the rounding pass;
+//     8 * OP_LANES * OP_CACHED elements (the default 512) stay in registers for the rounding pass;
 //     larger ones are read again (L1/L2). Each octet's 8 codes are stored as one BITS-byte
 //     word (a single store for 1, 2, 4 and 8 bits with `vec`).
 //     Groups of the default size read by vectors, all of them but a short last one, take a
@@ -84,33 +85,62 @@ struct WordOf<true> {
     typedef u64 T;
 };
 
-// Lanes that share a group (32, 16 or 8): a warp takes 32 / LANES groups at once, each lane
-// LANES-strided octets of its own group. LANES=16 builds (with CACHED=4, which keeps a group
-// of 512 in registers) give each lane twice the bytes in flight and the range reduction one
-// shuffle step fewer. The results are the same.
-#ifndef LANES
-#define LANES 32
+// Each op's shape: the lanes that share a group (32, 16 or 8; a warp takes 32 / lanes groups
+// at once, each lane lanes-strided octets of its own group) and the octets a lane keeps in
+// registers (quantize: between the range and the rounding pass, so that a group of up to
+// 8 lanes cached elements is read from memory once; dequantize: the code words it loads before
+// restoring any, CHUNK_STORES). The defaults are the fastest shapes benchmarks/tune_kernels.py
+// timed on an H200 (tune_kernels.jsonl): quantize 16 lanes and 4 octets a lane (a warp's range
+// reductions, scale divisions and stores of scale and zero serve two groups at once), with
+// MIN_BLOCKS 3 (80 registers, no spills): 6-10 points of a copy's bandwidth faster than 32 and 2
+// at every width but 7 bits (float32 7 slower there); dequantize 32 lanes and 2 octets. A
+// build's LANES and CACHED (and MIN_BLOCKS, below) set both ops' shape. The results are the
+// same.
+#ifdef LANES
+#define QUANTIZE_LANES LANES
+#define DEQUANTIZE_LANES LANES
+#else
+#define QUANTIZE_LANES 16
+#define DEQUANTIZE_LANES 32
 #endif
-#define SEGMENTS (32 / LANES)
+#ifdef CACHED
+#define QUANTIZE_CACHED CACHED
+#define DEQUANTIZE_CACHED CACHED
+#else
+#define QUANTIZE_CACHED 4
+#define DEQUANTIZE_CACHED 2
+#endif
+// The shape of the op whose code follows: the quantizer's up to quantize_impl, the
+// dequantizer's after it (where these are defined again).
+#define OP_LANES QUANTIZE_LANES
+#define OP_CACHED QUANTIZE_CACHED
+#define SEGMENTS (32 / OP_LANES)
+// The group a lane's segment caches whole: 8 elements an octet, OP_CACHED octets a lane (512
+// with either default shape).
+#define WHOLE_GROUP (8 * OP_LANES * OP_CACHED)
 
-// The minimum and maximum over the LANES lanes of a segment.
+// The minimum and maximum over the OP_LANES lanes of a segment.
 __device__ __forceinline__ float segment_min(float v) {
-    for (int o = LANES / 2; o > 0; o >>= 1) v = fminf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    for (int o = OP_LANES / 2; o > 0; o >>= 1) {
+        v = fminf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    }
     return v;
 }
 
 __device__ __forceinline__ float segment_max(float v) {
-    for (int o = LANES / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    for (int o = OP_LANES / 2; o > 0; o >>= 1) {
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    }
     return v;
 }
 
 // Whether no lane of the segment holds a true `flag` (the whole warp takes part).
 __device__ __forceinline__ bool segment_none(bool flag, int segment) {
-#if LANES == 32
+#if OP_LANES == 32
     return __all_sync(0xffffffffu, !flag);
 #else
     const u32 flagged = __ballot_sync(0xffffffffu, flag);
-    return ((flagged >> (segment * LANES)) & ((1u << LANES) - 1u)) == 0;
+    return ((flagged >> (segment * OP_LANES)) & ((1u << OP_LANES) - 1u)) == 0;
 #endif
 }
 
@@ -490,13 +520,6 @@ __device__ __forceinline__ W pack_octet(const float (&v)[8], const float* __rest
     return count < 8 ? word & (((W)1 << (count * BITS)) - 1) : word;
 }
 
-// Octets a lane keeps in registers between the range and the rounding pass: a group of up to
-// 32 * 8 * CACHED elements (the default group of 512) is read from memory once. A build may
-// set it (-DCACHED=4, benchmarks/tune_kernels.py); the results are the same.
-#ifndef CACHED
-#define CACHED 2
-#endif
-
 // PREFETCH=1 builds load a warp's next group (its next in the grid-stride loop) while it works
 // on the current one: quantize its cached octets, while the warp reduces and rounds; dequantize
 // its scale, zero and code words, while the warp writes. A warp so keeps bytes in flight
@@ -518,25 +541,27 @@ __device__ __forceinline__ W pack_octet(const float (&v)[8], const float* __rest
 #define CODES_FIRST 0
 #endif
 
-// CHUNK_STORES=1 builds dequantize float32 and float64 by 16-byte chunks (4 or 2 values)
-// instead of octets: lane l writes chunk l of a warp's 32, so each store instruction of a warp
-// writes 512 consecutive bytes; an octet's 32 bytes (float32) are otherwise written by two
-// stores that each cover every other 16 bytes of 1 KB. A lane loads the code words of its
-// chunks in the cache (CACHED octets' worth) before it restores them, as CODES_FIRST does.
-// 16-bit types, whose octet is one chunk, are unchanged. The results are the same.
+// CHUNK_STORES=1 (the default) dequantizes float32 and float64 by 16-byte chunks (4 or 2
+// values) instead of octets: lane l writes chunk l of a warp's 32, so each store instruction
+// of a warp writes 512 consecutive bytes, whole sectors; CHUNK_STORES=0 builds write an
+// octet's 32 bytes (float32) by two stores that each cover every other 16 bytes of 1 KB, half
+// of each sector (the L2 took 1.65 times the sector writes at 1 bit on an H200, Nsight
+// Compute: kernel_profile.jsonl). A lane loads the code words of its chunks in the cache
+// (OP_CACHED octets' worth) before it restores them, as CODES_FIRST does; 16-bit types, whose
+// octet is one chunk, gain that alone. The results are the same.
 #ifndef CHUNK_STORES
-#define CHUNK_STORES 0
+#define CHUNK_STORES 1
 #endif
 
-// SHARED_CODES=1 builds dequantize whole groups of the default size at 3, 5, 6 and 7 bits
-// from a copy of the group's code bytes in shared memory: the lanes of a segment load the
-// group's 64 BITS bytes together by 16-byte vectors (aligned, as `vec` has the buffer and the
-// group's bytes are a multiple of 16), then each lane reads its octets' BITS bytes from the copy
-// with two aligned 8-byte reads, instead of BITS byte loads from global memory each (in the
-// default loop or CHUNK_STORES's; PREFETCH and CODES_FIRST builds do not stage). The results
-// are the same.
+// SHARED_CODES=1 (the default) dequantizes whole groups of the default size at 3, 5, 6 and
+// 7 bits from a copy of the group's code bytes in shared memory: the lanes of a segment load
+// the group's 64 BITS bytes together by 16-byte vectors (aligned, as `vec` has the buffer and
+// the group's bytes are a multiple of 16), then each lane reads its octets' BITS bytes from the
+// copy with two aligned 8-byte reads, instead of BITS byte loads from global memory each
+// (SHARED_CODES=0 builds; PREFETCH and CODES_FIRST builds do not stage). The results are the
+// same.
 #ifndef SHARED_CODES
-#define SHARED_CODES 0
+#define SHARED_CODES 1
 #endif
 
 // NOISE_FIRST=1 builds hash the noise of a lane's cached octets (seeded, octets starting on a
@@ -546,16 +571,16 @@ __device__ __forceinline__ W pack_octet(const float (&v)[8], const float* __rest
 #define NOISE_FIRST 0
 #endif
 
-// A group's first CACHED octets per lane of its segment (those of a short group only), as
+// A group's first OP_CACHED octets per lane of its segment (those of a short group only), as
 // load_octet reads them, added to `range`.
 template <typename L>
 __device__ __forceinline__ void load_cached(const typename L::T* __restrict__ x, i64 start,
                                             i64 len, int sub, bool vec,
-                                            float (&kept)[CACHED][8], Range<L>& range) {
+                                            float (&kept)[OP_CACHED][8], Range<L>& range) {
     const i64 octets = (len + 7) >> 3;
 #pragma unroll
-    for (int c = 0; c < CACHED; ++c) {
-        const i64 o = sub + LANES * c;
+    for (int c = 0; c < OP_CACHED; ++c) {
+        const i64 o = sub + OP_LANES * c;
         if (o < octets) {
             load_ranged<L>(x, start + 8 * o, (int)min((i64)8, len - 8 * o), vec, kept[c],
                            range);
@@ -582,9 +607,6 @@ struct QuantizeArgs {
     bool vec;
 };
 
-// The group a lane's segment caches whole: 8 elements an octet, CACHED octets a lane.
-#define WHOLE_GROUP (8 * LANES * CACHED)
-
 // Quantizes group g (`kept`: the lane's cached octets of it and `range` their range pass, loaded
 // here unless PREFETCH, which loaded them in the previous pass and loads those of group
 // g + stride into `kept` and `range` here).
@@ -594,8 +616,8 @@ struct QuantizeArgs {
 // compile away (the same results, fewer instructions).
 template <typename L, int BITS, bool Whole>
 __device__ __forceinline__ void quantize_group(const QuantizeArgs<L>& a, i64 g, i64 stride,
-                                               int sub, int segment, float (&kept)[CACHED][8],
-                                               Range<L>& range) {
+                                               int sub, int segment,
+                                               float (&kept)[OP_CACHED][8], Range<L>& range) {
     const float levels = (float)((1 << BITS) - 1);
     const bool vec = Whole || a.vec;
     const i64 group_size = Whole ? WHOLE_GROUP : a.group_size;
@@ -611,12 +633,12 @@ __device__ __forceinline__ void quantize_group(const QuantizeArgs<L>& a, i64 g, 
     load_cached<L>(a.x, start, len, sub, vec, kept, range);
 #endif
 #if NOISE_FIRST
-    u32 hashes[CACHED][4];
+    u32 hashes[OP_CACHED][4];
     if (noise == nullptr) {
 #pragma unroll
-        for (int c = 0; c < CACHED; ++c) {
-            const i64 at = start + 8 * (sub + LANES * c);
-            if (sub + LANES * c < octets && (at & 1) == 0) {
+        for (int c = 0; c < OP_CACHED; ++c) {
+            const i64 at = start + 8 * (sub + OP_LANES * c);
+            if (sub + OP_LANES * c < octets && (at & 1) == 0) {
                 octet_hashes(at, s0, s1, vec, hashes[c]);
             }
         }
@@ -625,12 +647,12 @@ __device__ __forceinline__ void quantize_group(const QuantizeArgs<L>& a, i64 g, 
     // Octets past the cached ones (groups larger than WHOLE_GROUP): not unrolled, so that the
     // common group, which has none, pays one test for them.
 #pragma unroll 1
-    for (i64 o = sub + LANES * CACHED; o < octets; o += LANES) {
+    for (i64 o = sub + OP_LANES * OP_CACHED; o < octets; o += OP_LANES) {
         float v[8];
         load_ranged<L>(a.x, start + 8 * o, (int)min((i64)8, len - 8 * o), vec, v, range);
     }
 #if PREFETCH
-    float next[CACHED][8];
+    float next[OP_CACHED][8];
     Range<L> next_range;
     const i64 following = g + stride;
     load_cached<L>(a.x, following * a.group_size,
@@ -662,8 +684,8 @@ __device__ __forceinline__ void quantize_group(const QuantizeArgs<L>& a, i64 g, 
 
     u8* out = a.codes + g * bytes_per_group;
 #pragma unroll
-    for (int c = 0; c < CACHED; ++c) {
-        const i64 o = sub + LANES * c;
+    for (int c = 0; c < OP_CACHED; ++c) {
+        const i64 o = sub + OP_LANES * c;
         if (o < octets) {
             const int count = (int)min((i64)8, len - 8 * o);
 #if NOISE_FIRST
@@ -679,7 +701,7 @@ __device__ __forceinline__ void quantize_group(const QuantizeArgs<L>& a, i64 g, 
         }
     }
 #pragma unroll 1
-    for (i64 o = sub + LANES * CACHED; o < octets; o += LANES) {
+    for (i64 o = sub + OP_LANES * OP_CACHED; o < octets; o += OP_LANES) {
         const int count = (int)min((i64)8, len - 8 * o);
         float v[8];
         load_octet<L>(a.x, start + 8 * o, count, vec, v);
@@ -690,11 +712,11 @@ __device__ __forceinline__ void quantize_group(const QuantizeArgs<L>& a, i64 g, 
     }
     // Bytes past the last octet (a short last group) are zero bytes, as in the reference.
     if (exists) {
-        for (i64 b = octets * BITS + sub; b < bytes_per_group; b += LANES) out[b] = 0;
+        for (i64 b = octets * BITS + sub; b < bytes_per_group; b += OP_LANES) out[b] = 0;
     }
 #if PREFETCH
 #pragma unroll
-    for (int c = 0; c < CACHED; ++c) {
+    for (int c = 0; c < OP_CACHED; ++c) {
 #pragma unroll
         for (int k = 0; k < 8; ++k) kept[c][k] = next[c][k];
     }
@@ -705,14 +727,14 @@ __device__ __forceinline__ void quantize_group(const QuantizeArgs<L>& a, i64 g, 
 template <typename L, int BITS>
 __device__ __forceinline__ void quantize_impl(const QuantizeArgs<L>& a) {
     const int lane = threadIdx.x & 31;
-    const int sub = lane % LANES, segment = lane / LANES;
+    const int sub = lane % OP_LANES, segment = lane / OP_LANES;
     // Warp-uniform loop: each pass the warp takes SEGMENTS consecutive groups.
     const i64 stride = (i64)gridDim.x * (blockDim.x >> 5) * SEGMENTS;
     i64 base = ((i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * SEGMENTS;
     // Groups of WHOLE_GROUP elements (the default group size) by vectors: every pass whose
     // groups all lie whole in the input takes the constant-size path.
     const bool whole_groups = a.vec && a.group_size == WHOLE_GROUP;
-    float kept[CACHED][8];
+    float kept[OP_CACHED][8];
 #if PREFETCH
     Range<L> range;
     load_cached<L>(a.x, (base + segment) * a.group_size,
@@ -730,6 +752,12 @@ __device__ __forceinline__ void quantize_impl(const QuantizeArgs<L>& a) {
         }
     }
 }
+
+// ---- dequantize: its own shape from here on ----
+#undef OP_LANES
+#undef OP_CACHED
+#define OP_LANES DEQUANTIZE_LANES
+#define OP_CACHED DEQUANTIZE_CACHED
 
 // An octet's code word, from octet o of the group whose stream starts at `in`.
 template <int BITS, typename W = typename WordOf<(BITS > 4)>::T>
@@ -797,12 +825,12 @@ __device__ __forceinline__ void restore_chunk(W word, float scale, float zero,
     }
 }
 
-// A group's scale, zero and the code words of a lane's first CACHED octets (PREFETCH=1 and
+// A group's scale, zero and the code words of a lane's first OP_CACHED octets (PREFETCH=1 and
 // CODES_FIRST=1 builds).
 template <int BITS, typename W>
 struct GroupCodes {
     float scale, zero;
-    W words[CACHED];
+    W words[OP_CACHED];
 };
 
 template <int BITS, typename W>
@@ -815,8 +843,8 @@ __device__ __forceinline__ void load_group_codes(
     group.zero = zeros[g];
     const u8* in = codes + g * bytes_per_group;
 #pragma unroll
-    for (int c = 0; c < CACHED; ++c) {
-        const i64 o = sub + LANES * c;
+    for (int c = 0; c < OP_CACHED; ++c) {
+        const i64 o = sub + OP_LANES * c;
         if (o < octets) group.words[c] = octet_codes<BITS>(in, o, bytes_per_group, vec, end);
     }
 }
@@ -832,15 +860,15 @@ __device__ __forceinline__ void restore_group(const GroupCodes<BITS, W>& group,
     const i64 start = g * group_size;
     const i64 octets = (len + 7) >> 3;
 #pragma unroll
-    for (int c = 0; c < CACHED; ++c) {
-        const i64 o = sub + LANES * c;
+    for (int c = 0; c < OP_CACHED; ++c) {
+        const i64 o = sub + OP_LANES * c;
         if (o < octets) {
             restore_octet<L, BITS>(group.words[c], group.scale, group.zero, out, start + 8 * o,
                                    (int)min((i64)8, len - 8 * o), vec);
         }
     }
     const u8* in = codes + g * bytes_per_group;
-    for (i64 o = sub + LANES * CACHED; o < octets; o += LANES) {
+    for (i64 o = sub + OP_LANES * OP_CACHED; o < octets; o += OP_LANES) {
         restore_octet<L, BITS>(octet_codes<BITS>(in, o, bytes_per_group, vec, end), group.scale,
                                group.zero, out, start + 8 * o, (int)min((i64)8, len - 8 * o),
                                vec);
@@ -864,7 +892,7 @@ __device__ __forceinline__ void stage_codes(const u8* __restrict__ in, Word16* s
     __syncwarp();
     const Word16* src = reinterpret_cast<const Word16*>(in);
 #pragma unroll 1
-    for (int k = sub; k < Staged<BITS>::vectors; k += LANES) slice[k] = src[k];
+    for (int k = sub; k < Staged<BITS>::vectors; k += OP_LANES) slice[k] = src[k];
     __syncwarp();
 }
 
@@ -892,8 +920,8 @@ __device__ __forceinline__ void restore_staged(const u8* __restrict__ codes,
     const float zero = zeros[g];
     stage_codes<BITS>(codes + g * bytes_per_group, slice, sub);
 #pragma unroll
-    for (int c = 0; c < CACHED * PER; ++c) {
-        const int q = sub + LANES * c;  // the octet or chunk; q % PER is sub % PER
+    for (int c = 0; c < OP_CACHED * PER; ++c) {
+        const int q = sub + OP_LANES * c;  // the octet or chunk; q % PER is sub % PER
         const W word = (W)staged_codes<BITS>(slice, q / PER) >> ((sub % PER) * E * BITS);
         if constexpr (E == 8) {
             restore_octet<L, BITS>(word, scale, zero, out, g * WHOLE_GROUP + 8 * q, 8, true);
@@ -911,12 +939,12 @@ __device__ __forceinline__ void dequantize_impl(
     typedef typename WordOf<(BITS > 4)>::T W;
     const bool vec = vec_flag != 0;
     const int lane = threadIdx.x & 31;
-    const int sub = lane % LANES, segment = lane / LANES;
+    const int sub = lane % OP_LANES, segment = lane / OP_LANES;
     const i64 stride = (i64)gridDim.x * (blockDim.x >> 5) * SEGMENTS;
     const u8* end = codes + num_groups * bytes_per_group;
     i64 base = ((i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * SEGMENTS;
 #if SHARED_CODES && !PREFETCH && !CODES_FIRST  // the loops below that stage whole groups
-    // One slice a segment of the block's 8 warps (256 threads, BOUNDS).
+    // One slice a segment of the block's 8 warps (256 threads, DEQUANTIZE_BOUNDS).
     __shared__ Word16 staged[8 * SEGMENTS][Staged<BITS>::used ? Staged<BITS>::vectors : 1];
     Word16* slice = staged[(threadIdx.x >> 5) * SEGMENTS + segment];
     const bool staging = Staged<BITS>::used && vec && group_size == WHOLE_GROUP;
@@ -973,22 +1001,22 @@ __device__ __forceinline__ void dequantize_impl(
         const u8* in = codes + g * bytes_per_group;
         // Chunk q is part q % PER of octet q / PER; q % PER is sub % PER in every pass.
         const int shift = (sub % PER) * E * BITS;
-        W words[CACHED * PER];
+        W words[OP_CACHED * PER];
 #pragma unroll
-        for (int c = 0; c < CACHED * PER; ++c) {
-            const i64 q = sub + LANES * c;
+        for (int c = 0; c < OP_CACHED * PER; ++c) {
+            const i64 q = sub + OP_LANES * c;
             if (q < chunks) words[c] = octet_codes<BITS>(in, q / PER, bytes_per_group, vec, end);
         }
 #pragma unroll
-        for (int c = 0; c < CACHED * PER; ++c) {
-            const i64 q = sub + LANES * c;
+        for (int c = 0; c < OP_CACHED * PER; ++c) {
+            const i64 q = sub + OP_LANES * c;
             if (q < chunks) {
                 restore_chunk<L, BITS, E>(words[c] >> shift, scale, zero, out, start + E * q,
                                           (int)min((i64)E, len - E * q), vec);
             }
         }
 #pragma unroll 1
-        for (i64 q = sub + LANES * CACHED * PER; q < chunks; q += LANES) {
+        for (i64 q = sub + OP_LANES * OP_CACHED * PER; q < chunks; q += OP_LANES) {
             restore_chunk<L, BITS, E>(
                 octet_codes<BITS>(in, q / PER, bytes_per_group, vec, end) >> shift, scale, zero,
                 out, start + E * q, (int)min((i64)E, len - E * q), vec);
@@ -1012,7 +1040,7 @@ __device__ __forceinline__ void dequantize_impl(
         const float zero = zeros[g];
         const u8* in = codes + g * bytes_per_group;
 #pragma unroll 2
-        for (i64 o = sub; o < octets; o += LANES) {
+        for (i64 o = sub; o < octets; o += OP_LANES) {
             restore_octet<L, BITS>(octet_codes<BITS>(in, o, bytes_per_group, vec, end), scale,
                                    zero, out, start + 8 * o, (int)min((i64)8, len - 8 * o),
                                    vec);
@@ -1022,22 +1050,30 @@ __device__ __forceinline__ void dequantize_impl(
 }
 
 // ---- extern "C" entry points: quantize_<dtype>_<bits>, dequantize_<dtype>_<bits> ----
-// Launched with 256 threads a block (gnnact/kernels/quantize.py, _THREADS). At most 64
-// registers a thread lets MIN_BLOCKS = 4 blocks (32 warps) share an SM; ptxas fits them
-// without spills. A build may ask for more blocks (fewer registers): -DMIN_BLOCKS=6.
-#ifndef MIN_BLOCKS
-#define MIN_BLOCKS 4
+// Launched with 256 threads a block (gnnact/kernels/quantize.py, _THREADS). The blocks an SM
+// is to hold at once bound a kernel's registers: quantize 3 (at most 85 registers; its default
+// shape takes 80, no spills), or 2 for float64, whose cached octets take twice the registers
+// (at most 128); dequantize 4 (at most 64; it takes 40 or fewer, so 6 blocks fit). A build's
+// MIN_BLOCKS sets them all.
+#ifdef MIN_BLOCKS
+#define QUANTIZE_MIN_BLOCKS MIN_BLOCKS
+#define QUANTIZE_F64_MIN_BLOCKS MIN_BLOCKS
+#define DEQUANTIZE_MIN_BLOCKS MIN_BLOCKS
+#else
+#define QUANTIZE_MIN_BLOCKS 3
+#define QUANTIZE_F64_MIN_BLOCKS 2
+#define DEQUANTIZE_MIN_BLOCKS 4
 #endif
-#define BOUNDS __launch_bounds__(256, MIN_BLOCKS)
-#define GNNACT_DEFINE(NAME, L, BITS)                                                          \
-    extern "C" __global__ void BOUNDS quantize_##NAME##_##BITS(                                     \
+#define DEQUANTIZE_BOUNDS __launch_bounds__(256, DEQUANTIZE_MIN_BLOCKS)
+#define GNNACT_DEFINE(NAME, L, BITS, BLOCKS)                                                 \
+    extern "C" __global__ void __launch_bounds__(256, BLOCKS) quantize_##NAME##_##BITS(      \
         const L::T* __restrict__ x, const float* __restrict__ noise, u8* __restrict__ codes, \
         float* __restrict__ scales, float* __restrict__ zeros, i64 n, i64 group_size,        \
         i64 num_groups, i64 bytes_per_group, u32 s0, u32 s1, int vec) {                      \
         quantize_impl<L, BITS>({x, noise, codes, scales, zeros, n, group_size, num_groups,   \
                                 bytes_per_group, s0, s1, vec != 0});                         \
     }                                                                                        \
-    extern "C" __global__ void BOUNDS dequantize_##NAME##_##BITS(                                   \
+    extern "C" __global__ void DEQUANTIZE_BOUNDS dequantize_##NAME##_##BITS(                 \
         const u8* __restrict__ codes, const float* __restrict__ scales,                      \
         const float* __restrict__ zeros, L::T* __restrict__ out, i64 n, i64 group_size,      \
         i64 num_groups, i64 bytes_per_group, int vec) {                                      \
@@ -1045,17 +1081,17 @@ __device__ __forceinline__ void dequantize_impl(
                                  bytes_per_group, vec);                                      \
     }
 
-#define GNNACT_DEFINE_ALL_BITS(NAME, L) \
-    GNNACT_DEFINE(NAME, L, 1)           \
-    GNNACT_DEFINE(NAME, L, 2)           \
-    GNNACT_DEFINE(NAME, L, 3)           \
-    GNNACT_DEFINE(NAME, L, 4)           \
-    GNNACT_DEFINE(NAME, L, 5)           \
-    GNNACT_DEFINE(NAME, L, 6)           \
-    GNNACT_DEFINE(NAME, L, 7)           \
-    GNNACT_DEFINE(NAME, L, 8)
+#define GNNACT_DEFINE_ALL_BITS(NAME, L, BLOCKS) \
+    GNNACT_DEFINE(NAME, L, 1, BLOCKS)           \
+    GNNACT_DEFINE(NAME, L, 2, BLOCKS)           \
+    GNNACT_DEFINE(NAME, L, 3, BLOCKS)           \
+    GNNACT_DEFINE(NAME, L, 4, BLOCKS)           \
+    GNNACT_DEFINE(NAME, L, 5, BLOCKS)           \
+    GNNACT_DEFINE(NAME, L, 6, BLOCKS)           \
+    GNNACT_DEFINE(NAME, L, 7, BLOCKS)           \
+    GNNACT_DEFINE(NAME, L, 8, BLOCKS)
 
-GNNACT_DEFINE_ALL_BITS(f32, F32)
-GNNACT_DEFINE_ALL_BITS(f64, F64)
-GNNACT_DEFINE_ALL_BITS(f16, F16)
-GNNACT_DEFINE_ALL_BITS(bf16, BF16)
+GNNACT_DEFINE_ALL_BITS(f32, F32, QUANTIZE_MIN_BLOCKS)
+GNNACT_DEFINE_ALL_BITS(f64, F64, QUANTIZE_F64_MIN_BLOCKS)
+GNNACT_DEFINE_ALL_BITS(f16, F16, QUANTIZE_MIN_BLOCKS)
+GNNACT_DEFINE_ALL_BITS(bf16, BF16, QUANTIZE_MIN_BLOCKS)

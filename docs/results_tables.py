@@ -98,9 +98,20 @@ _TABLES = {
     "quantize.jsonl": ("Quantizer throughput", [
         ("op", "op"), ("backend", "backend"), ("dtype", "dtype"), ("bits", "bits"),
         ("GB/s", lambda r: f"{r['gbps']:.2f}"), ("share of a copy", "frac_of_copy")]),
-    "sass_counts.jsonl": ("Quantizer instructions a whole group (tools/sass_counts.py)", [
+    "kernel_profile.jsonl": ("Kernels under Nsight Compute (benchmarks/profile_kernels.py)", [
+        ("kernel", "kernel"), ("µs", "duration_us"), ("DRAM %", "dram_pct"),
+        ("L2 %", "l2_pct"), ("issue %", "issue_pct"), ("warps active %", "occupancy_pct"),
+        ("registers", "registers"), ("warp instructions a group", "warp_instructions_per_group"),
+        ("L2 sector writes / needed",
+         lambda r: f"{r['l2_write_sectors'] / r['ideal_write_sectors']:.2f}"),
+        ("first stall reasons", lambda r: ", ".join(
+            f"{k} {v:.0%}" for k, v in list(r.get("stall_share", {}).items())[:3]))]),
+    "sass_counts.jsonl": ("Quantizer instructions of a warp's whole-group pass "
+                          "(tools/sass_counts.py)", [
         ("build", lambda r: ", ".join(r["defines"]) or "default"), ("dtype", "dtype"),
-        ("bits", "bits"), ("group", "group_size"), ("total", "total"), ("fma", "fma"),
+        ("bits", "bits"), ("group", "group_size"),
+        ("values", lambda r: r.get("values", r["group_size"])),  # one group before 16 lanes
+        ("total", "total"), ("fma", "fma"),
         ("alu", "alu"), ("conv", "conv"), ("mem", "mem"), ("shfl", "shfl"),
         ("other", "other")]),
 }

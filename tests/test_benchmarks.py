@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import sys
@@ -519,8 +520,9 @@ def test_sass_counts_classes_a_listing_by_pipe(capsys):
 
 
 def test_sass_counts_of_the_seeded_quantizer(tmp_path):
-    """End to end (nvcc and cuobjdump): the whole-group pass of the bfloat16 2-bit quantizer,
-    a row of its counts; seeded rounding issues no conversion."""
+    """End to end (nvcc and cuobjdump): a warp's whole-group pass of the bfloat16 2-bit
+    quantizer (two groups of 512 in the default shape), a row of its counts; seeded rounding
+    issues no conversion."""
     tool = _script("sass_counts", TOOLS)
     if tool.find_tool("nvcc") is None or tool.find_tool("cuobjdump") is None:
         pytest.skip("needs nvcc and cuobjdump (pip install nvidia-cuda-cuobjdump "
@@ -530,4 +532,51 @@ def test_sass_counts_of_the_seeded_quantizer(tmp_path):
     row = json.loads(report.read_text())
     assert row["dtype"] == "bfloat16" and row["bits"] == 2 and row["group_size"] == 512
     assert row["device_name"] == "static SASS, sm_90" and row["commit"]
-    assert row["conv"] == 0 and 300 < row["total"] < 600
+    assert row["values"] == 1024 and row["conv"] == 0 and 300 < row["total"] < 800
+
+
+NCU_SAMPLE = Path(__file__).resolve().parent / "data" / "ncu_raw_sample.csv"
+
+
+def test_profile_kernels_summarizes_an_ncu_raw_page(tmp_path):
+    """profile_kernels.py --summarize: a row a kernel of Nsight Compute's raw page (an H200's,
+    cut to the columns it reads), with the sectors its bytes fill beside those the L2 saw and
+    the stall reasons' shares; device and versions from the rows of the same device call."""
+    prof = _script("profile_kernels")
+    env = {"device": "cuda", "device_name": "NVIDIA H200", "commit": "b0e8e85"}
+    by = {r["kernel"]: r for r in prof.summarize(NCU_SAMPLE, env, 1 << 26, 512)}
+    assert set(by) == {"quantize_bf16_2", "dequantize_f32_1"}
+    q, d = by["quantize_bf16_2"], by["dequantize_f32_1"]
+    assert (q["op"], q["dtype"], q["bits"], q["device_name"]) == (
+        "quantize", "bfloat16", 2, "NVIDIA H200")
+    assert (q["duration_us"], q["registers"], q["grid"]) == (69.536, 64, 16384)
+    assert q["warp_instructions_per_group"] == 394.0  # 51,642,368 over 131,072 groups
+    assert q["ideal_read_sectors"] == 2**26 * 2 // 32 == q["l2_read_sectors"]
+    assert d["ideal_write_sectors"] == 2**26 * 4 // 32  # float32 values written
+    assert d["l2_write_sectors"] > 1.6 * d["ideal_write_sectors"]  # half-filled sectors
+    shares = list(d["stall_share"].values())
+    assert next(iter(d["stall_share"])) == "long_scoreboard"
+    assert shares == sorted(shares, reverse=True) and 0 < sum(shares) <= 1
+
+    rows_file = tmp_path / "quantize.jsonl"
+    rows_file.write_text(json.dumps({"device": "cuda", "device_name": "NVIDIA H200",
+                                     "commit": "b0e8e85", "op": "quantize"}) + "\n")
+    out = tmp_path / "kernel_profile.jsonl"
+    assert prof.main(["--summarize", str(NCU_SAMPLE), "--env-from", str(rows_file),
+                      "--out", str(out)]) == 0
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["commit"] for r in written] == ["b0e8e85", "b0e8e85"]
+    assert all(r["bench"] == "kernel_profile" and "op" in r for r in written)
+
+
+def test_profile_kernels_names_bad_input(tmp_path):
+    prof = _script("profile_kernels")
+    with pytest.raises(argparse.ArgumentTypeError, match="'quantize:float32:9'"):
+        prof.parse_kernel("quantize:float32:9")
+    with pytest.raises(argparse.ArgumentTypeError, match="'copy:float32:2'"):
+        prof.parse_kernel("copy:float32:2")
+    assert prof.parse_kernel("dequantize:bfloat16:5")[2] == 5
+    other = tmp_path / "other.csv"
+    other.write_text("a,b\n1,2\n")
+    with pytest.raises(ValueError, match="not ncu's raw page"):
+        prof.summarize(other, {}, 1 << 20, 512)

@@ -20,26 +20,31 @@ from gnnact.quant import reference
 from gnnact.quant.packed import packed_code_bytes
 
 WARP = 32
-CACHED = 2  # the kernel's #define
+# Each op's shape (cuda/quantize.cu's defines): lanes sharing a group, octets kept per lane.
+QUANTIZE_LANES, QUANTIZE_CACHED = 16, 4
+DEQUANTIZE_LANES, DEQUANTIZE_CACHED = 32, 2
 # The loop heads and index expressions emulated below, as they read in cuda/quantize.cu.
 KERNEL_LINES = (
-    "#define LANES 32",
-    "#define SEGMENTS (32 / LANES)",
-    "const int sub = lane % LANES, segment = lane / LANES;",
+    f"#define QUANTIZE_LANES {QUANTIZE_LANES}",
+    f"#define QUANTIZE_CACHED {QUANTIZE_CACHED}",
+    f"#define DEQUANTIZE_LANES {DEQUANTIZE_LANES}",
+    f"#define DEQUANTIZE_CACHED {DEQUANTIZE_CACHED}",
+    "#define SEGMENTS (32 / OP_LANES)",
+    "const int sub = lane % OP_LANES, segment = lane / OP_LANES;",
     "i64 base = ((i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * SEGMENTS;",
     "for (; base < num_groups; base += stride) {",
     "const i64 stride = (i64)gridDim.x * (blockDim.x >> 5) * SEGMENTS;",
     "const i64 g = base + segment;",
     "return g < num_groups ? min(group_size, n - g * group_size) : 0;",
+    "if (g >= num_groups) continue;  // no shuffles below: a segment may skip its pass",
     "const i64 len = min(group_size, n - start);",
     "const i64 len = Whole ? WHOLE_GROUP : group_length(g, a.num_groups, group_size, a.n);",
-    "#define WHOLE_GROUP (8 * LANES * CACHED)",
+    "#define WHOLE_GROUP (8 * OP_LANES * OP_CACHED)",
     "const i64 octets = (len + 7) >> 3;",
-    f"#define CACHED {CACHED}",
-    "for (int c = 0; c < CACHED; ++c) {",
-    "const i64 o = sub + LANES * c;",
+    "for (int c = 0; c < OP_CACHED; ++c) {",
+    "const i64 o = sub + OP_LANES * c;",
     "if (o < octets) {",
-    "for (i64 o = sub + LANES * CACHED; o < octets; o += LANES) {",
+    "for (i64 o = sub + OP_LANES * OP_CACHED; o < octets; o += OP_LANES) {",
     "const int count = (int)min((i64)8, len - 8 * o);",
     "store_codes<BITS>(out, o * BITS, bytes_per_group, vec,",
     "usable ? pack_octet<BITS>(kept[c], noise, start + 8 * o, count,",
@@ -53,14 +58,23 @@ KERNEL_LINES = (
     "if (b + k < limit) word |= (W)in[b + k] << (8 * k);",
     "*reinterpret_cast<u64*>(out + b) = (u64)word;",
     "if (b + k < limit) out[b + k] = (u8)(word >> (8 * k));",
-    "for (i64 b = octets * BITS + sub; b < bytes_per_group; b += LANES) out[b] = 0;",
-    "for (i64 o = sub; o < octets; o += LANES) {",
+    "for (i64 b = octets * BITS + sub; b < bytes_per_group; b += OP_LANES) out[b] = 0;",
+    # dequantize: by 16-byte chunks (CHUNK_STORES, the default)
+    "#define CHUNK_STORES 1",
+    "static constexpr int E = 16 / sizeof(T) < 8 ? 16 / sizeof(T) : 8;",
+    "constexpr int PER = 8 / E;",
+    "const i64 chunks = (len + E - 1) / E;",
+    "const int shift = (sub % PER) * E * BITS;",
+    "for (int c = 0; c < OP_CACHED * PER; ++c) {",
+    "const i64 q = sub + OP_LANES * c;",
+    "if (q < chunks) words[c] = octet_codes<BITS>(in, q / PER, bytes_per_group, vec, end);",
+    "restore_chunk<L, BITS, E>(words[c] >> shift, scale, zero, out, start + E * q,",
+    "(int)min((i64)E, len - E * q), vec);",
+    "for (i64 q = sub + OP_LANES * OP_CACHED * PER; q < chunks; q += OP_LANES) {",
     "return load_codes<BITS>(in, o * BITS, bytes_per_group, vec);",
     "const float q = (float)((word >> (k * BITS)) & mask);",
-    "restore_octet<L, BITS>(octet_codes<BITS>(in, o, bytes_per_group, vec, end), scale,",
-    "zero, out, start + 8 * o, (int)min((i64)8, len - 8 * o),",
-    "store_octet<L>(out, at, count, vec, v);",
-    "if (k < count) out[at + k] = L::store(v[k]);",
+    "if (vec && count == E) {",
+    "if (k < count) out[at + k] = chunk.t[k];",
 )
 WIDE = (1, 2, 4, 8)  # widths whose octet is one aligned access with `vec`
 
@@ -71,29 +85,32 @@ def test_the_emulated_lines_are_the_kernels():
     assert not missing, f"cuda/quantize.cu changed; update this emulation: {missing}"
 
 
-def _groups_by_warp(num_groups: int) -> list[int]:
-    """The groups each warp of the launch takes, in launch order (grid-stride loop)."""
-    blocks = _group_grid(num_groups)
+def _groups_by_segment(num_groups: int, lanes: int) -> list[int]:
+    """The groups each segment of ``lanes`` lanes of the launch takes, in launch order (the
+    grid-stride loop over a warp's ``32 / lanes`` groups at once, on the launcher's grid)."""
+    segments = WARP // lanes
+    blocks = _group_grid(-(-num_groups // segments))
     warps_per_block = _THREADS // WARP
     assert warps_per_block == _WARPS_PER_BLOCK
-    warps = blocks * warps_per_block
+    stride = blocks * warps_per_block * segments
     taken = []
     for block in range(blocks):
         for warp in range(warps_per_block):
-            g = block * warps_per_block + warp
-            while g < num_groups:
-                taken.append(g)
-                g += warps
+            base = (block * warps_per_block + warp) * segments
+            while base < num_groups:
+                taken += [g for g in range(base, base + segments) if g < num_groups]
+                base += stride
     return taken
 
 
 def _octets_by_lane(length: int) -> list[tuple[int, int]]:
-    """``(lane, o)`` in the order quantize_group's two loops take a group's octets: the CACHED
-    kept in registers, then the rest (each lane's grid-stride loop)."""
+    """``(lane, o)`` in the order quantize_group's two loops take a group's octets: the
+    QUANTIZE_CACHED kept in registers, then the rest (each lane's grid-stride loop)."""
     octets = (length + 7) >> 3
-    taken = [(lane, lane + 32 * c) for c in range(CACHED) for lane in range(WARP)
-             if lane + 32 * c < octets]
-    taken += [(lane, o) for lane in range(WARP) for o in range(lane + 32 * CACHED, octets, 32)]
+    lanes, cached = QUANTIZE_LANES, QUANTIZE_CACHED
+    taken = [(sub, sub + lanes * c) for c in range(cached) for sub in range(lanes)
+             if sub + lanes * c < octets]
+    taken += [(sub, o) for sub in range(lanes) for o in range(sub + lanes * cached, octets, lanes)]
     return taken
 
 
@@ -113,7 +130,7 @@ def emulate_pack(q: np.ndarray, bits: int, group_size: int, vec: bool,
     codes = np.full(num_groups * bytes_per_group, 0xAB, dtype=np.int64)
     writes = np.zeros_like(codes)
     reads = np.zeros(n, dtype=np.int64)
-    for g in _groups_by_warp(num_groups):
+    for g in _groups_by_segment(num_groups, QUANTIZE_LANES):
         start = g * group_size
         length = min(group_size, n - start)
         octets = (length + 7) >> 3
@@ -138,39 +155,49 @@ def emulate_pack(q: np.ndarray, bits: int, group_size: int, vec: bool,
             for byte in stored:
                 codes[base + byte] = (word >> (8 * (byte - b))) & 0xFF
                 writes[base + byte] += 1
-        for lane in range(WARP):
-            for b in range(octets * bits + lane, bytes_per_group, WARP):
+        for sub in range(QUANTIZE_LANES):
+            for b in range(octets * bits + sub, bytes_per_group, QUANTIZE_LANES):
                 codes[base + b], writes[base + b] = 0, writes[base + b] + 1
     return codes.reshape(num_groups, bytes_per_group), writes, reads
 
 
 def emulate_unpack(codes: np.ndarray, bits: int, group_size: int, n: int,
-                   vec: bool) -> tuple[np.ndarray, np.ndarray]:
-    """dequantize_impl's reading of the codes: ``(q, writes)`` per element."""
+                   vec: bool, itemsize: int = 4) -> tuple[np.ndarray, np.ndarray]:
+    """dequantize_impl's reading of the codes by chunks of E values (16 bytes): ``(q, writes)``
+    per element. Chunk q of a group is part q % PER of octet q / PER; its lane loads the
+    octet's code word (from global memory, or the copy a whole group at 3 and 5-7 bits stages
+    in shared memory: the same bytes) and shifts it by its part."""
     num_groups, bytes_per_group = codes.shape
     q = np.full(n, -1, dtype=np.int64)
     writes = np.zeros(n, dtype=np.int64)
     mask = (1 << bits) - 1
-    for g in _groups_by_warp(num_groups):
+    e = min(16 // itemsize, 8)
+    per = 8 // e
+    lanes, cached = DEQUANTIZE_LANES, DEQUANTIZE_CACHED
+    for g in _groups_by_segment(num_groups, lanes):
         start = g * group_size
         length = min(group_size, n - start)
-        octets = (length + 7) >> 3
+        chunks = (length + e - 1) // e
         row = codes[g]
-        for lane in range(WARP):
-            for o in range(lane, octets, WARP):
-                b = o * bits
+        for sub in range(lanes):
+            shift = (sub % per) * e * bits
+            cached_chunks = [sub + lanes * c for c in range(cached * per)]
+            rest = range(sub + lanes * cached * per, chunks, lanes)
+            for chunk in [c for c in cached_chunks if c < chunks] + list(rest):
+                b = (chunk // per) * bits
                 if vec and bits in WIDE:
                     _vector_access(g * bytes_per_group + b, bits)
                     word = sum(int(row[b + k]) << (8 * k) for k in range(bits))
                 else:
                     word = sum(int(row[b + k]) << (8 * k) for k in range(bits)
                                if b + k < bytes_per_group)
-                count = min(8, length - 8 * o)
-                if vec and count == 8:
-                    _vector_access((start + 8 * o) * 4, 16)
+                word >>= shift
+                count = min(e, length - e * chunk)
+                if vec and count == e:
+                    _vector_access((start + e * chunk) * itemsize, 16)
                 for k in range(count):
-                    q[start + 8 * o + k] = (word >> (k * bits)) & mask
-                    writes[start + 8 * o + k] += 1
+                    q[start + e * chunk + k] = (word >> (k * bits)) & mask
+                    writes[start + e * chunk + k] += 1
     return q, writes
 
 
@@ -224,9 +251,10 @@ def test_vectors_only_for_octet_groups_in_aligned_buffers():
     assert vector_ok(512, x[4:])  # 16 bytes in
 
 
+@pytest.mark.parametrize("lanes", [QUANTIZE_LANES, DEQUANTIZE_LANES])
 @pytest.mark.parametrize("num_groups", [1, 7, 8, 9, 1000, 65_537])
-def test_the_grid_takes_every_group_once(num_groups):
-    taken = _groups_by_warp(num_groups)
+def test_the_grid_takes_every_group_once(num_groups, lanes):
+    taken = _groups_by_segment(num_groups, lanes)
     assert sorted(taken) == list(range(num_groups))
 
 

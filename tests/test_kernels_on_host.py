@@ -125,17 +125,17 @@ def test_hashed_rounding_equals_the_reference_on_every_boundary(bits, defines):
 #: same results.
 VARIANTS = [("ALU_CONVERSIONS=1",), ("FLOOR_ROUNDING=1",),
             ("FLOOR_ROUNDING=1", "ALU_CONVERSIONS=1"), ("CACHED=1",), ("CACHED=4", "MIN_BLOCKS=6"),
-            ("WIDE_CODE_LOADS=1",), ("PREFETCH=1",), ("PREFETCH=1", "CACHED=1"),
-            ("LANES=16", "CACHED=4"), ("LANES=8", "CACHED=8"), ("LANES=16", "CACHED=1"),
+            ("WIDE_CODE_LOADS=1", "CHUNK_STORES=0", "SHARED_CODES=0"), ("PREFETCH=1",),
+            ("PREFETCH=1", "CACHED=1"), ("LANES=16", "CACHED=4"), ("LANES=8", "CACHED=8"),
+            ("LANES=16", "CACHED=1"), ("LANES=32", "CACHED=2", "MIN_BLOCKS=4"),
             ("CODES_FIRST=1",), ("CODES_FIRST=1", "LANES=16", "CACHED=4"), ("NOISE_FIRST=1",),
-            ("NOISE_FIRST=1", "LANES=16", "CACHED=4"), ("CHUNK_STORES=1",),
-            ("CHUNK_STORES=1", "LANES=16", "CACHED=4"), ("CHUNK_STORES=1", "CACHED=1"),
-            ("CHUNK_STORES=1", "WIDE_CODE_LOADS=1"), ("SHARED_CODES=1",),
-            ("SHARED_CODES=1", "CHUNK_STORES=1"), ("SHARED_CODES=1", "LANES=16", "CACHED=4"),
-            ("SHARED_CODES=1", "CHUNK_STORES=1", "LANES=8", "CACHED=8"),
+            ("NOISE_FIRST=1", "LANES=32", "CACHED=2"), ("SHARED_CODES=0",),
+            ("SHARED_CODES=0", "LANES=16", "CACHED=4"), ("SHARED_CODES=0", "CACHED=1"),
+            ("SHARED_CODES=0", "WIDE_CODE_LOADS=1"), ("CHUNK_STORES=0",),
+            ("CHUNK_STORES=0", "SHARED_CODES=0"), ("CHUNK_STORES=0", "LANES=16", "CACHED=4"),
             # every setting off its default at once: the build CI compiles with NVRTC
-            ("ALU_CONVERSIONS=1", "FLOOR_ROUNDING=1", "WIDE_CODE_LOADS=1", "LANES=16",
-             "CACHED=4", "PREFETCH=1", "NOISE_FIRST=1", "MIN_BLOCKS=2")]
+            ("ALU_CONVERSIONS=1", "FLOOR_ROUNDING=1", "WIDE_CODE_LOADS=1", "LANES=8",
+             "CACHED=8", "PREFETCH=1", "NOISE_FIRST=1", "MIN_BLOCKS=2")]
 
 
 @pytest.mark.parametrize("defines", VARIANTS, ids=",".join)
@@ -160,16 +160,17 @@ def test_builds_with_other_settings_equal_the_reference(defines, bits, dtype):
                 *want, bits, group_size, n, dtype), rtol=0, atol=0, equal_nan=True)
 
 
-@pytest.mark.parametrize("defines", [("CHUNK_STORES=1",), ("SHARED_CODES=1",),
-                                     ("SHARED_CODES=1", "CHUNK_STORES=1")], ids=",".join)
+@pytest.mark.parametrize("defines", [(), ("SHARED_CODES=0",), ("CHUNK_STORES=0",),
+                                     ("CHUNK_STORES=0", "SHARED_CODES=0")],
+                         ids=lambda d: ",".join(d) or "default")
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("bits", [1, 2, 3, 5, 6, 7, 8])
 def test_dequantize_builds_restore_every_dtype_as_the_reference(bits, dtype, defines):
-    """CHUNK_STORES=1 dequantizes by 16-byte chunks: 4 float32 or 2 float64 values, a part
-    of an octet's code word (8 for 16-bit types); SHARED_CODES=1 reads the 3 and 5-7-bit codes
-    of whole groups from a copy in shared memory. Whole groups (several a warp on a grid of
-    one block), short last chunks, groups past the cached chunks, groups not on an octet
-    (element by element)."""
+    """The default build dequantizes by 16-byte chunks (CHUNK_STORES): 4 float32 or 2 float64
+    values, a part of an octet's code word (8 for 16-bit types), and reads the 3 and 5-7-bit
+    codes of whole groups from a copy in shared memory (SHARED_CODES); builds with either off,
+    or both. Whole groups (several a warp on a grid of one block), short last chunks, groups
+    past the cached chunks, groups not on an octet (element by element)."""
     for n, group_size in [(40 * 512 + 13, 512), (1000, 40), (2 * 1024 + 13, 1024), (999, 13)]:
         x = _input(n, dtype, bits * 7 + n)
         codes = reference.quantize_groups(x, bits, group_size, noise=hash_uniform(5, 0, n))
@@ -314,10 +315,13 @@ def test_launchers_size_the_grid_for_other_builds(launchers_on_host, defines):
     kernels = launchers_on_host
     cpu = torch.device("cpu")
     assert kernels._grid(100, "quantize_f32_2", cpu, ("LANES=16",)) == 7
-    assert kernels._grid(1000, "quantize_f32_2", cpu, ("LANES=16",)) == 63
+    assert kernels._grid(1000, "dequantize_f32_2", cpu, ("LANES=16",)) == 63
+    assert kernels._grid(1000, "quantize_f32_2", cpu, ()) == 63  # 16 lanes by default
+    assert kernels._grid(1000, "dequantize_f32_2", cpu, ()) == 125  # 32 lanes by default
+    assert kernels._grid(1000, "quantize_f32_2", cpu, ("LANES=32",)) == 125
     assert kernels._grid(1000, "quantize_f32_2", cpu, ("PREFETCH=1",)) == 2
     assert kernels._grid(1000, "quantize_f32_2", cpu, ("WAVES=3",)) == 2
-    assert kernels._grid(1000, "quantize_f32_2", cpu, ("WAVES=0",)) == 125
+    assert kernels._grid(1000, "dequantize_f32_2", cpu, ("WAVES=0",)) == 125
     with pytest.raises(ValueError, match="WAVES must be >= 0"):
         kernels._grid(1000, "quantize_f32_2", cpu, ("WAVES=-1",))
     x = _input(37 * 512 + 5, torch.float32, 4)
@@ -327,6 +331,16 @@ def test_launchers_size_the_grid_for_other_builds(launchers_on_host, defines):
     args = (*want, 4, 512, x.numel(), torch.float32)
     assert torch.equal(kernels.dequantize_groups(*args, defines=defines),
                        reference.dequantize_groups(*args))
+
+
+def test_launchers_know_each_ops_default_lanes():
+    """The launchers size the grids by cuda/quantize.cu's lanes a group, op by op."""
+    from gnnact.kernels import kernel_source_dir
+    from gnnact.kernels import quantize as kernels
+
+    source = (kernel_source_dir() / "quantize.cu").read_text()
+    for op, lanes in kernels._LANES.items():
+        assert f"#define {op.upper()}_LANES {lanes}\n" in source
 
 
 @pytest.mark.parametrize("view", ["aligned", "misaligned"])

@@ -1,12 +1,14 @@
-"""The SASS instructions of one pass of ``cuda/quantize.cu``'s quantizer over a whole group of
+"""The SASS instructions of one pass of ``cuda/quantize.cu``'s quantizer over whole groups of
 the default size (``quantize_group<L, BITS, Whole = true>``: seeded, by vectors), counted by
 the pipe that issues them.
 
 A GPU is not needed: ``nvcc`` compiles the kernel source with a probe entry point that runs
 that one pass, ``cuobjdump -sass`` lists it. With no loop left in it (each octet unrolled),
 the static count is, up to its branches (a non-finite group, the division's slow path, lane
-0's stores), the work a warp issues for 512 values: the number the quantizer's speed follows
-when it is bound by instructions (4 or 2 bytes a value quantize in the same time). Compare
+0's stores), the work a warp issues for the groups it takes at once (one a segment of LANES
+lanes: two groups of 512, 1024 values, in the default shape; a row's ``values``): the number
+the quantizer's speed follows when it is bound by instructions (4 or 2 bytes a value quantize
+in the same time). Compare
 builds (``--define``) and commits with it before a GPU times them (``tune_kernels.py``).
 
 Classes: ``fma`` (FADD, FMUL, FFMA, IMAD: the FMA pipes), ``alu`` (LOP3, SHF, IADD3, PRMT,
@@ -51,16 +53,22 @@ from gnnact.kernels._cupy import compile_options, kernel_source  # noqa: E402
 
 _TYPES = {"float32": "F32", "float64": "F64", "float16": "F16", "bfloat16": "BF16"}
 
-#: One seeded pass over whole group g of this warp's segment, as quantize_impl makes it.
+#: One seeded pass over whole group g of this warp's segment, as quantize_impl makes it (in the
+#: quantizer's shape: the source ends in the dequantizer's).
 PROBE = """
-extern "C" __global__ void BOUNDS probe_whole_group(QuantizeArgs<{L}> a) {{
+#undef OP_LANES
+#undef OP_CACHED
+#define OP_LANES QUANTIZE_LANES
+#define OP_CACHED QUANTIZE_CACHED
+extern "C" __global__ void __launch_bounds__(256, QUANTIZE_MIN_BLOCKS)
+probe_whole_group(QuantizeArgs<{L}> a) {{
     const int lane = threadIdx.x & 31;
-    const int sub = lane % LANES, segment = lane / LANES;
+    const int sub = lane % OP_LANES, segment = lane / OP_LANES;
     const i64 g = ((i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * SEGMENTS
                   + segment;
     QuantizeArgs<{L}> seeded = a;
     seeded.noise = nullptr;
-    float kept[CACHED][8];
+    float kept[OP_CACHED][8];
     Range<{L}> range;
     quantize_group<{L}, {bits}, true>(seeded, g, 0, sub, segment, kept, range);
 }}
@@ -150,7 +158,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     defines = tuple(args.define)
     settings = dict(d.partition("=")[::2] for d in defines)
-    whole = 8 * int(settings.get("LANES", 32)) * int(settings.get("CACHED", 2))  # WHOLE_GROUP
+    # WHOLE_GROUP in the quantizer's shape (cuda/quantize.cu's defaults: 16 lanes, 4 octets),
+    # and the values of the groups a warp's pass takes (one a segment of LANES lanes)
+    lanes = int(settings.get("LANES", 16))
+    whole = 8 * lanes * int(settings.get("CACHED", 4))
+    values = whole * (32 // lanes)
     commit = git_commit() if args.cuda_dir is None else git_commit(root=args.cuda_dir.parent)
     version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
     release = re.search(r"release (\d+\.\d+)", version)
@@ -165,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
                          "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
                              timespec="seconds"),
                          "arch": f"sm_{args.arch}", "defines": list(defines), "dtype": dtype,
-                         "bits": bits, "group_size": whole, **counts})
+                         "bits": bits, "group_size": whole, "values": values, **counts})
             print(f"{dtype:9s} {bits} bits: " + " ".join(f"{k} {v}" for k, v in counts.items()))
     if args.report is not None:
         with args.report.open("a") as f:

@@ -41,6 +41,9 @@ KERNEL_NAMES: dict[str, tuple[str, ...]] = {
 
 _WARPS_PER_BLOCK = 8
 _THREADS = 256
+#: The lanes that share a group in each op's kernels unless a build sets LANES (cuda/quantize.cu's
+#: QUANTIZE_LANES and DEQUANTIZE_LANES): a warp takes 32 / lanes groups at once.
+_LANES = {"quantize": 16, "dequantize": 32}
 
 
 def _group_grid(num_groups: int) -> int:
@@ -58,14 +61,15 @@ def _define(defines: tuple[str, ...], name: str, default: int) -> int:
 
 def _grid(num_groups: int, kernel: str, device: torch.device,
           defines: tuple[str, ...]) -> int:
-    """Blocks for ``num_groups`` groups: a warp takes ``32 / LANES`` groups at once; a
-    PREFETCH=1 build gets at most the blocks of ``kernel`` that ``device`` holds at once (2 on
-    the CPU, where tests run the kernels on the host), so that each warp takes several groups
-    in turn, has a next one to load, and no second wave of blocks runs on a part of the
-    device; a WAVES=k build at most k times those blocks (its warps then take groups in turn
-    without loading ahead: no block waits on its slowest warp to free its place, and the
-    kernel's set-up is paid once for many groups)."""
-    segments = 32 // _define(defines, "LANES", 32)
+    """Blocks for ``num_groups`` groups: a warp of ``kernel`` takes ``32 / LANES`` groups at
+    once (2 to quantize and 1 to dequantize by default: :data:`_LANES`); a PREFETCH=1 build
+    gets at most the blocks of ``kernel`` that ``device`` holds at once (2 on the CPU, where
+    tests run the kernels on the host), so that each warp takes several groups in turn, has a
+    next one to load, and no second wave of blocks runs on a part of the device; a WAVES=k
+    build at most k times those blocks (its warps then take groups in turn without loading
+    ahead: no block waits on its slowest warp to free its place, and the kernel's set-up is
+    paid once for many groups)."""
+    segments = 32 // _define(defines, "LANES", _LANES[kernel.partition("_")[0]])
     grid = _group_grid(-(-num_groups // segments))
     waves = _define(defines, "WAVES", 0)
     if waves < 0:
