@@ -45,8 +45,8 @@ from gnnact.quant import DEFAULT_GROUP_SIZE
 RESULTS = Path(__file__).resolve().parent / "results"
 
 #: The kernels profiled by default: the quantizer at 2 and 8 bits (float32 and bfloat16) and
-#: the dequantizer at the widths furthest below a copy's bandwidth on an H200 (1 and 5 bits)
-#: beside 2 bits.
+#: the dequantizer at 1, 2 and 5 bits (float32: the widths furthest below a copy's bandwidth
+#: on an H200 before its chunked stores) and 2 bits (bfloat16).
 KERNELS = ("quantize:float32:2", "quantize:bfloat16:2", "quantize:float32:8",
            "dequantize:float32:1", "dequantize:float32:2", "dequantize:float32:5",
            "dequantize:bfloat16:2")

@@ -92,7 +92,7 @@ struct WordOf<true> {
 // restoring any, CHUNK_STORES). The defaults are the fastest shapes benchmarks/tune_kernels.py
 // timed on an H200 (tune_kernels.jsonl): quantize 16 lanes and 4 octets a lane (a warp's range
 // reductions, scale divisions and stores of scale and zero serve two groups at once), with
-// MIN_BLOCKS 3 (80 registers, no spills): 6-10 points of a copy's bandwidth faster than 32 and 2
+// MIN_BLOCKS 3 (80 registers, no spills): 5-10 points of a copy's bandwidth faster than 32 and 2
 // at every width but 7 bits (float32 7 slower there); dequantize 32 lanes and 2 octets. A
 // build's LANES and CACHED (and MIN_BLOCKS, below) set both ops' shape. The results are the
 // same.
