@@ -37,12 +37,14 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import RESULTS, append_rows, environment
 
 import gnnact
-from gnnact.env import environment
+from gnnact.kernels.quantize import _DTYPE_NAMES
 from gnnact.quant import DEFAULT_GROUP_SIZE
-
-RESULTS = Path(__file__).resolve().parent / "results"
+from gnnact.quant.packed import packed_code_bytes
 
 #: The kernels profiled by default: the quantizer at 2 and 8 bits (float32 and bfloat16) and
 #: the dequantizer at 1, 2 and 5 bits (float32: the widths furthest below a copy's bandwidth
@@ -52,8 +54,8 @@ KERNELS = ("quantize:float32:2", "quantize:bfloat16:2", "quantize:float32:8",
            "dequantize:bfloat16:2")
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-#: The kernels' names for the dtypes (``quantize_<name>_<bits>``).
-_KERNEL_DTYPES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16", "f64": "float64"}
+#: The dtypes by their names in the kernels' (``quantize_<name>_<bits>``).
+_KERNEL_DTYPES = {name: dtype for dtype, name in _DTYPE_NAMES.items()}
 
 #: ncu's raw metrics a row keeps, by the row's names for them; times in microseconds, bytes
 #: in megabytes (the raw page's second row gives the units).
@@ -134,17 +136,17 @@ def summarize(raw_csv: Path, env: dict, numel: int, group_size: int) -> list[dic
         if match is None or match.group(2) not in _KERNEL_DTYPES:
             continue
         op, dtype, bits = match.group(1), _KERNEL_DTYPES[match.group(2)], int(match.group(3))
-        row = {"bench": "kernel_profile", **env, "kernel": name, "op": op, "dtype": dtype,
-               "bits": bits, "numel": numel, "group_size": group_size}
+        row = {"bench": "kernel_profile", **env, "kernel": name, "op": op,
+               "dtype": str(dtype).removeprefix("torch."), "bits": bits, "numel": numel,
+               "group_size": group_size}
         for key, metric in METRICS.items():
             if record.get(metric, "") not in ("", "n/a"):
                 row[key] = round(_number(record[metric], unit_of.get(metric, "")), 3)
         if "warp_instructions" in row:
             row["warp_instructions_per_group"] = round(row["warp_instructions"] / groups, 1)
         # The sectors (32 bytes) the kernel's own input and output fill, read and written once.
-        itemsize = torch.empty((), dtype=getattr(torch, dtype)).element_size()
-        values_bytes = numel * itemsize
-        codes_bytes = groups * (group_size * bits // 8) + 8 * groups  # codes, scale, zero
+        values_bytes = numel * dtype.itemsize
+        codes_bytes = groups * (packed_code_bytes(group_size, bits) + 8)  # codes, scale, zero
         read, written = ((values_bytes, codes_bytes) if op == "quantize"
                          else (codes_bytes, values_bytes))
         row["ideal_read_sectors"], row["ideal_write_sectors"] = -(-read // 32), -(-written // 32)
@@ -184,9 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             env = environment("cuda" if torch.cuda.is_available() else "cpu")
         rows = summarize(args.summarize, env, args.numel, args.group_size)
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        with args.out.open("a") as f:
-            f.writelines(json.dumps(row) + "\n" for row in rows)
+        append_rows(args.out, rows)
         for row in rows:
             print(f"{row['kernel']:18s} {row.get('duration_us', float('nan')):8.2f} us  "
                   f"DRAM {row.get('dram_pct', 0):5.1f}%  L2 {row.get('l2_pct', 0):5.1f}%  "

@@ -50,6 +50,7 @@ import torch  # noqa: E402
 
 from gnnact.env import git_commit  # noqa: E402
 from gnnact.kernels._cupy import compile_options, kernel_source  # noqa: E402
+from gnnact.kernels.quantize import _LANES, _define  # noqa: E402
 
 _TYPES = {"float32": "F32", "float64": "F64", "float16": "F16", "bfloat16": "BF16"}
 
@@ -157,11 +158,11 @@ def main(argv: list[str] | None = None) -> int:
               "nvidia-cuda-nvdisasm)", file=sys.stderr)
         return 2
     defines = tuple(args.define)
-    settings = dict(d.partition("=")[::2] for d in defines)
-    # WHOLE_GROUP in the quantizer's shape (cuda/quantize.cu's defaults: 16 lanes, 4 octets),
-    # and the values of the groups a warp's pass takes (one a segment of LANES lanes)
-    lanes = int(settings.get("LANES", 16))
-    whole = 8 * lanes * int(settings.get("CACHED", 4))
+    # WHOLE_GROUP in the quantizer's shape (cuda/quantize.cu's QUANTIZE_LANES and
+    # QUANTIZE_CACHED unless the build sets LANES and CACHED), and the values of the groups a
+    # warp's pass takes (one a segment of LANES lanes)
+    lanes = _define(defines, "LANES", _LANES["quantize"])
+    whole = 8 * lanes * _define(defines, "CACHED", 4)
     values = whole * (32 // lanes)
     commit = git_commit() if args.cuda_dir is None else git_commit(root=args.cuda_dir.parent)
     version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
