@@ -11,8 +11,10 @@ the current one, on a grid capped at the blocks the device holds at once; ``CODE
 dequantize loads a group's code words together before restoring any; ``CHUNK_STORES``:
 float32 and float64 dequantized by 16-byte chunks, a warp's store 512 consecutive bytes;
 ``SHARED_CODES``: 3 and 5-7-bit codes of whole groups read from a copy in shared memory;
-``NOISE_FIRST``: quantize hashes a lane's noise while its loads are in flight; ``LANES``:
-lanes that share a group, a warp taking ``32 / LANES`` groups at once; ``WAVES``: the grid
+``NOISE_FIRST``: quantize hashes a lane's noise while its loads are in flight; ``MUL_SHIFTS``:
+the hash's shifts by multiplies; ``LANES``: lanes that share a group, a warp taking
+``32 / LANES`` groups at once (``QUANTIZE_LANES``, ``QUANTIZE_CACHED``,
+``QUANTIZE_MIN_BLOCKS`` and their ``DEQUANTIZE_`` twins: one op's shape); ``WAVES``: the grid
 capped at that many waves of resident blocks, each warp taking groups in turn). Every build
 must give the default build's codes, scales, zeros and restored values bit for bit
 (``agrees``); a row, one for each op the build changes (:data:`ONE_OP`), gives the kernel's own
@@ -48,20 +50,25 @@ from gnnact.quant import DEFAULT_GROUP_SIZE
 #: the quantizer's LANES=16, CACHED=4, MIN_BLOCKS=3 (fastest at every width but 7 bits) and the
 #: dequantizer's CHUNK_STORES=1 with SHARED_CODES=1 (at every width) became the defaults;
 #: NOISE_FIRST, PREFETCH, CODES_FIRST and WAVES=1 lost at nearly every width (ALU_CONVERSIONS,
-#: WIDE_CODE_LOADS, CACHED=1 and CACHED=4 alone in earlier runs). Here: the previous defaults,
-#: FLOOR_ROUNDING (the seeded rounding before integer rounding), a grid of one wave, and a
-#: quantizer whose warp takes 4 groups at once.
-VARIANTS = ("LANES=32,CACHED=2,MIN_BLOCKS=4", "CHUNK_STORES=0,SHARED_CODES=0", "SHARED_CODES=0",
-            "FLOOR_ROUNDING=1", "WAVES=1", "LANES=8,CACHED=8,MIN_BLOCKS=2")
+#: WIDE_CODE_LOADS, CACHED=1 and CACHED=4 alone in earlier runs), FLOOR_ROUNDING by 3-7
+#: points. Here, for the quantizer with fewer instructions a value: a warp of 4 groups, 8
+#: octets a lane (the fixed work of a warp's pass, its reductions, divisions and stores of scale
+#: and zero, over twice the values), shifts in the hash by multiplies (work moved off the ALU
+#: pipe), and both.
+VARIANTS = ("QUANTIZE_LANES=8,QUANTIZE_CACHED=8,QUANTIZE_MIN_BLOCKS=2", "MUL_SHIFTS=1",
+            "QUANTIZE_LANES=8,QUANTIZE_CACHED=8,QUANTIZE_MIN_BLOCKS=2,MUL_SHIFTS=1")
 
 
 #: Settings that change one kernel only: a variant made of them is timed on that op alone
 #: (the other op's kernel is the default build's); LANES, CACHED, MIN_BLOCKS and PREFETCH
 #: change both.
 ONE_OP = {"NOISE_FIRST": "quantize", "ALU_CONVERSIONS": "quantize",
-          "FLOOR_ROUNDING": "quantize", "CODES_FIRST": "dequantize",
+          "FLOOR_ROUNDING": "quantize", "MUL_SHIFTS": "quantize",
+          "QUANTIZE_LANES": "quantize", "QUANTIZE_CACHED": "quantize",
+          "QUANTIZE_MIN_BLOCKS": "quantize", "CODES_FIRST": "dequantize",
           "CHUNK_STORES": "dequantize", "SHARED_CODES": "dequantize",
-          "WIDE_CODE_LOADS": "dequantize"}
+          "WIDE_CODE_LOADS": "dequantize", "DEQUANTIZE_LANES": "dequantize",
+          "DEQUANTIZE_CACHED": "dequantize", "DEQUANTIZE_MIN_BLOCKS": "dequantize"}
 
 
 def timed_ops(defines: tuple[str, ...]) -> tuple[str, ...]:

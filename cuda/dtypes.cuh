@@ -13,10 +13,9 @@ typedef unsigned long long u64;
 // Op, op_load, op_store: the type PyTorch computes an elementwise op in ("opmath": float for
 // float, half and bfloat16, double for double) and the exact conversions to and from it.
 // paired: two values of a 32-bit word (the first in the low half) are taken by one packed
-// instruction (sm_80+) where an exact result allows it: pair_min and pair_max are the fminf
-// and fmaxf of each half (NaN loses, as there), pair_zero_fma(v, a) is v * 0 + a in each half
-// (NaN where v is infinite or NaN or a is NaN, a signed zero otherwise); pair_inf and
-// pair_minus_inf hold +inf and -inf twice.
+// instruction (sm_80+) where an exact result allows it: pair_min is the fminf of each half (NaN
+// loses, as there), pair_max_nan the maximum of each half that is NaN where either is (as
+// max_nan below); pair_inf and pair_minus_inf hold +inf and -inf twice.
 struct F32 {
     static constexpr bool paired = false;
     typedef float T;
@@ -46,20 +45,20 @@ struct PairOps {
         else asm("min.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
         return d;
     }
-    static __device__ __forceinline__ u32 pair_max(u32 a, u32 b) {
+    static __device__ __forceinline__ u32 pair_max_nan(u32 a, u32 b) {
         u32 d;
-        if (BF) asm("max.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-        else asm("max.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-        return d;
-    }
-    static __device__ __forceinline__ u32 pair_zero_fma(u32 v, u32 a) {
-        const u32 zero = 0;
-        u32 d;
-        if (BF) asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(v), "r"(zero), "r"(a));
-        else asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(v), "r"(zero), "r"(a));
+        if (BF) asm("max.NaN.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+        else asm("max.NaN.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
         return d;
     }
 };
+
+// The larger of a and b, NaN where either is (PTX max.NaN, sm_80+; fmaxf drops a NaN).
+__device__ __forceinline__ float max_nan(float a, float b) {
+    float d;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
+    return d;
+}
 
 struct F16 : PairOps<false> {
     static constexpr u32 pair_inf = 0x7c007c00u, pair_minus_inf = 0xfc00fc00u;

@@ -43,11 +43,28 @@
 // An octet's 4 pairs share the inner mix32 (octet_hashes): the noise of 8 elements for 4 outer
 // and 1 inner mix32, which are most of the quantize kernel's arithmetic.
 // mix32(x) = mix32_rest(x ^ (x >> 16)): octet_hashes shares the first step between pairs.
+// MUL_SHIFTS=1 builds shift right in mix32_rest by a multiply's high word (IMAD.HI) instead of
+// a shift (SHF): the integer multiply-add pipe takes the work off the ALU pipe, which issues the
+// quantizer's shifts, logic, byte permutes and compares at half the rate of a float add. The
+// same hashes.
+#ifndef MUL_SHIFTS
+#define MUL_SHIFTS 0
+#endif
+
+// x >> 15.
+__device__ __forceinline__ u32 shifted15(u32 x) {
+#if MUL_SHIFTS
+    return __umulhi(x, 1u << 17);
+#else
+    return x >> 15;
+#endif
+}
+
 __device__ __forceinline__ u32 mix32_rest(u32 x) {
     x *= 0x21f0aaadu;
-    x ^= x >> 15;
+    x ^= shifted15(x);
     x *= 0x735a2d97u;
-    x ^= x >> 15;
+    x ^= shifted15(x);
     return x;
 }
 
@@ -99,15 +116,21 @@ struct WordOf<true> {
 #ifdef LANES
 #define QUANTIZE_LANES LANES
 #define DEQUANTIZE_LANES LANES
-#else
-#define QUANTIZE_LANES 16
-#define DEQUANTIZE_LANES 32
 #endif
 #ifdef CACHED
 #define QUANTIZE_CACHED CACHED
 #define DEQUANTIZE_CACHED CACHED
-#else
+#endif
+#ifndef QUANTIZE_LANES
+#define QUANTIZE_LANES 16
+#endif
+#ifndef QUANTIZE_CACHED
 #define QUANTIZE_CACHED 4
+#endif
+#ifndef DEQUANTIZE_LANES
+#define DEQUANTIZE_LANES 32
+#endif
+#ifndef DEQUANTIZE_CACHED
 #define DEQUANTIZE_CACHED 2
 #endif
 // The shape of the op whose code follows: the quantizer's up to quantize_impl, the
@@ -119,7 +142,8 @@ struct WordOf<true> {
 // with either default shape).
 #define WHOLE_GROUP (8 * OP_LANES * OP_CACHED)
 
-// The minimum and maximum over the OP_LANES lanes of a segment.
+// The minimum (fminf) and maximum (max_nan: NaN if a lane's is) over the OP_LANES lanes of a
+// segment.
 __device__ __forceinline__ float segment_min(float v) {
     for (int o = OP_LANES / 2; o > 0; o >>= 1) {
         v = fminf(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -129,27 +153,17 @@ __device__ __forceinline__ float segment_min(float v) {
 
 __device__ __forceinline__ float segment_max(float v) {
     for (int o = OP_LANES / 2; o > 0; o >>= 1) {
-        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+        v = max_nan(v, __shfl_xor_sync(0xffffffffu, v, o));
     }
     return v;
 }
 
-// Whether no lane of the segment holds a true `flag` (the whole warp takes part).
-__device__ __forceinline__ bool segment_none(bool flag, int segment) {
-#if OP_LANES == 32
-    return __all_sync(0xffffffffu, !flag);
-#else
-    const u32 flagged = __ballot_sync(0xffffffffu, flag);
-    return ((flagged >> (segment * OP_LANES)) & ((1u << OP_LANES) - 1u)) == 0;
-#endif
-}
-
-// q = floor(u) + [r < u - floor(u)], u = (v - zero) * inv, for v of a finite group: then u >= 0
-// and u exceeds levels by a rounding at most, so min(., levels) is the only clamp needed (the
-// codes of a non-finite group are 0 without rounding, quantize_group). The fractional part is
-// exact (Sterbenz), so no rounding of u + r can push a code past its neighbour.
-__device__ __forceinline__ u32 round_code(float v, float r, float zero, float inv,
-                                          float levels) {
+// q = floor(u) + [r < u - floor(u)], u = (v - zero) * inv, for v of a finite group: then
+// 0 <= u <= levels, as inv is levels / width rounded down (the reference's; to nearest, u could
+// pass levels by a rounding), so q needs no clamp (the codes of a non-finite group are 0
+// without rounding, quantize_group). The fractional part is exact (Sterbenz), so no rounding
+// of u + r can push a code past its neighbour.
+__device__ __forceinline__ u32 round_code(float v, float r, float zero, float inv) {
     const float u = __fmul_rn(__fsub_rn(v, zero), inv);
 #if ALU_CONVERSIONS
     // 0 <= u < 2^23: u + 2^23 rounds u to an integer n exactly representable, and n - 1 when
@@ -160,7 +174,7 @@ __device__ __forceinline__ u32 round_code(float v, float r, float zero, float in
     const float fl = floorf(u);
 #endif
     const float up = r < __fsub_rn(u, fl) ? 1.0f : 0.0f;
-    const float q = fminf(__fadd_rn(fl, up), levels);
+    const float q = __fadd_rn(fl, up);
 #if ALU_CONVERSIONS
     // q is an integer in [0, 255]: the low bits of 2^23 + q are q.
     return __float_as_uint(__fadd_rn(q, 8388608.0f)) & 0xffu;
@@ -194,9 +208,8 @@ __device__ __forceinline__ float hashed_noise(u32 g, int half) {
 }
 
 template <int BITS>
-__device__ __forceinline__ u32 round_hashed(float v, float r, float zero, float inv,
-                                            float levels) {
-    return round_code(v, r, zero, inv, levels);
+__device__ __forceinline__ u32 round_hashed(float v, float r, float zero, float inv) {
+    return round_code(v, r, zero, inv);
 }
 #else
 #define HASHED_CODE_AT 16
@@ -214,17 +227,17 @@ __device__ __forceinline__ u32 hashed_noise(u32 g, int half) {
 }
 
 // round_code's q for noise r = m 2^-16 (`word`: hashed_noise), with no conversion instruction
-// below 8 bits. With u_c = min(u, levels), U = u_c 2^16 and m' = 65535 - m, the reference's
-// q = min(floor(u) + [m < 2^16 frac(u)], levels) is floor(ceil(U + m') / 2^16): it rounds up
-// exactly when ceil(U) >= 2^16 floor(u_c) + m + 1. Below 8 bits U + m' < 2^23, and one fma
-// rounded upwards gives 2^23 + ceil(U + m') exactly (the floats in [2^23, 2^24) are the
-// integers): q is bits 16-22 of its word, and bit 23 (the exponent's lowest) is 0. At 8 bits
+// below 8 bits. With U = u 2^16 and m' = 65535 - m, the reference's q = floor(u) +
+// [m < 2^16 frac(u)] is floor(ceil(U + m') / 2^16): it rounds up exactly when
+// ceil(U) >= 2^16 floor(u) + m + 1. As u <= levels (round_code), below 8 bits U + m' < 2^23,
+// and one fma rounded upwards gives 2^23 + ceil(U + m') exactly (the floats in [2^23, 2^24)
+// are the integers): q is bits 16-22 of its word, and bit 23 (the exponent's lowest) is 0.
+// Nor is u clamped to levels: one instruction a value fewer. At 8 bits
 // U + m' reaches 2^24 - 1, so the sum is formed without 2^23 and converted rounding up (a float
 // rounded up keeps its ceiling): q is bits 16-23 of that integer. Either way byte 2 is q.
 template <int BITS>
-__device__ __forceinline__ u32 round_hashed(float v, u32 word, float zero, float inv,
-                                            float levels) {
-    const float u = fminf(__fmul_rn(__fsub_rn(v, zero), inv), levels);
+__device__ __forceinline__ u32 round_hashed(float v, u32 word, float zero, float inv) {
+    const float u = __fmul_rn(__fsub_rn(v, zero), inv);
     if (BITS < 8) return __float_as_uint(__fmaf_ru(u, 65536.0f, __uint_as_float(word)));
     const float m = __fsub_rn(__uint_as_float(word), 8388608.0f);  // m', exact
     return __float2uint_ru(__fmaf_ru(u, 65536.0f, m));
@@ -331,62 +344,96 @@ __device__ __forceinline__ void load_octet(const typename L::T* __restrict__ x, 
     OctetValues<L>::of(raw, v);
 }
 
-// The quantizer's range pass over the values a lane loads: their minimum, maximum and whether
-// one is not finite (v * 0 is NaN for an infinite or NaN v and a zero otherwise, so `bad` is NaN
-// exactly when one was: one fused instruction a value).
+// The quantizer's range pass over the values a lane loads: their minimum, and their maximum
+// by max_nan, NaN once one was. A group holds a value that is not finite exactly when its
+// width, maximum minus minimum, is not (NaN, or +inf with an infinite bound): no test of its
+// own a value.
 template <typename L, bool Paired = L::paired>
 struct Range {
-    float lo, hi, bad;
+    float lo, hi;
     __device__ __forceinline__ Range()
-        : lo(__int_as_float(0x7f800000)), hi(__int_as_float(0xff800000)), bad(0.0f) {}
+        : lo(__int_as_float(0x7f800000)), hi(__int_as_float(0xff800000)) {}
     __device__ __forceinline__ void add_octet(const typename L::T (&raw)[8]) {
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
             const float v = L::load(raw[k]);
             lo = fminf(lo, v);
-            hi = fmaxf(hi, v);
-            bad = __fmaf_rn(v, 0.0f, bad);
+            hi = max_nan(hi, v);
         }
     }
     __device__ __forceinline__ float low() const { return lo; }
     __device__ __forceinline__ float high() const { return hi; }
-    __device__ __forceinline__ bool flagged() const { return bad != 0.0f; }
 };
 
 // float16 and bfloat16: two values an instruction, on the words they were loaded in
-// (dtypes.cuh: the same minimum, maximum and test as on their float values), converted to
-// float once the octets are all in, not value by value.
+// (dtypes.cuh: the same minimum and maximum as on their float values), converted to float
+// once the octets are all in, not value by value.
 template <typename L>
 struct Range<L, true> {
-    u32 lo, hi, bad;
-    __device__ __forceinline__ Range() : lo(L::pair_inf), hi(L::pair_minus_inf), bad(0u) {}
+    u32 lo, hi;
+    __device__ __forceinline__ Range() : lo(L::pair_inf), hi(L::pair_minus_inf) {}
     __device__ __forceinline__ void add_octet(const u16 (&raw)[8]) {
 #pragma unroll
         for (int k = 0; k < 8; k += 2) {
             const u32 w = pair_at(raw, k);
             lo = L::pair_min(lo, w);
-            hi = L::pair_max(hi, w);
-            bad = L::pair_zero_fma(w, bad);
+            hi = L::pair_max_nan(hi, w);
         }
     }
     __device__ __forceinline__ float low() const {
         return fminf(L::load((u16)lo), L::load((u16)(lo >> 16)));
     }
     __device__ __forceinline__ float high() const {
-        return fmaxf(L::load((u16)hi), L::load((u16)(hi >> 16)));
+        return max_nan(L::load((u16)hi), L::load((u16)(hi >> 16)));
     }
-    // A half is a signed zero or (once a value was not finite) NaN.
-    __device__ __forceinline__ bool flagged() const { return (bad & 0x7fff7fffu) != 0; }
 };
 
-// load_octet that also adds the octet to `range`.
+// What a lane keeps of an octet between the quantizer's two passes (T): float16 and bfloat16
+// the 4 words of its loaded pairs (converted in the rounding pass, `values`: half the
+// registers, and no copy of a word kept to convert its other half), other types their float
+// values.
+template <typename L, bool Raw = L::paired>
+struct Kept {
+    struct T {
+        float v[8];
+    };
+    static __device__ __forceinline__ void keep(const typename L::T (&raw)[8], T& k) {
+        OctetValues<L>::of(raw, k.v);
+    }
+    static __device__ __forceinline__ void values(const T& k, float (&v)[8]) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = k.v[i];
+    }
+};
+template <typename L>
+struct Kept<L, true> {
+    struct T {
+        u32 w[4];
+    };
+    static __device__ __forceinline__ void keep(const u16 (&raw)[8], T& k) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) k.w[i] = pair_at(raw, 2 * i);
+    }
+    static __device__ __forceinline__ void values(const T& k, float (&v)[8]) {
+        u16 raw[8];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            raw[2 * i] = (u16)k.w[i];
+            raw[2 * i + 1] = (u16)(k.w[i] >> 16);
+        }
+        OctetValues<L>::of(raw, v);
+    }
+};
+
+// load_octet that also adds the octet to `range`, kept as Kept<L> keeps it.
 template <typename L>
 __device__ __forceinline__ void load_ranged(const typename L::T* __restrict__ x, i64 at,
-                                            int count, bool vec, float (&v)[8], Range<L>& range) {
+                                            int count, bool vec, typename Kept<L>::T& k,
+                                            Range<L>& range) {
     typename L::T raw[8];
     load_raw<L>(x, at, count, vec, raw);
     range.add_octet(raw);
-    OctetValues<L>::of(raw, v);
+    Kept<L>::keep(raw, k);
 }
 
 // Elements [at, at + count) of out from v; vector stores when `vec` and the octet is whole.
@@ -465,13 +512,19 @@ __device__ __forceinline__ void store_codes(u8* __restrict__ out, i64 b, i64 lim
 // `aligned`) is an octet o of the noise: its pairs share octet_key, and with x that key,
 // (x ^ phi_k) ^ ((x ^ phi_k) >> 16) is t ^ phi_k ^ (phi_k >> 16) for t = x ^ (x >> 16): the
 // outer mix32's first step is one xor a pair.
+// keyed_hashes: those of noise octet o from lo = (u32)o ^ s0 and hi = (u32)(o >> 32) ^ s1.
+__device__ __forceinline__ void keyed_hashes(u32 lo, u32 hi, u32 (&h)[4]) {
+    const u32 x = mix32(lo) ^ hi;
+    const u32 t = x ^ (x >> 16);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) h[k] = mix32_rest(t ^ pair_phi(k) ^ (pair_phi(k) >> 16));
+}
+
 __device__ __forceinline__ void octet_hashes(i64 at, u32 s0, u32 s1, bool aligned,
                                              u32 (&h)[4]) {
     if (aligned || (at & 7) == 0) {
-        const u32 x = octet_key((u64)at >> 3, s0, s1);
-        const u32 t = x ^ (x >> 16);
-#pragma unroll
-        for (int k = 0; k < 4; ++k) h[k] = mix32_rest(t ^ pair_phi(k) ^ (pair_phi(k) >> 16));
+        const u64 o = (u64)at >> 3;
+        keyed_hashes((u32)o ^ s0, (u32)(o >> 32) ^ s1, h);
     } else {
 #pragma unroll
         for (int k = 0; k < 4; ++k) h[k] = hash_pair(((u64)at >> 1) + k, s0, s1);
@@ -479,33 +532,33 @@ __device__ __forceinline__ void octet_hashes(i64 at, u32 s0, u32 s1, bool aligne
 }
 
 // The BITS-byte word of an octet's 8 codes (code k at bits [k BITS, (k + 1) BITS); codes past
-// count are 0), elements [at, at + count) with values v of a finite group, noise from `noise`
-// or the hash (one hash per pair of elements when the octet starts on a pair, as every octet
-// does with `vec`).
-template <int BITS, typename W = typename WordOf<(BITS > 4)>::T>
+// count are 0), elements [at, at + count) with values v of a usable group (the codes of
+// another are garbage, which the caller masks), noise from `noise` or the hash: one a pair
+// of elements: when the octet starts on a pair, as every octet does with `vec`, octet_hashes,
+// or `hashes` where the caller has them (Hashed). An array, not a pointer that may point to
+// one or another: that would put them in local memory.
+template <int BITS, bool Hashed = false, typename W = typename WordOf<(BITS > 4)>::T>
 __device__ __forceinline__ W pack_octet(const float (&v)[8], const float* __restrict__ noise,
                                         i64 at, int count, bool vec, float zero, float inv,
-                                        float levels, u32 s0, u32 s1,
-                                        const u32* hashes = nullptr) {
+                                        u32 s0, u32 s1, const u32 (&hashes)[4] = {}) {
     W word;
     u32 q[8];
     if (noise != nullptr) {
         float r[8];
         load_octet<F32>(noise, at, count, vec, r);
 #pragma unroll
-        for (int k = 0; k < 8; ++k) q[k] = round_code(v[k], r[k], zero, inv, levels);
+        for (int k = 0; k < 8; ++k) q[k] = round_code(v[k], r[k], zero, inv);
         word = packed_codes<BITS, 0>(q);
     } else {
         // The noise of each element: from one hash a pair (an octet's 4 when it starts on one).
         HashNoise n[8];
         if ((at & 1) == 0) {
-            u32 own[4];
-            if (hashes == nullptr) {
-                octet_hashes(at, s0, s1, vec, own);
-                hashes = own;
-            }
+            u32 h[4];
 #pragma unroll
-            for (int k = 0; k < 8; ++k) n[k] = hashed_noise(hashes[k / 2], k & 1);
+            for (int k = 0; k < 4; ++k) h[k] = hashes[k];
+            if (!Hashed) octet_hashes(at, s0, s1, vec, h);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) n[k] = hashed_noise(h[k / 2], k & 1);
         } else {
 #pragma unroll
             for (int k = 0; k < 8; ++k) {
@@ -513,7 +566,7 @@ __device__ __forceinline__ W pack_octet(const float (&v)[8], const float* __rest
             }
         }
 #pragma unroll
-        for (int k = 0; k < 8; ++k) q[k] = round_hashed<BITS>(v[k], n[k], zero, inv, levels);
+        for (int k = 0; k < 8; ++k) q[k] = round_hashed<BITS>(v[k], n[k], zero, inv);
         word = packed_codes<BITS, HASHED_CODE_AT>(q);
     }
     // All 8 codes were rounded, and the ones past count are masked off: no branch a code.
@@ -576,7 +629,8 @@ __device__ __forceinline__ W pack_octet(const float (&v)[8], const float* __rest
 template <typename L>
 __device__ __forceinline__ void load_cached(const typename L::T* __restrict__ x, i64 start,
                                             i64 len, int sub, bool vec,
-                                            float (&kept)[OP_CACHED][8], Range<L>& range) {
+                                            typename Kept<L>::T (&kept)[OP_CACHED],
+                                            Range<L>& range) {
     const i64 octets = (len + 7) >> 3;
 #pragma unroll
     for (int c = 0; c < OP_CACHED; ++c) {
@@ -614,15 +668,18 @@ struct QuantizeArgs {
 // its length, octet counts and byte offsets are then constants, and the tests and the loops
 // for octets past the cached ones, for short octets and for the bytes past the last octet
 // compile away (the same results, fewer instructions).
-template <typename L, int BITS, bool Whole>
+// Seeded = true: the noise is hashed (a.noise is null). Compiled apart from the given noise's
+// path, so that neither holds registers for the other's.
+template <typename L, int BITS, bool Whole, bool Seeded>
 __device__ __forceinline__ void quantize_group(const QuantizeArgs<L>& a, i64 g, i64 stride,
-                                               int sub, int segment,
-                                               float (&kept)[OP_CACHED][8], Range<L>& range) {
+                                               int sub,
+                                               typename Kept<L>::T (&kept)[OP_CACHED],
+                                               Range<L>& range) {
     const float levels = (float)((1 << BITS) - 1);
     const bool vec = Whole || a.vec;
     const i64 group_size = Whole ? WHOLE_GROUP : a.group_size;
     const i64 bytes_per_group = Whole ? WHOLE_GROUP / 8 * BITS : a.bytes_per_group;
-    const float* __restrict__ noise = a.noise;
+    const float* __restrict__ noise = Seeded ? nullptr : a.noise;
     const u32 s0 = a.s0, s1 = a.s1;
     const bool exists = Whole || g < a.num_groups;
     const i64 start = g * group_size;
@@ -634,13 +691,11 @@ __device__ __forceinline__ void quantize_group(const QuantizeArgs<L>& a, i64 g, 
 #endif
 #if NOISE_FIRST
     u32 hashes[OP_CACHED][4];
-    if (noise == nullptr) {
 #pragma unroll
-        for (int c = 0; c < OP_CACHED; ++c) {
-            const i64 at = start + 8 * (sub + OP_LANES * c);
-            if (sub + OP_LANES * c < octets && (at & 1) == 0) {
-                octet_hashes(at, s0, s1, vec, hashes[c]);
-            }
+    for (int c = 0; c < OP_CACHED; ++c) {
+        const i64 at = start + 8 * (sub + OP_LANES * c);
+        if (Seeded && sub + OP_LANES * c < octets && (at & 1) == 0) {
+            octet_hashes(at, s0, s1, vec, hashes[c]);
         }
     }
 #endif
@@ -648,11 +703,11 @@ __device__ __forceinline__ void quantize_group(const QuantizeArgs<L>& a, i64 g, 
     // common group, which has none, pays one test for them.
 #pragma unroll 1
     for (i64 o = sub + OP_LANES * OP_CACHED; o < octets; o += OP_LANES) {
-        float v[8];
+        typename Kept<L>::T v;
         load_ranged<L>(a.x, start + 8 * o, (int)min((i64)8, len - 8 * o), vec, v, range);
     }
 #if PREFETCH
-    float next[OP_CACHED][8];
+    typename Kept<L>::T next[OP_CACHED];
     Range<L> next_range;
     const i64 following = g + stride;
     load_cached<L>(a.x, following * a.group_size,
@@ -661,11 +716,9 @@ __device__ __forceinline__ void quantize_group(const QuantizeArgs<L>& a, i64 g, 
 #endif
     const float lo = segment_min(range.low());
     const float hi = segment_max(range.high());
-    const bool finite = segment_none(range.flagged(), segment);
-
     const float width = __fsub_rn(hi, lo);
     float scale, zero, inv;
-    const bool usable = finite && isfinite(width);
+    const bool usable = isfinite(width);
     if (!usable) {
         // NaN/Inf in the group, or a range that overflows: the whole group reads back as
         // NaN, its codes are 0.
@@ -675,29 +728,56 @@ __device__ __forceinline__ void quantize_group(const QuantizeArgs<L>& a, i64 g, 
     } else {
         scale = __fdiv_rn(width, levels);
         zero = lo;
-        inv = width > 0.0f ? __fdiv_rn(levels, width) : 0.0f;
+        // levels / width rounded down (round_code): to nearest, then one float lower where
+        // that rounded up, as the fma's residual inv width - levels, exact in sign, tells
+        // (__fdiv_rd would call a subroutine).
+        inv = 0.0f;
+        if (width > 0.0f) {
+            inv = __fdiv_rn(levels, width);
+            if (__fmaf_rn(inv, width, -levels) > 0.0f) {
+                inv = __int_as_float(__float_as_int(inv) - 1);
+            }
+        }
     }
     if (sub == 0 && exists) {
         a.scales[g] = scale;
         a.zeros[g] = zero;
     }
 
+    // A whole group's noise octets, when it has a power of two of them, are g 2^m + o with
+    // o = sub + OP_LANES c < 2^m: the low word of octet o's index is that of g 2^m with the
+    // bits of sub and OP_LANES c set, and its high word is the group's. Their keys' halves
+    // (keyed_hashes) are then the lane's own, with OP_LANES c xored in: one instruction an
+    // octet instead of the index's 64-bit arithmetic.
+    constexpr bool Keyed = Whole && ((WHOLE_GROUP / 8) & (WHOLE_GROUP / 8 - 1)) == 0;
+    const u64 first_octet = (u64)start >> 3;
+    const u32 key_lo = ((u32)first_octet | (u32)sub) ^ s0;
+    const u32 key_hi = (u32)(first_octet >> 32) ^ s1;
     u8* out = a.codes + g * bytes_per_group;
 #pragma unroll
     for (int c = 0; c < OP_CACHED; ++c) {
         const i64 o = sub + OP_LANES * c;
         if (o < octets) {
             const int count = (int)min((i64)8, len - 8 * o);
+            // The octet's hashes, where this pass has them: NOISE_FIRST's, or a whole group's
+            // from its keys; else pack_octet hashes.
 #if NOISE_FIRST
-            const u32* pre = noise == nullptr ? hashes[c] : nullptr;
+            constexpr bool Hashed = Seeded;
+            const u32(&h)[4] = hashes[c];
 #else
-            const u32* pre = nullptr;
+            constexpr bool Hashed = Seeded && Keyed;
+            u32 h[4];
+            if (Hashed) keyed_hashes(key_lo ^ (u32)(OP_LANES * c), key_hi, h);
 #endif
+            // Rounded whether or not the group is usable, and then masked: a select an octet
+            // rather than a branch around its arithmetic.
+            float v[8];
+            Kept<L>::values(kept[c], v);
+            const auto word = pack_octet<BITS, Hashed>(v, noise, start + 8 * o, count, vec,
+                                                       zero, inv, s0, s1, h);
             // A whole group's octets end inside it: their bytes need no test against its end.
             store_codes<BITS>(out, o * BITS, Whole ? (o + 1) * BITS : bytes_per_group, vec,
-                              usable ? pack_octet<BITS>(kept[c], noise, start + 8 * o, count,
-                                                        vec, zero, inv, levels, s0, s1, pre)
-                                     : 0);
+                              usable ? word : 0);
         }
     }
 #pragma unroll 1
@@ -707,7 +787,7 @@ __device__ __forceinline__ void quantize_group(const QuantizeArgs<L>& a, i64 g, 
         load_octet<L>(a.x, start + 8 * o, count, vec, v);
         store_codes<BITS>(out, o * BITS, bytes_per_group, vec,
                           usable ? pack_octet<BITS>(v, noise, start + 8 * o, count, vec, zero,
-                                                    inv, levels, s0, s1)
+                                                    inv, s0, s1)
                                  : 0);
     }
     // Bytes past the last octet (a short last group) are zero bytes, as in the reference.
@@ -716,10 +796,7 @@ __device__ __forceinline__ void quantize_group(const QuantizeArgs<L>& a, i64 g, 
     }
 #if PREFETCH
 #pragma unroll
-    for (int c = 0; c < OP_CACHED; ++c) {
-#pragma unroll
-        for (int k = 0; k < 8; ++k) kept[c][k] = next[c][k];
-    }
+    for (int c = 0; c < OP_CACHED; ++c) kept[c] = next[c];
     range = next_range;
 #endif
 }
@@ -734,8 +811,8 @@ __device__ __forceinline__ void quantize_impl(const QuantizeArgs<L>& a) {
     // Groups of WHOLE_GROUP elements (the default group size) by vectors: every pass whose
     // groups all lie whole in the input takes the constant-size path.
     const bool whole_groups = a.vec && a.group_size == WHOLE_GROUP;
-    float kept[OP_CACHED][8];
 #if PREFETCH
+    typename Kept<L>::T kept[OP_CACHED];
     Range<L> range;
     load_cached<L>(a.x, (base + segment) * a.group_size,
                    group_length(base + segment, a.num_groups, a.group_size, a.n), sub, a.vec,
@@ -743,12 +820,22 @@ __device__ __forceinline__ void quantize_impl(const QuantizeArgs<L>& a) {
 #endif
     for (; base < a.num_groups; base += stride) {
 #if !PREFETCH
+        // A pass's own: nothing is carried to the next.
+        typename Kept<L>::T kept[OP_CACHED];
         Range<L> range;
 #endif
-        if (whole_groups && (base + SEGMENTS) * WHOLE_GROUP <= a.n) {
-            quantize_group<L, BITS, true>(a, base + segment, stride, sub, segment, kept, range);
+        const bool whole = whole_groups && (base + SEGMENTS) * WHOLE_GROUP <= a.n;
+        // Seeded and given noise compiled apart (quantize_group's Seeded).
+        if (a.noise == nullptr) {
+            if (whole) {
+                quantize_group<L, BITS, true, true>(a, base + segment, stride, sub, kept, range);
+            } else {
+                quantize_group<L, BITS, false, true>(a, base + segment, stride, sub, kept, range);
+            }
+        } else if (whole) {
+            quantize_group<L, BITS, true, false>(a, base + segment, stride, sub, kept, range);
         } else {
-            quantize_group<L, BITS, false>(a, base + segment, stride, sub, segment, kept, range);
+            quantize_group<L, BITS, false, false>(a, base + segment, stride, sub, kept, range);
         }
     }
 }
@@ -1059,9 +1146,14 @@ __device__ __forceinline__ void dequantize_impl(
 #define QUANTIZE_MIN_BLOCKS MIN_BLOCKS
 #define QUANTIZE_F64_MIN_BLOCKS MIN_BLOCKS
 #define DEQUANTIZE_MIN_BLOCKS MIN_BLOCKS
-#else
+#endif
+#ifndef QUANTIZE_MIN_BLOCKS
 #define QUANTIZE_MIN_BLOCKS 3
-#define QUANTIZE_F64_MIN_BLOCKS 2
+#endif
+#ifndef QUANTIZE_F64_MIN_BLOCKS
+#define QUANTIZE_F64_MIN_BLOCKS (QUANTIZE_MIN_BLOCKS < 2 ? QUANTIZE_MIN_BLOCKS : 2)
+#endif
+#ifndef DEQUANTIZE_MIN_BLOCKS
 #define DEQUANTIZE_MIN_BLOCKS 4
 #endif
 #define DEQUANTIZE_BOUNDS __launch_bounds__(256, DEQUANTIZE_MIN_BLOCKS)

@@ -42,8 +42,8 @@ _C_TYPES = {"f32": "float", "f64": "double", "f16": "u16", "bf16": "u16"}
 PTX = ("cvt.f32.f16 %0, %1;", "cvt.rn.f16.f32 %0, %1;", "cvt.rn.bf16.f32 %0, %1;",
        "mul.rn.f32 %0, %1, %2;", "cvt.rn.f32.f64 %0, %1;", "fma.rn.f32 %0, %1, %2, %3;",
        r"{\n\t.reg .pred q;\n\tsetp.gt.f32 q, %1, 0f00000000;\n\tselp.u32 %0, 1, 0, q;\n\t}",
-       "min.f16x2 %0, %1, %2;", "max.f16x2 %0, %1, %2;", "fma.rn.f16x2 %0, %1, %2, %3;",
-       "min.bf16x2 %0, %1, %2;", "max.bf16x2 %0, %1, %2;", "fma.rn.bf16x2 %0, %1, %2, %3;",
+       "min.f16x2 %0, %1, %2;", "max.NaN.f16x2 %0, %1, %2;", "min.bf16x2 %0, %1, %2;",
+       "max.NaN.bf16x2 %0, %1, %2;", "max.NaN.f32 %0, %1, %2;",
        "lop3.b32 %0, %1, %2, %3, 0xea;", "and.b32 %0, %1, 0xffff0000;")
 
 _PRELUDE = r"""
@@ -90,6 +90,7 @@ static inline unsigned __float2uint_ru(float v) {  // saturating, NaN to 0, as c
 static inline double __dmul_rn(double a, double b) { return a * b; }
 static inline float __double2float_rn(double v) { return (float)v; }
 static inline float __int_as_float(int v) { float f; std::memcpy(&f, &v, 4); return f; }
+static inline int __float_as_int(float v) { int i; std::memcpy(&i, &v, 4); return i; }
 static inline unsigned __umulhi(unsigned a, unsigned b) {
     return (unsigned)(((unsigned long long)a * b) >> 32);
 }
@@ -165,6 +166,10 @@ static void host_ptx(const char* ptx, unsigned short& out, float in) {  // float
     std::memcpy(&out, &h, 2);
 }
 static void host_ptx(const char* ptx, float& out, float a, float b) {
+    if (std::strcmp(ptx, "max.NaN.f32 %0, %1, %2;") == 0) {
+        out = std::isnan(a) || std::isnan(b) ? NAN : std::fmax(a, b);
+        return;
+    }
     ptx_check(ptx, "mul.rn.f32 %0, %1, %2;");
     out = a * b;
 }
@@ -218,31 +223,24 @@ static unsigned pair_word(float lo, float hi, bool bf16) {
 static void host_ptx(const char* ptx, unsigned& out, unsigned a, unsigned b) {
     const bool bf16 = std::strstr(ptx, "bf16x2") != nullptr;
     const bool is_min = std::strncmp(ptx, "min.", 4) == 0;
-    if (!is_min && std::strncmp(ptx, "max.", 4) != 0) ptx_check(ptx, "min/max pairs");
+    if (!is_min && std::strncmp(ptx, "max.NaN.", 8) != 0) ptx_check(ptx, "min/max pairs");
     float r[2];
     for (int k = 0; k < 2; ++k) {
         const float x = pair_half(a, k, bf16), y = pair_half(b, k, bf16);
-        r[k] = is_min ? std::fmin(x, y) : std::fmax(x, y);
+        r[k] = is_min ? std::fmin(x, y)
+                      : std::isnan(x) || std::isnan(y) ? NAN : std::fmax(x, y);
     }
     out = pair_word(r[0], r[1], bf16);
 }
-static void host_ptx(const char* ptx, unsigned& out, unsigned v, unsigned zero, unsigned a) {
-    if (std::strncmp(ptx, "lop3.b32 ", 9) == 0) {  // bit by bit: LUT bit 4 a + 2 b + c
-        const unsigned lut = (unsigned)std::strtoul(std::strrchr(ptx, ',') + 1, nullptr, 16);
-        out = 0;
-        for (int k = 0; k < 32; ++k) {
-            const unsigned at = ((v >> k) & 1u) << 2 | ((zero >> k) & 1u) << 1 | ((a >> k) & 1u);
-            out |= ((lut >> at) & 1u) << k;
-        }
-        return;
+static void host_ptx(const char* ptx, unsigned& out, unsigned x, unsigned y, unsigned z) {
+    if (std::strncmp(ptx, "lop3.b32 ", 9) != 0) ptx_check(ptx, "lop3.b32");
+    // Bit by bit: LUT bit 4 x + 2 y + z.
+    const unsigned lut = (unsigned)std::strtoul(std::strrchr(ptx, ',') + 1, nullptr, 16);
+    out = 0;
+    for (int k = 0; k < 32; ++k) {
+        const unsigned at = ((x >> k) & 1u) << 2 | ((y >> k) & 1u) << 1 | ((z >> k) & 1u);
+        out |= ((lut >> at) & 1u) << k;
     }
-    const bool bf16 = std::strcmp(ptx, "fma.rn.bf16x2 %0, %1, %2, %3;") == 0;
-    if (!bf16) ptx_check(ptx, "fma.rn.f16x2 %0, %1, %2, %3;");
-    float r[2];
-    for (int k = 0; k < 2; ++k) {
-        r[k] = pair_half(v, k, bf16) * pair_half(zero, k, bf16) + pair_half(a, k, bf16);
-    }
-    out = pair_word(r[0], r[1], bf16);
 }
 
 static int __all_sync(unsigned, int p) {
@@ -299,7 +297,7 @@ def _quantize_entries() -> str:
                 "return 0;")
     # The byte of round_hashed's word that packed_codes takes as the code.
     rounding = [f"case {bits}: for (i64 i = 0; i < n; ++i) out[i] = (round_hashed<{bits}>(v[i], "
-                f"hashed_noise(g[i >> 1], (int)(i & 1)), zero, inv, {(1 << bits) - 1}.0f) >> "
+                "hashed_noise(g[i >> 1], (int)(i & 1)), zero, inv) >> "
                 "HASHED_CODE_AT) & 0xffu; return 0;" for bits in QUANT_BITS]
     return (
         'extern "C" int host_round_hashed(int bits, const float* v, const u32* g, i64 n,'

@@ -47,8 +47,16 @@ KERNEL_LINES = (
     "for (i64 o = sub + OP_LANES * OP_CACHED; o < octets; o += OP_LANES) {",
     "const int count = (int)min((i64)8, len - 8 * o);",
     "store_codes<BITS>(out, o * BITS, bytes_per_group, vec,",
-    "usable ? pack_octet<BITS>(kept[c], noise, start + 8 * o, count,",
-    "for (int k = 0; k < 8; ++k) q[k] = round_code(v[k], r[k], zero, inv, levels);",
+    "const auto word = pack_octet<BITS, Hashed>(v, noise, start + 8 * o, count, vec,",
+    "usable ? word : 0);",
+    # the noise keys of a whole group's cached octets
+    "constexpr bool Keyed = Whole && ((WHOLE_GROUP / 8) & (WHOLE_GROUP / 8 - 1)) == 0;",
+    "const u64 first_octet = (u64)start >> 3;",
+    "const u32 key_lo = ((u32)first_octet | (u32)sub) ^ s0;",
+    "const u32 key_hi = (u32)(first_octet >> 32) ^ s1;",
+    "if (Hashed) keyed_hashes(key_lo ^ (u32)(OP_LANES * c), key_hi, h);",
+    "keyed_hashes((u32)o ^ s0, (u32)(o >> 32) ^ s1, h);",
+    "for (int k = 0; k < 8; ++k) q[k] = round_code(v[k], r[k], zero, inv);",
     "return count < 8 ? word & (((W)1 << (count * BITS)) - 1) : word;",
     "n[k] = hashed_noise(hash_pair((u64)(at + k) >> 1, s0, s1), (k + 1) & 1);",
     "if (vec && count == 8) {",
@@ -112,6 +120,27 @@ def _octets_by_lane(length: int) -> list[tuple[int, int]]:
              if sub + lanes * c < octets]
     taken += [(sub, o) for sub in range(lanes) for o in range(sub + lanes * cached, octets, lanes)]
     return taken
+
+
+@pytest.mark.parametrize("first", [0, 5, 2**26 - 3, 2**26 + 7, 3 * 2**26 - 1, 2**40 + 1])
+def test_whole_groups_key_each_octet_by_its_noise_index(first):
+    """A whole group's cached octets are keyed from the lane's halves with OP_LANES c xored
+    in: the same halves as the 64-bit noise index g 2^m + o gives (groups around 2^32 octets
+    and past them included)."""
+    whole = 8 * QUANTIZE_LANES * QUANTIZE_CACHED
+    per_group = whole // 8
+    assert per_group & (per_group - 1) == 0  # Keyed: a power of two of octets a group
+    s0, s1 = 0x9E3779B9, 0x7F4A7C15
+    mask = 0xFFFFFFFF
+    for g in range(first, first + 3):
+        first_octet = (g * whole) >> 3
+        for sub in range(QUANTIZE_LANES):
+            key_lo = ((first_octet & mask) | sub) ^ s0
+            key_hi = ((first_octet >> 32) & mask) ^ s1
+            for c in range(QUANTIZE_CACHED):
+                o = first_octet + sub + QUANTIZE_LANES * c
+                assert (key_lo ^ (QUANTIZE_LANES * c), key_hi) == ((o & mask) ^ s0,
+                                                                   ((o >> 32) & mask) ^ s1)
 
 
 def _vector_access(address: int, size: int) -> None:

@@ -69,6 +69,13 @@ def _rounded_as_reference(v: torch.Tensor, noise_bits: torch.Tensor, bits: int, 
     return (floor + (r < u - floor)).clamp_(0, (1 << bits) - 1).to(torch.int64)
 
 
+def _zero_and_inv(low: float, width: float, bits: int) -> tuple[float, float]:
+    """The zero and inv of a group from ``low`` to ``low + width`` (in float32), as the
+    reference takes them: its minimum, and levels over its float32 range rounded down."""
+    bounds = torch.tensor([low, low + width], dtype=torch.float32)
+    return float(bounds[0]), float(reference.inverse_range((bounds[1] - bounds[0]).view(1), bits))
+
+
 def _hashed_codes(v: torch.Tensor, noise_bits: torch.Tensor, bits: int, zero: float,
                   inv: float, defines: tuple[str, ...] = ()) -> torch.Tensor:
     """``round_hashed`` of the kernel source on ``v``, element i taking ``noise_bits[i]``."""
@@ -83,8 +90,9 @@ def _hashed_codes(v: torch.Tensor, noise_bits: torch.Tensor, bits: int, zero: fl
 def test_hashed_rounding_equals_the_reference_on_every_boundary(bits, defines):
     """The seeded kernels round in integers (a float's bits, no conversion below 8 bits): on
     the boundaries of the reference's q = floor(u) + [r < frac(u)] — frac(u) equal to r, one
-    float either side, codes at 0 and at the top level, u past the top level by a rounding or
-    more — for noise bits at both ends of their range and between."""
+    float either side, codes at 0 and at the top level, u at the top level and a float
+    below — for noise bits at both ends of their range and between (u never passes the top
+    level: the reference's inv is rounded down, test below)."""
     levels = (1 << bits) - 1
     noise = [0, 1, 2, 255, 32767, 32768, 65279, 65534, 65535]
     values, noise_bits = [], []
@@ -98,22 +106,19 @@ def test_hashed_rounding_equals_the_reference_on_every_boundary(bits, defines):
                 values.append(float(u))
                 noise_bits.append(n_bits)
         top = torch.tensor(float(levels))
-        for u in (top, torch.nextafter(top, top + 1),
-                  torch.nextafter(torch.nextafter(top, top + 1), top + 1), top + 0.25,
-                  top + 1, torch.tensor(1e-30), torch.tensor(0.0)):
+        for u in (top, torch.nextafter(top, top - 1), top - 0.25, torch.tensor(1e-30),
+                  torch.tensor(0.0)):
             values.append(float(u))
             noise_bits.append(n_bits)
-    v = torch.tensor(values, dtype=torch.float32).clamp_(min=0)
+    v = torch.tensor(values, dtype=torch.float32).clamp_(0, levels)
     n_bits = torch.tensor(noise_bits, dtype=torch.int64)
     assert torch.equal(_hashed_codes(v, n_bits, bits, 0.0, 1.0, defines),
                        _rounded_as_reference(v, n_bits, bits, 0.0, 1.0))
 
-    # Groups as the kernel sees them: v in [zero, zero + width], inv = levels / width rounded
-    # (its largest u may exceed levels by a rounding), every noise value.
+    # Groups as the reference quantizes them (its zero and inv), every noise value.
     generator = torch.Generator().manual_seed(bits)
     for width in (1e-3, 0.7, 3.0, 1234.5):
-        zero = -0.37 * width
-        inv = float(torch.tensor(float(levels)) / torch.tensor(width))
+        zero, inv = _zero_and_inv(-0.37 * width, width, bits)
         v = zero + width * torch.rand(65536 * 2, generator=generator)
         v[:4] = torch.tensor([zero, zero + width, zero + width, zero])
         n_bits = torch.arange(65536).repeat(2)
@@ -133,9 +138,12 @@ VARIANTS = [("ALU_CONVERSIONS=1",), ("FLOOR_ROUNDING=1",),
             ("SHARED_CODES=0", "LANES=16", "CACHED=4"), ("SHARED_CODES=0", "CACHED=1"),
             ("SHARED_CODES=0", "WIDE_CODE_LOADS=1"), ("CHUNK_STORES=0",),
             ("CHUNK_STORES=0", "SHARED_CODES=0"), ("CHUNK_STORES=0", "LANES=16", "CACHED=4"),
+            ("MUL_SHIFTS=1",), ("QUANTIZE_LANES=8", "QUANTIZE_CACHED=8", "QUANTIZE_MIN_BLOCKS=2"),
+            ("QUANTIZE_LANES=32", "QUANTIZE_CACHED=2", "DEQUANTIZE_LANES=16",
+             "DEQUANTIZE_CACHED=4"),
             # every setting off its default at once: the build CI compiles with NVRTC
             ("ALU_CONVERSIONS=1", "FLOOR_ROUNDING=1", "WIDE_CODE_LOADS=1", "LANES=8",
-             "CACHED=8", "PREFETCH=1", "NOISE_FIRST=1", "MIN_BLOCKS=2")]
+             "CACHED=8", "PREFETCH=1", "NOISE_FIRST=1", "MIN_BLOCKS=2", "MUL_SHIFTS=1")]
 
 
 @pytest.mark.parametrize("defines", VARIANTS, ids=",".join)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import gnnact
-from gnnact.quant import DEFAULT_GROUP_SIZE, PackedTensor
+from gnnact.quant import DEFAULT_GROUP_SIZE, PackedTensor, reference
 from gnnact.quant.packed import packed_code_bytes
 
 QBITS = (1, 2, 3, 4, 5, 6, 7, 8)
@@ -117,6 +117,27 @@ def test_round_trip_exact_on_grid(bits, dtype):
         out = gnnact.dequantize(p)
         assert out.dtype == dtype and out.shape == x.shape
         assert torch.equal(out, x)
+
+
+@pytest.mark.parametrize("bits", QBITS)
+def test_inverse_range_is_rounded_down_so_no_u_passes_the_top_level(bits):
+    """B/R is the largest float whose exact product with R is at most B (the quotient rounded
+    down, also where B/R overflows float32), so u = (h - Z) B/R, rounded, never exceeds B:
+    the kernels round without a clamp."""
+    levels = (1 << bits) - 1
+    gen = torch.Generator().manual_seed(bits)
+    rng = torch.cat([torch.rand(20000, generator=gen) * 10.0 ** torch.randint(
+        -30, 30, (20000,), generator=gen), torch.tensor([1e-38, 3e-38, 1.0, 3.0, 0.0,
+                                                         float("nan")])]).to(torch.float32)
+    inv = reference.inverse_range(rng, bits)
+    positive = rng > 0
+    assert torch.equal(inv[~positive], torch.zeros_like(inv[~positive]))
+    r, i = rng[positive].double(), inv[positive]
+    assert bool((i.double() * r <= levels).all())
+    above = torch.nextafter(i, torch.full_like(i, float("inf")))
+    assert bool((above.double() * r > levels).all())
+    assert bool(((rng[positive] * i) <= levels).all())  # the top value's u, float32
+    assert bool((inv[:20000] < levels / rng[:20000]).any())  # some are below to nearest
 
 
 @pytest.mark.parametrize("bits", QBITS)

@@ -50,7 +50,7 @@ import torch  # noqa: E402
 
 from gnnact.env import git_commit  # noqa: E402
 from gnnact.kernels._cupy import compile_options, kernel_source  # noqa: E402
-from gnnact.kernels.quantize import _LANES, _define  # noqa: E402
+from gnnact.kernels.quantize import _define, _lanes  # noqa: E402
 
 _TYPES = {"float32": "F32", "float64": "F64", "float16": "F16", "bfloat16": "BF16"}
 
@@ -67,11 +67,9 @@ probe_whole_group(QuantizeArgs<{L}> a) {{
     const int sub = lane % OP_LANES, segment = lane / OP_LANES;
     const i64 g = ((i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * SEGMENTS
                   + segment;
-    QuantizeArgs<{L}> seeded = a;
-    seeded.noise = nullptr;
-    float kept[OP_CACHED][8];
+    typename Kept<{L}>::T kept[OP_CACHED];
     Range<{L}> range;
-    quantize_group<{L}, {bits}, true>(seeded, g, 0, sub, segment, kept, range);
+    quantize_group<{L}, {bits}, true, true>(a, g, 0, sub, kept, range);
 }}
 """
 
@@ -159,10 +157,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     defines = tuple(args.define)
     # WHOLE_GROUP in the quantizer's shape (cuda/quantize.cu's QUANTIZE_LANES and
-    # QUANTIZE_CACHED unless the build sets LANES and CACHED), and the values of the groups a
-    # warp's pass takes (one a segment of LANES lanes)
-    lanes = _define(defines, "LANES", _LANES["quantize"])
-    whole = 8 * lanes * _define(defines, "CACHED", 4)
+    # QUANTIZE_CACHED, or the build's), and the values of the groups a warp's pass takes (one
+    # a segment of its lanes)
+    lanes = _lanes("quantize", defines)
+    whole = 8 * lanes * _define(defines, "QUANTIZE_CACHED", _define(defines, "CACHED", 4))
     values = whole * (32 // lanes)
     commit = git_commit() if args.cuda_dir is None else git_commit(root=args.cuda_dir.parent)
     version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout

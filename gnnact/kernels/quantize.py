@@ -41,8 +41,9 @@ KERNEL_NAMES: dict[str, tuple[str, ...]] = {
 
 _WARPS_PER_BLOCK = 8
 _THREADS = 256
-#: The lanes that share a group in each op's kernels unless a build sets LANES (cuda/quantize.cu's
-#: QUANTIZE_LANES and DEQUANTIZE_LANES): a warp takes 32 / lanes groups at once.
+#: The lanes that share a group in each op's kernels unless a build sets them (cuda/quantize.cu's
+#: QUANTIZE_LANES and DEQUANTIZE_LANES, or LANES for both): a warp takes 32 / lanes groups at
+#: once.
 _LANES = {"quantize": 16, "dequantize": 32}
 
 
@@ -59,6 +60,13 @@ def _define(defines: tuple[str, ...], name: str, default: int) -> int:
     return default
 
 
+def _lanes(op: str, defines: tuple[str, ...]) -> int:
+    """The lanes that share a group in ``op``'s kernels (``"quantize"`` or ``"dequantize"``)
+    of the build ``defines``: its QUANTIZE_LANES or DEQUANTIZE_LANES, else its LANES (both
+    ops), else :data:`_LANES`."""
+    return _define(defines, f"{op.upper()}_LANES", _define(defines, "LANES", _LANES[op]))
+
+
 def _grid(num_groups: int, kernel: str, device: torch.device,
           defines: tuple[str, ...]) -> int:
     """Blocks for ``num_groups`` groups: a warp of ``kernel`` takes ``32 / LANES`` groups at
@@ -69,7 +77,8 @@ def _grid(num_groups: int, kernel: str, device: torch.device,
     build at most k times those blocks (its warps then take groups in turn without loading
     ahead: no block waits on its slowest warp to free its place, and the kernel's set-up is
     paid once for many groups)."""
-    segments = 32 // _define(defines, "LANES", _LANES[kernel.partition("_")[0]])
+    op = kernel.partition("_")[0]
+    segments = 32 // _lanes(op, defines)
     grid = _group_grid(-(-num_groups // segments))
     waves = _define(defines, "WAVES", 0)
     if waves < 0:

@@ -21,7 +21,8 @@ so every element of it dequantizes to NaN: non-finite values propagate, as they 
 training, and never turn into finite numbers.
 
 Each step is one correctly rounded float32 operation (subtract, multiply, floor, compare; for
-dequantization multiply then add), which the CUDA kernel reproduces with ``__fsub_rn``,
+dequantization multiply then add; :math:`B / R` is rounded down, :func:`inverse_range`, so
+that :math:`0 \le u_j \le B`), which the CUDA kernel reproduces with ``__fsub_rn``,
 ``__fmul_rn`` and ``__fadd_rn`` to rule out FMA contraction. Codes already on the grid
 (:math:`u_j` an integer) round trip exactly, whatever the noise.
 """
@@ -48,6 +49,7 @@ __all__ = [
     "block_elements",
     "combine_mask",
     "dequantize_groups",
+    "inverse_range",
     "pack_codes",
     "pack_mask_bits",
     "quantize_groups",
@@ -133,6 +135,20 @@ def quantize_groups(x: Tensor, bits: int, group_size: int, *, seed: int | None =
     return codes, scales, zeros
 
 
+def inverse_range(rng: Tensor, bits: int) -> Tensor:
+    """:math:`B / R` of groups with float32 ranges ``rng``, rounded down (0 where :math:`R`
+    is 0 or NaN). Rounded down, no :math:`u_j = (h_j - Z) B / R` of a group exceeds :math:`B`
+    (rounded to nearest, one could by a rounding), so no code needs a clamp, and the kernels
+    have none."""
+    levels = float((1 << bits) - 1)
+    inv = torch.full_like(rng, levels) / rng  # tensor / tensor: see _quantize_rows
+    # Where that quotient, rounded to nearest, rounded up, the float below it is the quotient
+    # rounded down; the float64 product of two floats is exact, and tells.
+    over = inv.double() * rng.double() > levels
+    inv = torch.where(over, torch.nextafter(inv, torch.zeros_like(inv)), inv)
+    return torch.where(rng > 0, inv, torch.zeros_like(rng))
+
+
 def _quantize_rows(h: Tensor, r: Tensor, bits: int,
                    valid: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """:func:`quantize_groups` of the groups ``h [n_g, G]`` (float32, not written) with noise
@@ -144,9 +160,8 @@ def _quantize_rows(h: Tensor, r: Tensor, bits: int,
     nan = torch.full_like(rng, float("nan"))
     # Tensor / tensor division: a scalar divisor may be turned into a multiplication by its
     # reciprocal, which rounds differently from the kernel's division.
-    levels_t = torch.full_like(rng, float(levels))
-    scale = torch.where(bad, nan, rng / levels_t)
-    inv = torch.where(rng > 0, levels_t / rng, torch.zeros_like(rng))
+    scale = torch.where(bad, nan, rng / torch.full_like(rng, float(levels)))
+    inv = inverse_range(rng, bits)
     zero = torch.where(bad, nan, zero)
 
     # u = (h - Z) * B/R, then q = floor(u) + [r < u - floor(u)]. Comparing with the exact
