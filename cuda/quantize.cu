@@ -499,6 +499,12 @@ __device__ __forceinline__ void store_codes(u8* __restrict__ out, i64 b, i64 lim
         *reinterpret_cast<u32*>(out + b) = (u32)word;
     } else if (vec && BITS == 8) {
         *reinterpret_cast<u64*>(out + b) = (u64)word;
+    } else if (vec && BITS == 6) {
+        // With `vec` an octet's 6 bytes start on an even byte: three 2-byte stores.
+#pragma unroll
+        for (int k = 0; k < 3; ++k) {
+            *reinterpret_cast<u16*>(out + b + 2 * k) = (u16)(word >> (16 * k));
+        }
     } else {
 #pragma unroll
         for (int k = 0; k < BITS; ++k) {
@@ -769,12 +775,20 @@ __device__ __forceinline__ void quantize_group(const QuantizeArgs<L>& a, i64 g, 
             u32 h[4];
             if (Hashed) keyed_hashes(key_lo ^ (u32)(OP_LANES * c), key_hi, h);
 #endif
-            // Rounded whether or not the group is usable, and then masked: a select an octet
-            // rather than a branch around its arithmetic.
-            float v[8];
-            Kept<L>::values(kept[c], v);
-            const auto word = pack_octet<BITS, Hashed>(v, noise, start + 8 * o, count, vec,
-                                                       zero, inv, s0, s1, h);
+            // At 1, 2, 4 and 8 bits, with one store an octet, rounded whether or not the group
+            // is usable, and then masked: a select an octet rather than a branch around its
+            // arithmetic, which the compiler may then interleave across octets. At 3, 5, 6
+            // and 7 bits, BITS byte stores an octet, the branch stays: it keeps each octet's
+            // stores apart from the next's (run together, the byte stores of 4 octets were
+            // 9-10 points of a copy slower at 6 and 7 bits on an H200, tune_kernels.jsonl).
+            constexpr bool OneStore = BITS == 1 || BITS == 2 || BITS == 4 || BITS == 8;
+            typename WordOf<(BITS > 4)>::T word = 0;
+            if (OneStore || usable) {
+                float v[8];
+                Kept<L>::values(kept[c], v);
+                word = pack_octet<BITS, Hashed>(v, noise, start + 8 * o, count, vec, zero, inv,
+                                                s0, s1, h);
+            }
             // A whole group's octets end inside it: their bytes need no test against its end.
             store_codes<BITS>(out, o * BITS, Whole ? (o + 1) * BITS : bytes_per_group, vec,
                               usable ? word : 0);

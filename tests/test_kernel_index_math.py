@@ -47,7 +47,7 @@ KERNEL_LINES = (
     "for (i64 o = sub + OP_LANES * OP_CACHED; o < octets; o += OP_LANES) {",
     "const int count = (int)min((i64)8, len - 8 * o);",
     "store_codes<BITS>(out, o * BITS, bytes_per_group, vec,",
-    "const auto word = pack_octet<BITS, Hashed>(v, noise, start + 8 * o, count, vec,",
+    "word = pack_octet<BITS, Hashed>(v, noise, start + 8 * o, count, vec, zero, inv,",
     "usable ? word : 0);",
     # the noise keys of a whole group's cached octets
     "constexpr bool Keyed = Whole && ((WHOLE_GROUP / 8) & (WHOLE_GROUP / 8 - 1)) == 0;",
@@ -65,6 +65,7 @@ KERNEL_LINES = (
     "if (vec && BITS == 2) return *reinterpret_cast<const u16*>(in + b);",
     "if (b + k < limit) word |= (W)in[b + k] << (8 * k);",
     "*reinterpret_cast<u64*>(out + b) = (u64)word;",
+    "*reinterpret_cast<u16*>(out + b + 2 * k) = (u16)(word >> (16 * k));",
     "if (b + k < limit) out[b + k] = (u8)(word >> (8 * k));",
     "for (i64 b = octets * BITS + sub; b < bytes_per_group; b += OP_LANES) out[b] = 0;",
     # dequantize: by 16-byte chunks (CHUNK_STORES, the default)
@@ -177,6 +178,11 @@ def emulate_pack(q: np.ndarray, bits: int, group_size: int, vec: bool,
             b = o * bits
             if vec and bits in WIDE:
                 _vector_access(base + b, bits)
+                assert b + bits <= bytes_per_group
+                stored = range(b, b + bits)
+            elif vec and bits == 6:  # three 2-byte stores
+                for k in range(3):
+                    _vector_access(base + b + 2 * k, 2)
                 assert b + bits <= bytes_per_group
                 stored = range(b, b + bits)
             else:
