@@ -10,9 +10,9 @@
 // bytes [o BITS, (o + 1) BITS) at every width 1-8: no two lanes share a byte, and no shuffles
 // are needed to pack.
 //   quantize: a lane loads its octets (16-byte vector loads where the launcher found the
-//     buffers aligned, `vec`), keeps min/max and a non-finite check (float16 and bfloat16: two
-//     values an instruction on the loaded words, Range), and the warp combines them with
-//     shuffles (no shared memory, no __syncthreads). Noise: one hash per pair of
+//     buffers aligned, `vec`), keeps min/max (the maximum NaN once a value is; float16 and
+//     bfloat16: two values an instruction on the loaded words, Range), and the warp combines
+//     them with shuffles (no shared memory, no __syncthreads). Noise: one hash per pair of
 //     elements, an octet's 4 sharing their inner mix. Seeded rounding is integer arithmetic
 //     on a float's bits (round_hashed): no conversion instruction. Groups of up to
 //     8 * OP_LANES * OP_CACHED elements (the default 512) stay in registers for the rounding pass;
@@ -23,7 +23,8 @@
 //   dequantize: a lane reads its octet's BITS bytes (one load for 1, 2, 4 and 8 bits with
 //     `vec`) and writes 8 values with vector stores.
 // Compile-time settings (CACHED, MIN_BLOCKS, ALU_CONVERSIONS, FLOOR_ROUNDING, WIDE_CODE_LOADS,
-// LANES, PREFETCH, WAVES, CODES_FIRST, CHUNK_STORES, SHARED_CODES, NOISE_FIRST; defaults below)
+// LANES, PREFETCH, WAVES, CODES_FIRST, CHUNK_STORES, SHARED_CODES, NOISE_FIRST, MUL_SHIFTS,
+// and one op's QUANTIZE_/DEQUANTIZE_ LANES, CACHED and MIN_BLOCKS; defaults below)
 // change speed, never results: benchmarks/tune_kernels.py times the builds side by side.
 // A lane has 32 bytes of float32 in flight per octet, not 4.
 // Every float operation is an explicit round-to-nearest intrinsic so that NVRTC cannot
@@ -110,9 +111,10 @@ struct WordOf<true> {
 // timed on an H200 (tune_kernels.jsonl): quantize 16 lanes and 4 octets a lane (a warp's range
 // reductions, scale divisions and stores of scale and zero serve two groups at once), with
 // MIN_BLOCKS 3 (80 registers, no spills): 5-10 points of a copy's bandwidth faster than 32 and 2
-// at every width but 7 bits (float32 7 slower there); dequantize 32 lanes and 2 octets. A
-// build's LANES and CACHED (and MIN_BLOCKS, below) set both ops' shape. The results are the
-// same.
+// at every width but 7 bits (float32 7 slower there), and within 1.5 points of 8 lanes and 8
+// octets (4 groups a warp, 0d248a9) at 1, 2, 4 and 8 bits, faster at the others; dequantize
+// 32 lanes and 2 octets. A build's LANES and CACHED (and MIN_BLOCKS, below) set both ops' shape,
+// QUANTIZE_LANES, DEQUANTIZE_CACHED and the like one op's. The results are the same.
 #ifdef LANES
 #define QUANTIZE_LANES LANES
 #define DEQUANTIZE_LANES LANES
@@ -779,8 +781,9 @@ __device__ __forceinline__ void quantize_group(const QuantizeArgs<L>& a, i64 g, 
             // is usable, and then masked: a select an octet rather than a branch around its
             // arithmetic, which the compiler may then interleave across octets. At 3, 5, 6
             // and 7 bits, BITS byte stores an octet, the branch stays: it keeps each octet's
-            // stores apart from the next's (run together, the byte stores of 4 octets were
-            // 9-10 points of a copy slower at 6 and 7 bits on an H200, tune_kernels.jsonl).
+            // stores apart from the next's. Without it (0d248a9) the compiler ran a lane's 28
+            // byte stores together, and 6 and 7 bits were 9-16 points of a copy slower than
+            // the build before on an H200 (tune_kernels.jsonl), 1-4 and 8 bits faster.
             constexpr bool OneStore = BITS == 1 || BITS == 2 || BITS == 4 || BITS == 8;
             typename WordOf<(BITS > 4)>::T word = 0;
             if (OneStore || usable) {
@@ -1155,7 +1158,8 @@ __device__ __forceinline__ void dequantize_impl(
 // is to hold at once bound a kernel's registers: quantize 3 (at most 85 registers; its default
 // shape takes 80, no spills), or 2 for float64, whose cached octets take twice the registers
 // (at most 128); dequantize 4 (at most 64; it takes 40 or fewer, so 6 blocks fit). A build's
-// MIN_BLOCKS sets them all.
+// MIN_BLOCKS sets them all, QUANTIZE_MIN_BLOCKS (float64: at most 2) or DEQUANTIZE_MIN_BLOCKS
+// one op's.
 #ifdef MIN_BLOCKS
 #define QUANTIZE_MIN_BLOCKS MIN_BLOCKS
 #define QUANTIZE_F64_MIN_BLOCKS MIN_BLOCKS
