@@ -541,10 +541,10 @@ __device__ __forceinline__ void octet_hashes(i64 at, u32 s0, u32 s1, bool aligne
 
 // The BITS-byte word of an octet's 8 codes (code k at bits [k BITS, (k + 1) BITS); codes past
 // count are 0), elements [at, at + count) with values v of a usable group (the codes of
-// another are garbage, which the caller masks), noise from `noise` or the hash: one a pair
-// of elements: when the octet starts on a pair, as every octet does with `vec`, octet_hashes,
-// or `hashes` where the caller has them (Hashed). An array, not a pointer that may point to
-// one or another: that would put them in local memory.
+// another are garbage, which the caller masks), noise from `noise` or hashed, one hash a pair
+// of elements. An octet that starts on a pair (every octet does with `vec`) takes `hashes`
+// where the caller has them (Hashed), else octet_hashes: an array either way, not a pointer
+// that may point to one or the other, which would put them in local memory.
 template <int BITS, bool Hashed = false, typename W = typename WordOf<(BITS > 4)>::T>
 __device__ __forceinline__ W pack_octet(const float (&v)[8], const float* __restrict__ noise,
                                         i64 at, int count, bool vec, float zero, float inv,
