@@ -34,11 +34,11 @@
 #              executions and stall samples) and their summary, kernel_profile.jsonl (a row a
 #              kernel); about 2 minutes
 #   tune       builds of cuda/quantize.cu with other compile-time settings (tune_kernels.py's
-#              VARIANTS: the previous shapes and dequantize loops, FLOOR_ROUNDING, WAVES, a
-#              quantizing warp of 4 groups) against the default, kernel alone, bf16 and fp32 at
-#              every width, each checked bit for bit against the default build, after the
-#              builds' own CUDA test (NVRTC builds each variant: a few minutes; 7 minutes for
-#              10 builds on an H200). Make the fastest the default.
+#              VARIANTS) against the default, kernel alone, bf16 and fp32 at every width, each
+#              checked bit for bit against the default build, after the builds' own CUDA test
+#              (NVRTC builds each variant: 7 minutes for 10 builds on an H200 at 7116a3f; over
+#              4 for the default and 3 builds at 0d248a9, whose module takes longer to build).
+#              Make the fastest the default.
 #   tests      CUDA tests (pytest -m cuda), quantize/dequantize and fused mask-op throughput
 #   train      training step time and memory, PyG fp32 vs gnnact 2/4 bits, arxiv-shaped graph,
 #              all four models
