@@ -69,11 +69,11 @@ def _rounded_as_reference(v: torch.Tensor, noise_bits: torch.Tensor, bits: int, 
     return (floor + (r < u - floor)).clamp_(0, (1 << bits) - 1).to(torch.int64)
 
 
-def _zero_and_inv(low: float, width: float, bits: int) -> tuple[float, float]:
-    """The zero and inv of a group from ``low`` to ``low + width`` (in float32), as the
-    reference takes them: its minimum, and levels over its float32 range rounded down."""
-    bounds = torch.tensor([low, low + width], dtype=torch.float32)
-    return float(bounds[0]), float(reference.inverse_range((bounds[1] - bounds[0]).view(1), bits))
+def _zero_and_inv(v: torch.Tensor, bits: int) -> tuple[float, float]:
+    """The zero and inv the reference takes for a group of the float32 values ``v``: their
+    minimum, and levels over their range rounded down."""
+    zero = v.min()
+    return float(zero), float(reference.inverse_range((v.max() - zero).view(1), bits))
 
 
 def _hashed_codes(v: torch.Tensor, noise_bits: torch.Tensor, bits: int, zero: float,
@@ -118,9 +118,10 @@ def test_hashed_rounding_equals_the_reference_on_every_boundary(bits, defines):
     # Groups as the reference quantizes them (its zero and inv), every noise value.
     generator = torch.Generator().manual_seed(bits)
     for width in (1e-3, 0.7, 3.0, 1234.5):
-        zero, inv = _zero_and_inv(-0.37 * width, width, bits)
-        v = zero + width * torch.rand(65536 * 2, generator=generator)
-        v[:4] = torch.tensor([zero, zero + width, zero + width, zero])
+        low = -0.37 * width
+        v = low + width * torch.rand(65536 * 2, generator=generator)
+        v[:4] = torch.tensor([low, low + width, low + width, low])
+        zero, inv = _zero_and_inv(v, bits)
         n_bits = torch.arange(65536).repeat(2)
         assert torch.equal(_hashed_codes(v, n_bits, bits, zero, inv, defines),
                            _rounded_as_reference(v, n_bits, bits, zero, inv))
