@@ -756,11 +756,13 @@ __device__ __forceinline__ void quantize_group(const QuantizeArgs<L>& a, i64 g, 
     // o = sub + OP_LANES c < 2^m: the low word of octet o's index is that of g 2^m with the
     // bits of sub and OP_LANES c set, and its high word is the group's. Their keys' halves
     // (keyed_hashes) are then the lane's own, with OP_LANES c xored in: one instruction an
-    // octet instead of the index's 64-bit arithmetic.
+    // octet instead of the index's 64-bit arithmetic. (NOISE_FIRST builds hashed already.)
+#if !NOISE_FIRST
     constexpr bool Keyed = Whole && ((WHOLE_GROUP / 8) & (WHOLE_GROUP / 8 - 1)) == 0;
     const u64 first_octet = (u64)start >> 3;
     const u32 key_lo = ((u32)first_octet | (u32)sub) ^ s0;
     const u32 key_hi = (u32)(first_octet >> 32) ^ s1;
+#endif
     u8* out = a.codes + g * bytes_per_group;
 #pragma unroll
     for (int c = 0; c < OP_CACHED; ++c) {
