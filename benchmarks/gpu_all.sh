@@ -185,8 +185,10 @@ for part in "${parts[@]}"; do
       capped 240 "$py" -m pytest -m cuda -q -p no:cacheprovider -k builds_tune_kernels_times \
         >"$out/pytest_variants.txt" 2>&1
       tail -3 "$out/pytest_variants.txt"
-      # bfloat16 first: the quantizer furthest below a copy's bandwidth.
-      capped 330 "$py" benchmarks/tune_kernels.py --dtypes bfloat16 float32 \
+      # bfloat16 first: the quantizer furthest below a copy's bandwidth (GNNACT_TUNE_DTYPES
+      # names others, e.g. bfloat16 alone in a short call).
+      # shellcheck disable=SC2086
+      capped 330 "$py" benchmarks/tune_kernels.py --dtypes ${GNNACT_TUNE_DTYPES:-bfloat16 float32} \
         --out "$out/tune_kernels.jsonl"
       ;;
     tests)

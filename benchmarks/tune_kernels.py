@@ -51,12 +51,14 @@ from gnnact.quant import DEFAULT_GROUP_SIZE
 #: dequantizer's CHUNK_STORES=1 with SHARED_CODES=1 (at every width) became the defaults;
 #: NOISE_FIRST, PREFETCH, CODES_FIRST and WAVES=1 lost at nearly every width (ALU_CONVERSIONS,
 #: WIDE_CODE_LOADS, CACHED=1 and CACHED=4 alone in earlier runs), FLOOR_ROUNDING by 3-7
-#: points. Here, for the quantizer with fewer instructions a value: a warp of 4 groups, 8
-#: octets a lane (the fixed work of a warp's pass, its reductions, divisions and stores of scale
-#: and zero, over twice the values), shifts in the hash by multiplies (work moved off the ALU
-#: pipe), and both.
-VARIANTS = ("QUANTIZE_LANES=8,QUANTIZE_CACHED=8,QUANTIZE_MIN_BLOCKS=2", "MUL_SHIFTS=1",
-            "QUANTIZE_LANES=8,QUANTIZE_CACHED=8,QUANTIZE_MIN_BLOCKS=2,MUL_SHIFTS=1")
+#: points; at 0d248a9 a warp of 4 groups (LANES=8, CACHED=8) and shifts by multiplies
+#: (MUL_SHIFTS=1) lost too. Here, against the default's word stores at 3, 5, 6 and 7 bits and
+#: its 4 blocks an SM for float16 and bfloat16 (64 registers): byte stores an octet (the build
+#: before), 3 blocks (80 registers) for float16 and bfloat16 as for float32, and those 3 blocks
+#: with the next group's loads in flight while a warp rounds (PREFETCH: no spills for float16
+#: and bfloat16 at 80 registers; float32's spill).
+VARIANTS = ("WORD_STORES=0", "QUANTIZE_HALF_MIN_BLOCKS=3",
+            "PREFETCH=1,QUANTIZE_HALF_MIN_BLOCKS=3")
 
 
 #: Settings that change one kernel only: a variant made of them is timed on that op alone
@@ -65,7 +67,8 @@ VARIANTS = ("QUANTIZE_LANES=8,QUANTIZE_CACHED=8,QUANTIZE_MIN_BLOCKS=2", "MUL_SHI
 ONE_OP = {"NOISE_FIRST": "quantize", "ALU_CONVERSIONS": "quantize",
           "FLOOR_ROUNDING": "quantize", "MUL_SHIFTS": "quantize",
           "QUANTIZE_LANES": "quantize", "QUANTIZE_CACHED": "quantize",
-          "QUANTIZE_MIN_BLOCKS": "quantize", "CODES_FIRST": "dequantize",
+          "QUANTIZE_MIN_BLOCKS": "quantize", "QUANTIZE_HALF_MIN_BLOCKS": "quantize",
+          "WORD_STORES": "quantize", "CODES_FIRST": "dequantize",
           "CHUNK_STORES": "dequantize", "SHARED_CODES": "dequantize",
           "WIDE_CODE_LOADS": "dequantize", "DEQUANTIZE_LANES": "dequantize",
           "DEQUANTIZE_CACHED": "dequantize", "DEQUANTIZE_MIN_BLOCKS": "dequantize"}

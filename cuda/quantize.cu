@@ -515,6 +515,38 @@ __device__ __forceinline__ void store_codes(u8* __restrict__ out, i64 b, i64 lim
     }
 }
 
+// WORD_STORES=1 (the default) builds store a whole group's codes at 3, 5, 6 and 7 bits as
+// aligned 4-byte words gathered across the segment's lanes by shuffles (store_slot_words)
+// instead of BITS bytes (three 2-byte words at 6 bits) an octet: a warp's store then writes
+// one contiguous run a group, not each lane's bytes BITS apart, which cost the 7-bit
+// quantizer a third of its speed. The same codes.
+#ifndef WORD_STORES
+#define WORD_STORES 1
+#endif
+
+// Stores the code words `word` of one slot's OP_LANES octets (lane sub's octet is the slot's
+// sub-th; their bytes are OP_LANES BITS consecutive bytes from `out`, which is 4-byte
+// aligned) as OP_LANES BITS / 4 aligned words. Word w of the slot, bits [32 w, 32 w + 32),
+// is the part of octet a = floor(4 w / BITS) from its bit s = 32 w - 8 BITS a, then the low
+// bits of octet a + 1 (8 BITS - s >= 8 of octet a's bits come first, so no third octet is
+// needed); lane sub stores words sub, sub + OP_LANES, ... Every lane of the warp calls it.
+template <int BITS, typename W>
+__device__ __forceinline__ void store_slot_words(u32* __restrict__ out, int sub, W word) {
+    constexpr int Words = OP_LANES * BITS / 4;
+#pragma unroll
+    for (int w0 = 0; w0 < Words; w0 += OP_LANES) {
+        const int w = w0 + sub;
+        const int a = 4 * w / BITS;
+        const int s = 32 * w - 8 * BITS * a;
+        // The shuffles read lanes of the segment (width OP_LANES): lane a + 1 is past it only
+        // for the slot's last word, whose bits from it are shifted out (8 BITS - s = 32).
+        const W first = __shfl_sync(0xffffffffu, word, a, OP_LANES);
+        const u32 next = __shfl_sync(0xffffffffu, (u32)word, a + 1, OP_LANES);
+        const u32 v = (u32)((first >> s) | ((W)next << (8 * BITS - s)));
+        if (Words % OP_LANES == 0 || w < Words) out[w] = v;
+    }
+}
+
 // The 4 hashes of an octet starting on a pair (`at` even): one per pair of its elements. An
 // octet that starts on a multiple of 8 (every octet with `vec`: the caller passes it as
 // `aligned`) is an octet o of the noise: its pairs share octet_key, and with x that key,
@@ -767,7 +799,9 @@ __device__ __forceinline__ void quantize_group(const QuantizeArgs<L>& a, i64 g, 
 #pragma unroll
     for (int c = 0; c < OP_CACHED; ++c) {
         const i64 o = sub + OP_LANES * c;
-        if (o < octets) {
+        // Every octet of a whole group is there (and every lane at the shuffles of
+        // store_slot_words).
+        if (Whole || o < octets) {
             const int count = (int)min((i64)8, len - 8 * o);
             // The octet's hashes, where this pass has them: NOISE_FIRST's, or a whole group's
             // from its keys; else pack_octet hashes.
@@ -779,14 +813,15 @@ __device__ __forceinline__ void quantize_group(const QuantizeArgs<L>& a, i64 g, 
             u32 h[4];
             if (Hashed) keyed_hashes(key_lo ^ (u32)(OP_LANES * c), key_hi, h);
 #endif
-            // At 1, 2, 4 and 8 bits, with one store an octet, rounded whether or not the group
-            // is usable, and then masked: a select an octet rather than a branch around its
-            // arithmetic, which the compiler may then interleave across octets. At 3, 5, 6
-            // and 7 bits, BITS byte stores an octet, the branch stays: it keeps each octet's
-            // stores apart from the next's. Without it (0d248a9) the compiler ran a lane's 28
-            // byte stores together, and 6 and 7 bits were 9-16 points of a copy slower than
-            // the build before on an H200 (tune_kernels.jsonl), 1-4 and 8 bits faster.
-            constexpr bool OneStore = BITS == 1 || BITS == 2 || BITS == 4 || BITS == 8;
+            // With one store an octet (1, 2, 4 and 8 bits) or a whole group's words
+            // (WORD_STORES), rounded whether or not the group is usable, and then masked: a
+            // select an octet rather than a branch around its arithmetic, which the compiler
+            // may then interleave across octets. With BITS byte stores an octet, the branch
+            // stays: it keeps each octet's stores apart from the next's. Without it (0d248a9)
+            // the compiler ran a lane's 28 byte stores together, and 6 and 7 bits were 9-16
+            // points of a copy slower than the build before on an H200 (tune_kernels.jsonl).
+            constexpr bool Words = WORD_STORES && Whole && (BITS & (BITS - 1)) != 0;
+            constexpr bool OneStore = (BITS & (BITS - 1)) == 0 || Words;
             typename WordOf<(BITS > 4)>::T word = 0;
             if (OneStore || usable) {
                 float v[8];
@@ -794,9 +829,16 @@ __device__ __forceinline__ void quantize_group(const QuantizeArgs<L>& a, i64 g, 
                 word = pack_octet<BITS, Hashed>(v, noise, start + 8 * o, count, vec, zero, inv,
                                                 s0, s1, h);
             }
-            // A whole group's octets end inside it: their bytes need no test against its end.
-            store_codes<BITS>(out, o * BITS, Whole ? (o + 1) * BITS : bytes_per_group, vec,
-                              usable ? word : 0);
+            if (!usable) word = 0;
+            if (Words) {
+                store_slot_words<BITS>(reinterpret_cast<u32*>(out + OP_LANES * c * BITS), sub,
+                                       word);
+            } else {
+                // A whole group's octets end inside it: their bytes need no test against its
+                // end.
+                store_codes<BITS>(out, o * BITS, Whole ? (o + 1) * BITS : bytes_per_group, vec,
+                                  word);
+            }
         }
     }
 #pragma unroll 1
@@ -1159,16 +1201,24 @@ __device__ __forceinline__ void dequantize_impl(
 // Launched with 256 threads a block (gnnact/kernels/quantize.py, _THREADS). The blocks an SM
 // is to hold at once bound a kernel's registers: quantize 3 (at most 85 registers; its default
 // shape takes 80, no spills), or 2 for float64, whose cached octets take twice the registers
-// (at most 128); dequantize 4 (at most 64; it takes 40 or fewer, so 6 blocks fit). A build's
-// MIN_BLOCKS sets them all, QUANTIZE_MIN_BLOCKS (float64: at most 2) or DEQUANTIZE_MIN_BLOCKS
-// one op's.
+// (at most 128), or 4 for float16 and bfloat16, whose cached octets take half (at most 64, no
+// spills): a warp has half float32's bytes in flight, so it takes more warps to keep as many
+// loads going; dequantize 4 (at most 64; it takes 40 or fewer, so 6 blocks fit). A build's
+// MIN_BLOCKS sets them all, QUANTIZE_MIN_BLOCKS (float64: at most 2, float16 and bfloat16 the
+// same unless QUANTIZE_HALF_MIN_BLOCKS) or DEQUANTIZE_MIN_BLOCKS one op's.
 #ifdef MIN_BLOCKS
 #define QUANTIZE_MIN_BLOCKS MIN_BLOCKS
 #define QUANTIZE_F64_MIN_BLOCKS MIN_BLOCKS
 #define DEQUANTIZE_MIN_BLOCKS MIN_BLOCKS
 #endif
+#if defined(QUANTIZE_MIN_BLOCKS) && !defined(QUANTIZE_HALF_MIN_BLOCKS)
+#define QUANTIZE_HALF_MIN_BLOCKS QUANTIZE_MIN_BLOCKS
+#endif
 #ifndef QUANTIZE_MIN_BLOCKS
 #define QUANTIZE_MIN_BLOCKS 3
+#endif
+#ifndef QUANTIZE_HALF_MIN_BLOCKS
+#define QUANTIZE_HALF_MIN_BLOCKS 4
 #endif
 #ifndef QUANTIZE_F64_MIN_BLOCKS
 #define QUANTIZE_F64_MIN_BLOCKS (QUANTIZE_MIN_BLOCKS < 2 ? QUANTIZE_MIN_BLOCKS : 2)
@@ -1205,5 +1255,5 @@ __device__ __forceinline__ void dequantize_impl(
 
 GNNACT_DEFINE_ALL_BITS(f32, F32, QUANTIZE_MIN_BLOCKS)
 GNNACT_DEFINE_ALL_BITS(f64, F64, QUANTIZE_F64_MIN_BLOCKS)
-GNNACT_DEFINE_ALL_BITS(f16, F16, QUANTIZE_MIN_BLOCKS)
-GNNACT_DEFINE_ALL_BITS(bf16, BF16, QUANTIZE_MIN_BLOCKS)
+GNNACT_DEFINE_ALL_BITS(f16, F16, QUANTIZE_HALF_MIN_BLOCKS)
+GNNACT_DEFINE_ALL_BITS(bf16, BF16, QUANTIZE_HALF_MIN_BLOCKS)

@@ -138,6 +138,10 @@ static void __syncwarp(unsigned = 0xffffffffu) { warp_barrier->arrive_and_wait()
 template <typename T> static T __shfl_xor_sync(unsigned, T v, int offset) {
     return warp_exchange(v, lane_of ^ offset);
 }
+// Lane src of the lane's segment of `width` lanes (src taken modulo width, as on a GPU).
+template <typename T> static T __shfl_sync(unsigned, T v, int src, int width = 32) {
+    return warp_exchange(v, (lane_of & ~(width - 1)) | (src & (width - 1)));
+}
 // The host twins of the sources' inline PTX (asm statements are rewritten into calls of
 // host_ptx); an unknown statement stops the run.
 static void ptx_check(const char* ptx, const char* want) {

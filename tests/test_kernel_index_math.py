@@ -43,12 +43,27 @@ KERNEL_LINES = (
     "const i64 octets = (len + 7) >> 3;",
     "for (int c = 0; c < OP_CACHED; ++c) {",
     "const i64 o = sub + OP_LANES * c;",
-    "if (o < octets) {",
+    "if (Whole || o < octets) {",
+    "const bool whole_groups = a.vec && a.group_size == WHOLE_GROUP;",
+    "const bool whole = whole_groups && (base + SEGMENTS) * WHOLE_GROUP <= a.n;",
     "for (i64 o = sub + OP_LANES * OP_CACHED; o < octets; o += OP_LANES) {",
     "const int count = (int)min((i64)8, len - 8 * o);",
     "store_codes<BITS>(out, o * BITS, bytes_per_group, vec,",
     "word = pack_octet<BITS, Hashed>(v, noise, start + 8 * o, count, vec, zero, inv,",
-    "usable ? word : 0);",
+    "if (!usable) word = 0;",
+    # a whole group's words at 3, 5, 6 and 7 bits (WORD_STORES, the default)
+    "#define WORD_STORES 1",
+    "constexpr bool Words = WORD_STORES && Whole && (BITS & (BITS - 1)) != 0;",
+    "store_slot_words<BITS>(reinterpret_cast<u32*>(out + OP_LANES * c * BITS), sub,",
+    "constexpr int Words = OP_LANES * BITS / 4;",
+    "for (int w0 = 0; w0 < Words; w0 += OP_LANES) {",
+    "const int w = w0 + sub;",
+    "const int a = 4 * w / BITS;",
+    "const int s = 32 * w - 8 * BITS * a;",
+    "const W first = __shfl_sync(0xffffffffu, word, a, OP_LANES);",
+    "const u32 next = __shfl_sync(0xffffffffu, (u32)word, a + 1, OP_LANES);",
+    "const u32 v = (u32)((first >> s) | ((W)next << (8 * BITS - s)));",
+    "if (Words % OP_LANES == 0 || w < Words) out[w] = v;",
     # the noise keys of a whole group's cached octets
     "constexpr bool Keyed = Whole && ((WHOLE_GROUP / 8) & (WHOLE_GROUP / 8 - 1)) == 0;",
     "const u64 first_octet = (u64)start >> 3;",
@@ -86,6 +101,8 @@ KERNEL_LINES = (
     "if (k < count) out[at + k] = chunk.t[k];",
 )
 WIDE = (1, 2, 4, 8)  # widths whose octet is one aligned access with `vec`
+WHOLE_GROUP = 8 * QUANTIZE_LANES * QUANTIZE_CACHED
+SEGMENTS = WARP // QUANTIZE_LANES
 
 
 def test_the_emulated_lines_are_the_kernels():
@@ -165,6 +182,12 @@ def emulate_pack(q: np.ndarray, bits: int, group_size: int, vec: bool,
         length = min(group_size, n - start)
         octets = (length + 7) >> 3
         base = g * bytes_per_group
+        # The pass of this group's warp (base, a multiple of SEGMENTS) lies whole in the input.
+        whole = (vec and group_size == WHOLE_GROUP
+                 and (g - g % SEGMENTS + SEGMENTS) * WHOLE_GROUP <= n)
+        if whole and bits not in WIDE:
+            _store_slot_words(q, bits, start, base, codes, writes, reads)
+            continue
         for _lane, o in _octets_by_lane(length):
             count = min(8, length - 8 * o)
             at = start + 8 * o
@@ -194,6 +217,34 @@ def emulate_pack(q: np.ndarray, bits: int, group_size: int, vec: bool,
             for b in range(octets * bits + sub, bytes_per_group, QUANTIZE_LANES):
                 codes[base + b], writes[base + b] = 0, writes[base + b] + 1
     return codes.reshape(num_groups, bytes_per_group), writes, reads
+
+
+def _store_slot_words(q: np.ndarray, bits: int, start: int, base: int, codes: np.ndarray,
+                      writes: np.ndarray, reads: np.ndarray) -> None:
+    """store_slot_words for each slot c of a whole group at 3, 5, 6 or 7 bits: lane sub's
+    octet sub + LANES c word, gathered into aligned 4-byte words by shuffles within the
+    segment (lane index modulo LANES, as a shuffle of width LANES takes it)."""
+    lanes = QUANTIZE_LANES
+    words_per_slot = lanes * bits // 4
+    for c in range(QUANTIZE_CACHED):
+        word = []
+        for sub in range(lanes):
+            at = start + 8 * (sub + lanes * c)
+            word.append(sum(int(q[at + k]) << (k * bits) for k in range(8)))
+            reads[at:at + 8] += 1
+        slot = base + lanes * c * bits
+        for sub in range(lanes):
+            for w0 in range(0, words_per_slot, lanes):
+                w = w0 + sub
+                a = 4 * w // bits
+                s = 32 * w - 8 * bits * a
+                first, following = word[a % lanes], word[(a + 1) % lanes] & 0xFFFFFFFF
+                v = ((first >> s) | (following << (8 * bits - s))) & 0xFFFFFFFF
+                if w < words_per_slot:
+                    _vector_access(slot + 4 * w, 4)
+                    for k in range(4):
+                        codes[slot + 4 * w + k] = (v >> (8 * k)) & 0xFF
+                        writes[slot + 4 * w + k] += 1
 
 
 def emulate_unpack(codes: np.ndarray, bits: int, group_size: int, n: int,
@@ -236,7 +287,7 @@ def emulate_unpack(codes: np.ndarray, bits: int, group_size: int, n: int,
     return q, writes
 
 
-CASES = [(4096, 512), (5000, 512), (1000, 100), (999, 13), (17, 7), (9, 1), (3, 8),
+CASES = [(4096, 512), (5000, 512), (1536, 512), (1000, 100), (999, 13), (17, 7), (9, 1), (3, 8),
          (2 * 2048 + 5, 2048), (1000, 40), (3000, 768)]
 
 

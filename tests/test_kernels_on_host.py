@@ -142,9 +142,11 @@ VARIANTS = [("ALU_CONVERSIONS=1",), ("FLOOR_ROUNDING=1",),
             ("MUL_SHIFTS=1",), ("QUANTIZE_LANES=8", "QUANTIZE_CACHED=8", "QUANTIZE_MIN_BLOCKS=2"),
             ("QUANTIZE_LANES=32", "QUANTIZE_CACHED=2", "DEQUANTIZE_LANES=16",
              "DEQUANTIZE_CACHED=4"),
+            ("WORD_STORES=0",), ("WORD_STORES=0", "LANES=8", "CACHED=8"),
             # every setting off its default at once: the build CI compiles with NVRTC
             ("ALU_CONVERSIONS=1", "FLOOR_ROUNDING=1", "WIDE_CODE_LOADS=1", "LANES=8",
-             "CACHED=8", "PREFETCH=1", "NOISE_FIRST=1", "MIN_BLOCKS=2", "MUL_SHIFTS=1")]
+             "CACHED=8", "PREFETCH=1", "NOISE_FIRST=1", "MIN_BLOCKS=2", "MUL_SHIFTS=1",
+             "WORD_STORES=0")]
 
 
 @pytest.mark.parametrize("defines", VARIANTS, ids=",".join)
@@ -228,12 +230,14 @@ def test_host_kernels_on_the_launchers_grid_and_a_misaligned_view(bits):
                                                         torch.float32))
 
 
+@pytest.mark.parametrize("bits", [4, 7])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_host_kernels_keep_non_finite_and_constant_groups_as_the_reference(dtype):
+def test_host_kernels_keep_non_finite_and_constant_groups_as_the_reference(dtype, bits):
     """A group with a NaN, one with +inf, one with -inf, one whose finite range overflows
     (codes 0, scale and zero NaN; infinite in float16) and a constant one, on the path for
     whole groups of the default size and on the general one (a short last group), with noise
-    given and hashed; float16 and bfloat16 take their range two values an instruction."""
+    given and hashed; float16 and bfloat16 take their range two values an instruction. At 7
+    bits whole groups store words gathered across lanes (WORD_STORES)."""
     x = torch.randn(5 * 512 + 100, dtype=torch.float64)
     x[3], x[600], x[1100] = float("nan"), float("inf"), float("-inf")
     x[1536], x[1537] = -3e38, 3e38
@@ -242,13 +246,13 @@ def test_host_kernels_keep_non_finite_and_constant_groups_as_the_reference(dtype
     noise = torch.rand(x.numel())
     for kwargs, reference_noise in (({"noise": noise}, noise),
                                     ({"seed": 9}, hash_uniform(9, 0, x.numel()))):
-        want = reference.quantize_groups(x, 4, 512, noise=reference_noise)
-        got = host_kernels.quantize_groups(x, 4, 512, vec=True, **kwargs)
+        want = reference.quantize_groups(x, bits, 512, noise=reference_noise)
+        got = host_kernels.quantize_groups(x, bits, 512, vec=True, **kwargs)
         assert torch.equal(got[0], want[0])
         assert not got[0][:4].any()
         for a, b in zip(got[1:], want[1:], strict=True):
             torch.testing.assert_close(a, b, equal_nan=True, rtol=0, atol=0)
-        out = host_kernels.dequantize_groups(*got, 4, 512, x.numel(), dtype, vec=True)
+        out = host_kernels.dequantize_groups(*got, bits, 512, x.numel(), dtype, vec=True)
         assert out[:2048].isnan().all() and (out[2048:] == 0.75).all()
 
 

@@ -53,15 +53,21 @@ from gnnact.kernels._cupy import compile_options, kernel_source  # noqa: E402
 from gnnact.kernels.quantize import _define, _lanes  # noqa: E402
 
 _TYPES = {"float32": "F32", "float64": "F64", "float16": "F16", "bfloat16": "BF16"}
+#: The setting that bounds each dtype's quantizer's registers (its entry point's launch bounds).
+_MIN_BLOCKS = {"float32": "QUANTIZE_MIN_BLOCKS", "float64": "QUANTIZE_F64_MIN_BLOCKS",
+               "float16": "QUANTIZE_HALF_MIN_BLOCKS", "bfloat16": "QUANTIZE_HALF_MIN_BLOCKS"}
 
 #: One seeded pass over whole group g of this warp's segment, as quantize_impl makes it (in the
 #: quantizer's shape: the source ends in the dequantizer's).
 PROBE = """
 #undef OP_LANES
 #undef OP_CACHED
+#ifndef QUANTIZE_HALF_MIN_BLOCKS  // sources before float16 and bfloat16 had a bound of their own
+#define QUANTIZE_HALF_MIN_BLOCKS QUANTIZE_MIN_BLOCKS
+#endif
 #define OP_LANES QUANTIZE_LANES
 #define OP_CACHED QUANTIZE_CACHED
-extern "C" __global__ void __launch_bounds__(256, QUANTIZE_MIN_BLOCKS)
+extern "C" __global__ void __launch_bounds__(256, {blocks})
 probe_whole_group(QuantizeArgs<{L}> a) {{
     const int lane = threadIdx.x & 31;
     const int sub = lane % OP_LANES, segment = lane / OP_LANES;
@@ -120,7 +126,8 @@ def probe_counts(dtype: str, bits: int, defines: tuple[str, ...], nvcc: str, cuo
                  arch: int = 90, folder: Path | None = None) -> dict[str, int]:
     """:func:`count_sass` of the probe for ``dtype`` and ``bits`` in the build ``defines``
     (sources in ``folder``, else this checkout's)."""
-    source = kernel_source("quantize.cu", folder) + PROBE.format(L=_TYPES[dtype], bits=bits)
+    source = kernel_source("quantize.cu", folder) + PROBE.format(L=_TYPES[dtype], bits=bits,
+                                                              blocks=_MIN_BLOCKS[dtype])
     env = dict(os.environ)
     env["PATH"] = f"{Path(cuobjdump).parent}{os.pathsep}{env.get('PATH', '')}"  # nvdisasm
     with tempfile.TemporaryDirectory() as tmp:
