@@ -37,8 +37,9 @@
 #              VARIANTS) against the default, kernel alone, bf16 and fp32 at every width, each
 #              checked bit for bit against the default build, after the builds' own CUDA test
 #              (NVRTC builds each variant: 7 minutes for 10 builds on an H200 at 7116a3f; over
-#              4 for the default and 3 builds at 0d248a9, whose module takes longer to build).
-#              Make the fastest the default.
+#              4 for the default and 3 builds at 0d248a9, whose module takes longer to build;
+#              `GNNACT_TUNE_DTYPES=bfloat16 ... kernels tune` took 351 s at 8254d6c). Make the
+#              fastest the default.
 #   tests      CUDA tests (pytest -m cuda), quantize/dequantize and fused mask-op throughput
 #   train      training step time and memory, PyG fp32 vs gnnact 2/4 bits, arxiv-shaped graph,
 #              all four models

@@ -52,31 +52,37 @@ from gnnact.quant import DEFAULT_GROUP_SIZE
 #: NOISE_FIRST, PREFETCH, CODES_FIRST and WAVES=1 lost at nearly every width (ALU_CONVERSIONS,
 #: WIDE_CODE_LOADS, CACHED=1 and CACHED=4 alone in earlier runs), FLOOR_ROUNDING by 3-7
 #: points; at 0d248a9 a warp of 4 groups (LANES=8, CACHED=8) and shifts by multiplies
-#: (MUL_SHIFTS=1) lost too. Here, against the default's word stores at 3, 5, 6 and 7 bits and
-#: its 4 blocks an SM for float16 and bfloat16 (64 registers): byte stores an octet (the build
-#: before), 3 blocks (80 registers) for float16 and bfloat16 as for float32, and those 3 blocks
-#: with the next group's loads in flight while a warp rounds (PREFETCH: no spills for float16
-#: and bfloat16 at 80 registers; float32's spill).
-VARIANTS = ("WORD_STORES=0", "QUANTIZE_HALF_MIN_BLOCKS=3",
-            "PREFETCH=1,QUANTIZE_HALF_MIN_BLOCKS=3")
+#: (MUL_SHIFTS=1) lost too. At 8254d6c (bfloat16): 4 blocks an SM for float16 and bfloat16
+#: (64 registers) 5-8 points faster than 3 at every width, the next group's loads in flight
+#: (PREFETCH) 22-36 slower; words gathered across lanes faster at 7 bits (75.6 % against
+#: 37.2 %), slower at 3, 5 and 6 (3.5-5.6 points), so bfloat16 takes them at 7 bits alone
+#: (HALF_WORD_STORES=128) and float32 at 3, 5, 6 and 7 (WORD_STORES=232); 5 blocks for
+#: float16 and bfloat16 spill. Here the other choices: float32 without word stores and
+#: bfloat16 with them at every width.
+VARIANTS = ("WORD_STORES=0,HALF_WORD_STORES=232",)
 
 
 #: Settings that change one kernel only: a variant made of them is timed on that op alone
-#: (the other op's kernel is the default build's); LANES, CACHED, MIN_BLOCKS and PREFETCH
-#: change both.
+#: (the other op's kernel is the default build's); so do those named QUANTIZE_... and
+#: DEQUANTIZE_... (one op's shape). LANES, CACHED, MIN_BLOCKS and PREFETCH change both.
 ONE_OP = {"NOISE_FIRST": "quantize", "ALU_CONVERSIONS": "quantize",
-          "FLOOR_ROUNDING": "quantize", "MUL_SHIFTS": "quantize",
-          "QUANTIZE_LANES": "quantize", "QUANTIZE_CACHED": "quantize",
-          "QUANTIZE_MIN_BLOCKS": "quantize", "QUANTIZE_HALF_MIN_BLOCKS": "quantize",
-          "WORD_STORES": "quantize", "CODES_FIRST": "dequantize",
+          "FLOOR_ROUNDING": "quantize", "MUL_SHIFTS": "quantize", "WORD_STORES": "quantize",
+          "HALF_WORD_STORES": "quantize", "CODES_FIRST": "dequantize",
           "CHUNK_STORES": "dequantize", "SHARED_CODES": "dequantize",
-          "WIDE_CODE_LOADS": "dequantize", "DEQUANTIZE_LANES": "dequantize",
-          "DEQUANTIZE_CACHED": "dequantize", "DEQUANTIZE_MIN_BLOCKS": "dequantize"}
+          "WIDE_CODE_LOADS": "dequantize"}
+
+
+def _op_of(setting: str) -> str | None:
+    """The op whose kernels ``setting`` alone changes (None: both)."""
+    for op in ("quantize", "dequantize"):
+        if setting.startswith(f"{op.upper()}_"):
+            return op
+    return ONE_OP.get(setting)
 
 
 def timed_ops(defines: tuple[str, ...]) -> tuple[str, ...]:
     """The ops whose kernels ``defines`` change (both for the default build, ``()``)."""
-    ops = {ONE_OP.get(d.partition("=")[0]) for d in defines}
+    ops = {_op_of(d.partition("=")[0]) for d in defines}
     if len(ops) == 1 and None not in ops:
         return (ops.pop(),)
     return ("quantize", "dequantize")

@@ -515,13 +515,21 @@ __device__ __forceinline__ void store_codes(u8* __restrict__ out, i64 b, i64 lim
     }
 }
 
-// WORD_STORES=1 (the default) builds store a whole group's codes at 3, 5, 6 and 7 bits as
-// aligned 4-byte words gathered across the segment's lanes by shuffles (store_slot_words)
-// instead of BITS bytes (three 2-byte words at 6 bits) an octet: a warp's store then writes
-// one contiguous run a group, not each lane's bytes BITS apart, which cost the 7-bit
-// quantizer a third of its speed. The same codes.
+// WORD_STORES and HALF_WORD_STORES: the widths (bit b for b bits, of 3, 5, 6 and 7) at which a
+// whole group's codes are stored as aligned 4-byte words gathered across the segment's lanes by
+// shuffles (store_slot_words) instead of BITS bytes (three 2-byte words at 6 bits) an octet:
+// a warp's store then writes one contiguous run a group, not each lane's bytes BITS apart.
+// WORD_STORES for float32 and float64, HALF_WORD_STORES for float16 and bfloat16. The defaults
+// are the faster on an H200 (tune_kernels.jsonl, 8254d6c): 3, 5, 6 and 7 bits for float32
+// (232 = 8 + 32 + 64 + 128: 98.8-99.7 % of a copy against 95-98.8 %, and 99.6 % against 69.6 %
+// at 7 bits), 7 bits alone for bfloat16 (128: 75.6 % against 37.2 %; the shuffles cost the
+// quantizer, which is bound by the instructions it issues, 3.5-5.6 points at 3, 5 and 6 bits).
+// The same codes.
 #ifndef WORD_STORES
-#define WORD_STORES 1
+#define WORD_STORES 232
+#endif
+#ifndef HALF_WORD_STORES
+#define HALF_WORD_STORES 128
 #endif
 
 // Stores the code words `word` of one slot's OP_LANES octets (lane sub's octet is the slot's
@@ -594,9 +602,12 @@ __device__ __forceinline__ W pack_octet(const float (&v)[8], const float* __rest
         HashNoise n[8];
         if ((at & 1) == 0) {
             u32 h[4];
+            if constexpr (Hashed) {
 #pragma unroll
-            for (int k = 0; k < 4; ++k) h[k] = hashes[k];
-            if (!Hashed) octet_hashes(at, s0, s1, vec, h);
+                for (int k = 0; k < 4; ++k) h[k] = hashes[k];
+            } else {
+                octet_hashes(at, s0, s1, vec, h);
+            }
 #pragma unroll
             for (int k = 0; k < 8; ++k) n[k] = hashed_noise(h[k / 2], k & 1);
         } else {
@@ -813,14 +824,16 @@ __device__ __forceinline__ void quantize_group(const QuantizeArgs<L>& a, i64 g, 
             u32 h[4];
             if (Hashed) keyed_hashes(key_lo ^ (u32)(OP_LANES * c), key_hi, h);
 #endif
-            // With one store an octet (1, 2, 4 and 8 bits) or a whole group's words
-            // (WORD_STORES), rounded whether or not the group is usable, and then masked: a
-            // select an octet rather than a branch around its arithmetic, which the compiler
-            // may then interleave across octets. With BITS byte stores an octet, the branch
-            // stays: it keeps each octet's stores apart from the next's. Without it (0d248a9)
-            // the compiler ran a lane's 28 byte stores together, and 6 and 7 bits were 9-16
-            // points of a copy slower than the build before on an H200 (tune_kernels.jsonl).
-            constexpr bool Words = WORD_STORES && Whole && (BITS & (BITS - 1)) != 0;
+            // With one store an octet (1, 2, 4 and 8 bits) or a whole group's words (at the
+            // widths WORD_STORES or HALF_WORD_STORES name), rounded whether or not the group
+            // is usable, and then masked: a select an octet rather than a branch around its
+            // arithmetic, which the compiler may then interleave across octets. With BITS byte
+            // stores an octet, the branch stays: it keeps each octet's stores apart from the
+            // next's. Without it (0d248a9) the compiler ran a lane's 28 byte stores together,
+            // and 6 and 7 bits were 9-16 points of a copy slower than the build before on an
+            // H200 (tune_kernels.jsonl).
+            constexpr int Widths = sizeof(typename L::T) == 2 ? HALF_WORD_STORES : WORD_STORES;
+            constexpr bool Words = Whole && (BITS & (BITS - 1)) != 0 && ((Widths >> BITS) & 1);
             constexpr bool OneStore = (BITS & (BITS - 1)) == 0 || Words;
             typename WordOf<(BITS > 4)>::T word = 0;
             if (OneStore || usable) {

@@ -473,6 +473,11 @@ def test_tune_kernels_reads_variants_and_refuses_a_cpu(capsys):
     assert tune.timed_ops(("SHARED_CODES=1", "CHUNK_STORES=1")) == ("dequantize",)
     assert tune.timed_ops(("NOISE_FIRST=1", "CODES_FIRST=1")) == ("quantize", "dequantize")
     assert tune.timed_ops(("CHUNK_STORES=1", "MIN_BLOCKS=6")) == ("quantize", "dequantize")
+    # one op's shape, by its prefix
+    assert tune.timed_ops(("QUANTIZE_HALF_MIN_BLOCKS=3", "WORD_STORES=0")) == ("quantize",)
+    assert tune.timed_ops(("DEQUANTIZE_LANES=16", "SHARED_CODES=0")) == ("dequantize",)
+    assert tune.timed_ops(("DEQUANTIZE_LANES=16", "QUANTIZE_LANES=8")) == ("quantize",
+                                                                             "dequantize")
     with pytest.raises(ValueError, match="NAME=VALUE"):
         tune.parse_variant("CACHED")
     with pytest.raises(SystemExit):

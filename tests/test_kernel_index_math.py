@@ -23,6 +23,9 @@ WARP = 32
 # Each op's shape (cuda/quantize.cu's defines): lanes sharing a group, octets kept per lane.
 QUANTIZE_LANES, QUANTIZE_CACHED = 16, 4
 DEQUANTIZE_LANES, DEQUANTIZE_CACHED = 32, 2
+# The widths (bit b for b bits) whose whole groups store words gathered across lanes, by the
+# element size: WORD_STORES (3, 5, 6 and 7 bits) and HALF_WORD_STORES (7 bits).
+WORD_WIDTHS = {8: 232, 4: 232, 2: 128}
 # The loop heads and index expressions emulated below, as they read in cuda/quantize.cu.
 KERNEL_LINES = (
     f"#define QUANTIZE_LANES {QUANTIZE_LANES}",
@@ -51,9 +54,11 @@ KERNEL_LINES = (
     "store_codes<BITS>(out, o * BITS, bytes_per_group, vec,",
     "word = pack_octet<BITS, Hashed>(v, noise, start + 8 * o, count, vec, zero, inv,",
     "if (!usable) word = 0;",
-    # a whole group's words at 3, 5, 6 and 7 bits (WORD_STORES, the default)
-    "#define WORD_STORES 1",
-    "constexpr bool Words = WORD_STORES && Whole && (BITS & (BITS - 1)) != 0;",
+    # a whole group's words at the widths each dtype's setting names
+    f"#define WORD_STORES {WORD_WIDTHS[4]}",
+    f"#define HALF_WORD_STORES {WORD_WIDTHS[2]}",
+    "constexpr int Widths = sizeof(typename L::T) == 2 ? HALF_WORD_STORES : WORD_STORES;",
+    "constexpr bool Words = Whole && (BITS & (BITS - 1)) != 0 && ((Widths >> BITS) & 1);",
     "store_slot_words<BITS>(reinterpret_cast<u32*>(out + OP_LANES * c * BITS), sub,",
     "constexpr int Words = OP_LANES * BITS / 4;",
     "for (int w0 = 0; w0 < Words; w0 += OP_LANES) {",
@@ -185,7 +190,7 @@ def emulate_pack(q: np.ndarray, bits: int, group_size: int, vec: bool,
         # The pass of this group's warp (base, a multiple of SEGMENTS) lies whole in the input.
         whole = (vec and group_size == WHOLE_GROUP
                  and (g - g % SEGMENTS + SEGMENTS) * WHOLE_GROUP <= n)
-        if whole and bits not in WIDE:
+        if whole and bits not in WIDE and (WORD_WIDTHS[itemsize] >> bits) & 1:
             _store_slot_words(q, bits, start, base, codes, writes, reads)
             continue
         for _lane, o in _octets_by_lane(length):
@@ -221,7 +226,7 @@ def emulate_pack(q: np.ndarray, bits: int, group_size: int, vec: bool,
 
 def _store_slot_words(q: np.ndarray, bits: int, start: int, base: int, codes: np.ndarray,
                       writes: np.ndarray, reads: np.ndarray) -> None:
-    """store_slot_words for each slot c of a whole group at 3, 5, 6 or 7 bits: lane sub's
+    """store_slot_words for each slot c of a whole group at a width of WORD_WIDTHS: lane sub's
     octet sub + LANES c word, gathered into aligned 4-byte words by shuffles within the
     segment (lane index modulo LANES, as a shuffle of width LANES takes it)."""
     lanes = QUANTIZE_LANES
@@ -291,16 +296,19 @@ CASES = [(4096, 512), (5000, 512), (1536, 512), (1000, 100), (999, 13), (17, 7),
          (2 * 2048 + 5, 2048), (1000, 40), (3000, 768)]
 
 
+@pytest.mark.parametrize("itemsize", [4, 2], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "misaligned"])
 @pytest.mark.parametrize("bits", range(1, 9))
 @pytest.mark.parametrize(("n", "group_size"), CASES)
-def test_packing_writes_every_byte_once_as_the_reference_packs(bits, n, group_size, aligned):
+def test_packing_writes_every_byte_once_as_the_reference_packs(bits, n, group_size, aligned,
+                                                               itemsize):
     """Both ways the launcher runs a kernel: by vectors (whole octets, group_size % 8 == 0,
-    aligned buffers) and element by element."""
+    aligned buffers) and element by element; whole groups of 4-byte and 2-byte elements store
+    words at different widths."""
     generator = torch.Generator().manual_seed(bits * 7919 + n)
     q = torch.randint(0, 1 << bits, (n,), generator=generator)
     vec = aligned and vector_ok(group_size, q)
-    codes, writes, reads = emulate_pack(q.numpy(), bits, group_size, vec)
+    codes, writes, reads = emulate_pack(q.numpy(), bits, group_size, vec, itemsize)
     assert (writes == 1).all(), "a byte written never or twice (two lanes racing)"
     assert (reads == 1).all(), "an element rounded never or twice"
     # The reference's layout: codes past the end of a short last group are 0.

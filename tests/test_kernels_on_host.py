@@ -142,11 +142,12 @@ VARIANTS = [("ALU_CONVERSIONS=1",), ("FLOOR_ROUNDING=1",),
             ("MUL_SHIFTS=1",), ("QUANTIZE_LANES=8", "QUANTIZE_CACHED=8", "QUANTIZE_MIN_BLOCKS=2"),
             ("QUANTIZE_LANES=32", "QUANTIZE_CACHED=2", "DEQUANTIZE_LANES=16",
              "DEQUANTIZE_CACHED=4"),
-            ("WORD_STORES=0",), ("WORD_STORES=0", "LANES=8", "CACHED=8"),
+            ("WORD_STORES=0", "HALF_WORD_STORES=232"),
+            ("WORD_STORES=0", "HALF_WORD_STORES=232", "LANES=8", "CACHED=8"),
             # every setting off its default at once: the build CI compiles with NVRTC
             ("ALU_CONVERSIONS=1", "FLOOR_ROUNDING=1", "WIDE_CODE_LOADS=1", "LANES=8",
              "CACHED=8", "PREFETCH=1", "NOISE_FIRST=1", "MIN_BLOCKS=2", "MUL_SHIFTS=1",
-             "WORD_STORES=0")]
+             "WORD_STORES=0", "HALF_WORD_STORES=232")]
 
 
 @pytest.mark.parametrize("defines", VARIANTS, ids=",".join)
@@ -237,7 +238,7 @@ def test_host_kernels_keep_non_finite_and_constant_groups_as_the_reference(dtype
     (codes 0, scale and zero NaN; infinite in float16) and a constant one, on the path for
     whole groups of the default size and on the general one (a short last group), with noise
     given and hashed; float16 and bfloat16 take their range two values an instruction. At 7
-    bits whole groups store words gathered across lanes (WORD_STORES)."""
+    bits whole groups store words gathered across lanes (WORD_STORES, HALF_WORD_STORES)."""
     x = torch.randn(5 * 512 + 100, dtype=torch.float64)
     x[3], x[600], x[1100] = float("nan"), float("inf"), float("-inf")
     x[1536], x[1537] = -3e38, 3e38
@@ -346,14 +347,18 @@ def test_launchers_size_the_grid_for_other_builds(launchers_on_host, defines):
                        reference.dequantize_groups(*args))
 
 
-def test_launchers_know_each_ops_default_lanes():
-    """The launchers size the grids by cuda/quantize.cu's lanes a group, op by op."""
+def test_launchers_know_each_ops_default_shape():
+    """The launchers size the grids by cuda/quantize.cu's lanes a group, op by op (and
+    tools/sass_counts.py a warp's values by its octets a lane)."""
     from gnnact.kernels import kernel_source_dir
     from gnnact.kernels import quantize as kernels
 
     source = (kernel_source_dir() / "quantize.cu").read_text()
     for op, lanes in kernels._LANES.items():
         assert f"#define {op.upper()}_LANES {lanes}\n" in source
+        assert f"#define {op.upper()}_CACHED {kernels._CACHED[op]}\n" in source
+        assert kernels._cached(op, ("CACHED=8",)) == 8
+        assert kernels._cached(op, ("CACHED=8", f"{op.upper()}_CACHED=1")) == 1
 
 
 @pytest.mark.parametrize("view", ["aligned", "misaligned"])

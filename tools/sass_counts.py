@@ -50,7 +50,7 @@ import torch  # noqa: E402
 
 from gnnact.env import git_commit  # noqa: E402
 from gnnact.kernels._cupy import compile_options, kernel_source  # noqa: E402
-from gnnact.kernels.quantize import _define, _lanes  # noqa: E402
+from gnnact.kernels.quantize import _cached, _lanes  # noqa: E402
 
 _TYPES = {"float32": "F32", "float64": "F64", "float16": "F16", "bfloat16": "BF16"}
 #: The setting that bounds each dtype's quantizer's registers (its entry point's launch bounds).
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     # QUANTIZE_CACHED, or the build's), and the values of the groups a warp's pass takes (one
     # a segment of its lanes)
     lanes = _lanes("quantize", defines)
-    whole = 8 * lanes * _define(defines, "QUANTIZE_CACHED", _define(defines, "CACHED", 4))
+    whole = 8 * lanes * _cached("quantize", defines)
     values = whole * (32 // lanes)
     commit = git_commit() if args.cuda_dir is None else git_commit(root=args.cuda_dir.parent)
     version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout

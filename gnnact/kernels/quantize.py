@@ -45,6 +45,10 @@ _THREADS = 256
 #: QUANTIZE_LANES and DEQUANTIZE_LANES, or LANES for both): a warp takes 32 / lanes groups at
 #: once.
 _LANES = {"quantize": 16, "dequantize": 32}
+#: The octets a lane keeps in registers in each op's kernels unless a build sets them
+#: (QUANTIZE_CACHED, DEQUANTIZE_CACHED, or CACHED for both): with :data:`_LANES`, the size of
+#: the group a lane's segment keeps whole (8 lanes cached elements).
+_CACHED = {"quantize": 4, "dequantize": 2}
 
 
 def _group_grid(num_groups: int) -> int:
@@ -65,6 +69,11 @@ def _lanes(op: str, defines: tuple[str, ...]) -> int:
     of the build ``defines``: its QUANTIZE_LANES or DEQUANTIZE_LANES, else its LANES (both
     ops), else :data:`_LANES`."""
     return _define(defines, f"{op.upper()}_LANES", _define(defines, "LANES", _LANES[op]))
+
+
+def _cached(op: str, defines: tuple[str, ...]) -> int:
+    """The octets a lane keeps in registers in ``op``'s kernels of the build ``defines``."""
+    return _define(defines, f"{op.upper()}_CACHED", _define(defines, "CACHED", _CACHED[op]))
 
 
 def _grid(num_groups: int, kernel: str, device: torch.device,
