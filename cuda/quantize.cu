@@ -17,14 +17,16 @@
 //     on a float's bits (round_hashed): no conversion instruction. Groups of up to
 //     8 * OP_LANES * OP_CACHED elements (the default 512) stay in registers for the rounding pass;
 //     larger ones are read again (L1/L2). Each octet's 8 codes are stored as one BITS-byte
-//     word (a single store for 1, 2, 4 and 8 bits with `vec`).
+//     word (a single store for 1, 2, 4 and 8 bits with `vec`), or, in whole groups at the
+//     widths WORD_STORES names, as aligned 4-byte words gathered across lanes by shuffles.
 //     Groups of the default size read by vectors, all of them but a short last one, take a
 //     path compiled for that size (quantize_group<..., Whole = true>): no length tests.
 //   dequantize: a lane reads its octet's BITS bytes (one load for 1, 2, 4 and 8 bits with
 //     `vec`) and writes 8 values with vector stores.
 // Compile-time settings (CACHED, MIN_BLOCKS, ALU_CONVERSIONS, FLOOR_ROUNDING, WIDE_CODE_LOADS,
 // LANES, PREFETCH, WAVES, CODES_FIRST, CHUNK_STORES, SHARED_CODES, NOISE_FIRST, MUL_SHIFTS,
-// and one op's QUANTIZE_/DEQUANTIZE_ LANES, CACHED and MIN_BLOCKS; defaults below)
+// WORD_STORES, HALF_WORD_STORES, one op's QUANTIZE_/DEQUANTIZE_ LANES, CACHED and MIN_BLOCKS,
+// and QUANTIZE_HALF_MIN_BLOCKS; defaults below)
 // change speed, never results: benchmarks/tune_kernels.py times the builds side by side.
 // A lane has 32 bytes of float32 in flight per octet, not 4.
 // Every float operation is an explicit round-to-nearest intrinsic so that NVRTC cannot

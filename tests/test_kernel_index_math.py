@@ -226,9 +226,10 @@ def emulate_pack(q: np.ndarray, bits: int, group_size: int, vec: bool,
 
 def _store_slot_words(q: np.ndarray, bits: int, start: int, base: int, codes: np.ndarray,
                       writes: np.ndarray, reads: np.ndarray) -> None:
-    """store_slot_words for each slot c of a whole group at a width of WORD_WIDTHS: lane sub's
-    octet sub + LANES c word, gathered into aligned 4-byte words by shuffles within the
-    segment (lane index modulo LANES, as a shuffle of width LANES takes it)."""
+    """store_slot_words for each slot c of a whole group at a width of WORD_WIDTHS: the code
+    words of octets LANES c .. LANES c + LANES - 1 (lane sub's is octet sub + LANES c),
+    gathered into aligned 4-byte words by shuffles within the segment (a source lane taken
+    modulo LANES, as a shuffle of width LANES takes it)."""
     lanes = QUANTIZE_LANES
     words_per_slot = lanes * bits // 4
     for c in range(QUANTIZE_CACHED):
