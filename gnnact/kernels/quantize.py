@@ -64,16 +64,21 @@ def _define(defines: tuple[str, ...], name: str, default: int) -> int:
     return default
 
 
+def _op_setting(op: str, name: str, defines: tuple[str, ...], defaults: dict[str, int]) -> int:
+    """The shape setting ``name`` of ``op``'s kernels (``"quantize"`` or ``"dequantize"``) in
+    the build ``defines``: its one-op setting (QUANTIZE_<name>, DEQUANTIZE_<name>), else its
+    ``name`` (both ops), else ``defaults[op]``."""
+    return _define(defines, f"{op.upper()}_{name}", _define(defines, name, defaults[op]))
+
+
 def _lanes(op: str, defines: tuple[str, ...]) -> int:
-    """The lanes that share a group in ``op``'s kernels (``"quantize"`` or ``"dequantize"``)
-    of the build ``defines``: its QUANTIZE_LANES or DEQUANTIZE_LANES, else its LANES (both
-    ops), else :data:`_LANES`."""
-    return _define(defines, f"{op.upper()}_LANES", _define(defines, "LANES", _LANES[op]))
+    """The lanes that share a group in ``op``'s kernels of the build ``defines``."""
+    return _op_setting(op, "LANES", defines, _LANES)
 
 
 def _cached(op: str, defines: tuple[str, ...]) -> int:
     """The octets a lane keeps in registers in ``op``'s kernels of the build ``defines``."""
-    return _define(defines, f"{op.upper()}_CACHED", _define(defines, "CACHED", _CACHED[op]))
+    return _op_setting(op, "CACHED", defines, _CACHED)
 
 
 def _grid(num_groups: int, kernel: str, device: torch.device,
