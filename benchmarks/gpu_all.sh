@@ -50,6 +50,12 @@
 #   accuracy   bench_accuracy on Coauthor-Physics, Amazon-Computers and DBLP (GCN, SAGE, 3
 #              seeds, 2/4 bits vs fp32). Needs the data: copy ../shared/datasets/{coauthor,
 #              amazon,citation_full} into data_local/datasets/ and carry data_local.
+#   fidelity   accuracy at the default (bench_fidelity.py): 15 model families written as
+#              their users write them, each with its own recipe, PyG fp32 against
+#              gnnact.convert(model) with no config and fixed 2 bits, 3 seeds; context and
+#              step times. Needs data_local/datasets/{planetoid,amazon,heterophilous}
+#              (copied from ../shared/datasets and carried). Not yet timed on a GPU; on the CPU
+#              (one thread) the suite takes over an hour.
 #   adaptive-<dataset>   GACT's Table 3 shape on physics, computers or dblp: GCN, GAT, GCNII x
 #              {fp32, 4 bits, uniform 4 bits, adaptive 4/3/2, per-node 2}, 3 seeds
 #   generic    the saved-tensor pipeline on a ResNet-18-style CNN, a VGG-style CNN (max pools)
@@ -118,7 +124,7 @@ core_checks() {
 }
 parts=("$@")
 [ ${#parts[@]} -gt 0 ] || parts=(tests tune profile train products suite suite-gat generic swap largest peak
-                                 amp compile distributed accuracy adaptive-dblp
+                                 amp compile distributed accuracy fidelity adaptive-dblp
                                  adaptive-computers adaptive-physics)
 
 {
@@ -265,6 +271,18 @@ for part in "${parts[@]}"; do
         GNNACT_DATA="$PWD/data_local/datasets" "$py" benchmarks/bench_accuracy.py \
           --device cuda --datasets physics computers dblp --models gcn sage --seeds 0 1 2 \
           --out "$out/accuracy.jsonl" || status=1
+      else
+        echo "no data_local/datasets: copy ../shared/datasets families there and carry it"
+        status=1
+      fi
+      ;;
+    fidelity)
+      # Accuracy at the default: every family of benchmarks/fidelity_models.py, PyG fp32
+      # against gnnact.convert(model) with no config and fixed 2 bits, 3 seeds, the recipes'
+      # epochs. Needs planetoid, amazon and heterophilous in data_local/datasets (carried).
+      if [ -d data_local/datasets ]; then
+        GNNACT_DATA="$PWD/data_local/datasets" "$py" benchmarks/bench_fidelity.py \
+          --device cuda --seeds 0 1 2 --out "$out/fidelity.jsonl" || status=1
       else
         echo "no data_local/datasets: copy ../shared/datasets families there and carry it"
         status=1

@@ -56,6 +56,13 @@ _TABLES = {
         ("step vs fp32", lambda r: _x(r.get("step_vs_fp32"))),
         ("test acc (%)",
          lambda r: "" if "mean" not in r else f"{r['mean']:.2f} ± {r['std']:.2f}")]),
+    "fidelity.jsonl": ("Accuracy at the default: model families, paired seeds", [
+        ("family", "family"), ("seed", "seed"), ("config", "config"),
+        ("metric (%)", lambda r: f"{100 * r['value']:.2f}"),
+        ("final loss", lambda r: f"{r['final_loss']:.4f}"),
+        ("context MB", lambda r: _mb(r.get("context_bytes"))),
+        ("bits", lambda r: "" if r.get("avg_bits") is None else f"{r['avg_bits']:.2f}"),
+        ("step ms", lambda r: f"{r['step_ms']:.1f}")]),
     "main_job.jsonl": ("Main job (``python -m gnnact``)", [
         ("model", "model"), ("bits", "bits"), ("test acc", lambda r: _pct(r.get("test_acc"))),
         ("saved MB", lambda r: _mb(r.get("saved_bytes"))),
@@ -617,6 +624,57 @@ def _no_twin(results: Path) -> list[str]:
     return [*_source(name, best.values()), *_list_table([header, *body])]
 
 
+def _fidelity(results: Path) -> list[str]:
+    """Accuracy at the default: per family (newest run of each device, family, seed and
+    configuration), fp32 and ``gnnact.convert(model)`` with no config on paired seeds, the
+    fixed 2 bits beside them, context and step time."""
+    name = "fidelity.jsonl"
+    best = _newest(_rows(results, name), lambda r: (r["device_name"], r["family"], r["seed"],
+                                                   r["config"]))
+    groups: dict[tuple, dict] = {}
+    for (device, family, seed, config), r in best.items():
+        groups.setdefault((device, family), {}).setdefault(config, {})[seed] = r
+    body = []
+    for (device, family), by in groups.items():
+        fp32 = by.get("pyg", {})
+        auto = by.get("auto", {})
+        seeds = sorted(set(fp32) & set(auto))
+        if not seeds:
+            continue
+        first = auto[seeds[0]]
+
+        def paired(config: str, fp32=fp32, by=by, seeds=seeds) -> str:
+            runs = by.get(config, {})
+            diffs = [100 * (runs[s]["value"] - fp32[s]["value"]) for s in seeds if s in runs]
+            if not diffs:
+                return "–"
+            spread = statistics.stdev(diffs) if len(diffs) > 1 else 0.0
+            return f"{statistics.fmean(diffs):+.2f} ± {spread:.2f}"
+
+        ratios = [fp32[s]["context_bytes"] / auto[s]["context_bytes"] for s in seeds
+                  if auto[s].get("context_bytes")]
+        fixed = by.get("fixed2", {})
+        steady = [auto[s]["steady_step_ms"] / fixed[s]["steady_step_ms"] for s in seeds
+                  if s in fixed]
+        firsts = [auto[s]["first_step_ms"] / fixed[s]["first_step_ms"] for s in seeds
+                  if s in fixed]
+        bits = [auto[s]["avg_bits"] for s in seeds if auto[s].get("avg_bits") is not None]
+        body.append([
+            device, family, first["dataset"], first["metric"], str(first["epochs"]),
+            str(len(seeds)), f"{100 * statistics.fmean(fp32[s]['value'] for s in seeds):.2f}",
+            paired("auto"), paired("fixed2"),
+            _x1(statistics.fmean(ratios)) if ratios else "–",
+            f"{statistics.fmean(bits):.2f}" if bits else "–",
+            _x1(statistics.fmean(steady)) if steady else "–",
+            _x1(statistics.fmean(firsts)) if firsts else "–"])
+    if not body:
+        return [f"No rows in ``benchmarks/results/{name}`` yet.", ""]
+    header = ["device", "family", "data", "metric", "epochs", "seeds", "fp32 (%)",
+              "default convert − fp32 (points)", "fixed 2 bits − fp32", "context below fp32",
+              "bits per value", "steady step / fixed 2 bits", "first step / fixed 2 bits"]
+    return [*_source(name, best.values()), *_list_table([header, *body])]
+
+
 def _graph_cache(results: Path) -> list[str]:
     """Bytes per edge of the graph cache each conv kind keeps, against the caller's int64
     ``edge_index`` (16 bytes per edge), one thread."""
@@ -729,6 +787,7 @@ RESULTS = {
     "swap": _swap,
     "largest": _largest,
     "no_twin": _no_twin,
+    "fidelity": _fidelity,
     "graph_cache": _graph_cache,
     "peak": _peak,
     "distributed": _distributed,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from gnnact.quant.core import _BACKENDS, DEFAULT_GROUP_SIZE, _check_int
@@ -16,8 +17,14 @@ class Config:
 
     Args:
         bits (int, optional): bits per value of compressed activations (layer inputs, BatchNorm
-            inputs): 1 to 8, or 16/32 to keep them uncompressed. ``Config(bits=32)``
-            reproduces PyG exactly. (default: :obj:`2`)
+            inputs): 1 to 8, or 16/32 to keep them uncompressed, the same for every tensor.
+            ``Config(bits=32)`` reproduces PyG exactly. :obj:`None` chooses the widths
+            automatically in a model converted by :func:`gnnact.convert`: each compressed
+            tensor gets its own width, ``avg_bits`` on average, and more wherever its
+            rounding noise is not small against the gradient it feeds
+            (:mod:`gnnact.adaptive.auto`); used on its own (a gnnact layer or a
+            :class:`gnnact.compress_saved_tensors` outside a converted model), it stores
+            at ``avg_bits`` rounded down (:attr:`width`). (default: :obj:`None`)
         group_size (int, optional): quantization group size :math:`G`; scale and zero cost
             :math:`64/G` bits per value. (default: :obj:`512`)
         per_row (bool, optional): one group per node row instead of :math:`G` consecutive
@@ -56,6 +63,18 @@ class Config:
             blocks of targets (``TransformerConv``, ``GINEConv``, ``PNAConv``, ``NNConv``,
             …: :data:`gnnact.nn.chunked.BY_TARGET`; equal to PyG's up to float rounding).
             (default: :obj:`True`)
+        avg_bits (float, optional): with ``bits=None``, the average bits per compressed value
+            that the automatic widths aim at, from 1 to 8. (default: :obj:`2.5`)
+        max_noise (float, optional): with ``bits=None``, the largest ratio of a tensor's
+            rounding noise to the gradient it feeds (:mod:`gnnact.adaptive.auto`) that a width
+            may leave: a tensor above it gets more bits, beyond ``avg_bits`` if need be.
+            (default: :obj:`0.25`)
+        adapt_interval (int, optional): with ``bits=None``, the longest gap, in training
+            steps, between two measurements of the noise ratios; the first ones come sooner
+            (after 1, 2, 4, … steps). (default: :obj:`100`)
+        self_check (bool, optional): with a fixed ``bits``, measure each tensor's noise ratio
+            at step 10 and every ``adapt_interval`` steps after, and warn where it exceeds
+            ``max_noise`` (the widths stay as they are). (default: :obj:`True`)
         compact_indices (bool, optional): in :class:`gnnact.compress_saved_tensors` (and so in
             a converted model), keep the integer and boolean tensors autograd saves (a
             scatter's edge targets, a gather's sources, masks) exactly in fewer bytes: once per
@@ -70,6 +89,8 @@ class Config:
             ``backend="numba"``).
 
     Example:
+        >>> gnnact.Config().width  # automatic: avg_bits, until a converted model adapts it
+        2
         >>> config = gnnact.Config(bits=4, group_size=256)
         >>> config.attention  # attention_bits=None: 8 bits while bits is at most 8
         8
@@ -80,7 +101,7 @@ class Config:
         (4, '0')
     """
 
-    bits: int = 2
+    bits: int | None = None
     group_size: int = DEFAULT_GROUP_SIZE
     per_row: bool = False
     attention_bits: int | None = None
@@ -92,23 +113,40 @@ class Config:
     prefetch_depth: int = 1
     chunk_messages: bool = True
     compact_indices: bool = True
+    avg_bits: float = 2.5
+    max_noise: float = 0.25
+    adapt_interval: int = 100
+    self_check: bool = True
 
     def __post_init__(self) -> None:
         # Every field, at construction: a wrong value fails here, naming the field, not deep
         # inside a forward pass (or, for a flag, is silently taken as true: per_row="no").
         for name in ("bits", "attention_bits"):
             value = getattr(self, name)
-            if name == "attention_bits" and value is None:
+            if value is None:
                 continue
             if _check_int(f"Config.{name}", value) not in SUPPORTED_BITS:
                 raise ValueError(f"Config.{name} must be one of {SUPPORTED_BITS}, got {value!r}")
         if _check_int("Config.group_size", self.group_size) <= 0:
             raise ValueError(f"Config.group_size must be a positive int, got {self.group_size!r}")
+        for name in ("avg_bits", "max_noise"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"Config.{name} must be a float, got {value!r} "
+                                f"({type(value).__name__})")
+        if not 1 <= self.avg_bits <= 8:
+            raise ValueError(f"Config.avg_bits must be in [1, 8], got {self.avg_bits!r}")
+        if not (self.max_noise > 0 and math.isfinite(self.max_noise)):
+            raise ValueError(f"Config.max_noise must be positive and finite, got "
+                             f"{self.max_noise!r}")
+        if _check_int("Config.adapt_interval", self.adapt_interval) < 1:
+            raise ValueError(f"Config.adapt_interval must be a positive int, got "
+                             f"{self.adapt_interval!r}")
         if _check_int("Config.prefetch_depth", self.prefetch_depth) < 0:
             raise ValueError(f"Config.prefetch_depth must be a non-negative int, got "
                              f"{self.prefetch_depth!r}")
         for name in ("per_row", "resident_inputs", "per_node", "offload", "chunk_messages",
-                     "compact_indices"):
+                     "compact_indices", "self_check"):
             value = getattr(self, name)
             if not isinstance(value, bool):
                 raise TypeError(f"Config.{name} must be a bool, got {value!r} "
@@ -123,13 +161,24 @@ class Config:
             raise ValueError(f"Config.backend must be one of {_BACKENDS}, got {self.backend!r}")
 
     @property
+    def automatic(self) -> bool:
+        """``True`` when the widths are chosen automatically (``bits=None``)."""
+        return self.bits is None
+
+    @property
+    def width(self) -> int:
+        """The bits per value the ops store at: ``bits``, or ``avg_bits`` rounded down when
+        automatic (the widths a converted model starts from; it adapts them)."""
+        return self.bits if self.bits is not None else int(self.avg_bits)
+
+    @property
     def attention(self) -> int:
         """The resolved bit width of attention coefficients."""
         if self.attention_bits is not None:
             return self.attention_bits
-        return 8 if self.bits <= 8 else self.bits
+        return 8 if self.width <= 8 else self.width
 
     @property
     def exact(self) -> bool:
         """``True`` when nothing is quantized: layers then match PyG exactly."""
-        return self.bits == 32 and self.attention == 32
+        return self.width == 32 and self.attention == 32

@@ -48,9 +48,11 @@ from gnnact.ops.context import (
     remember,
     resident,
 )
+from gnnact.ops.probe import active_probe, restore
 from gnnact.ops.state import ForwardState, forward_pass
 from gnnact.quant import PackedMask, PackedTensor, pack_mask, unpack_mask
 from gnnact.quant.core import FLOAT_DTYPES
+from gnnact.quant.mixed import MixedPackedTensor
 from gnnact.quant.rng import PassSeeds
 from gnnact.swap import Offloader, Swapped
 
@@ -98,6 +100,13 @@ def _as_tensor(parts: tuple[Tensor, ...]) -> Tensor:
 
 def _from_parts(cls: type, meta: tuple, parts: tuple[Tensor, ...]) -> Any:
     return cls.from_parts(parts, meta)
+
+
+def _compress(compressor: Any, core: Tensor, name: str,
+              generator: torch.Generator | None) -> Any:
+    """``core`` compressed afresh (a probe pass's alternate copy)."""
+    with torch.no_grad():
+        return compressor.compress(core.detach(), name, generator)
 
 
 def _relu_mask(shape: torch.Size, dtype: torch.dtype, parts: tuple[Tensor, ...]) -> ReluMask:
@@ -305,8 +314,8 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         self.min_numel = min_numel
         self.offload_paths = tuple(offload_paths)
         # Exact mode stays exact to the bit: no masks either.
-        self.relu_masks = relu_masks and config.bits != 32
-        self.compact_indices = config.compact_indices and config.bits != 32
+        self.relu_masks = relu_masks and config.width != 32
+        self.compact_indices = config.compact_indices and config.width != 32
         self.generator = generator
         self._seeds = PassSeeds()
         self._offloaders: dict[torch.device, Offloader] = {}
@@ -457,6 +466,9 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
                     _relu_mask, mask.shape, t.dtype), share=False)
             return mask
         compressor = self.policy.choose(name, module, t)
+        # The policy's default compressor gets the widths a converted model's scope allocates;
+        # a rule's choice (the attention coefficients', say) keeps its own.
+        allocated = compressor is not None and compressor is self.policy.default
         if compressor is not None and compressor.adaptive and name in self.bits:
             compressor = compressor.with_bits(self.bits[name])
         if compressor is None or compressor.bits == 32:
@@ -472,6 +484,10 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
                                     self.generator)
         with torch.no_grad():
             packed = compressor.compress(core.detach(), name, generator)
+        probe = active_probe()
+        if probe is not None and isinstance(packed, (PackedTensor, MixedPackedTensor)):
+            probe.add(name, packed, functools.partial(_compress, compressor, core, name),
+                      fixed=not allocated)
         if isinstance(packed, PackedTensor) and _storage_key(packed.codes) == _storage_key(core):
             self._pass(t, path)  # 16 bits of a 16-bit tensor: its own storage, no copy
             return t
@@ -539,7 +555,7 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
                 release(saved, state)
         if not isinstance(saved, Tensor):
             with torch.no_grad():
-                saved = saved.dequantize()
+                saved = restore(saved)
         if shape is not None:
             saved = saved.reshape(shape)
         return saved if broadcast is None else saved.expand(broadcast)

@@ -123,13 +123,13 @@ def test_names_roles_and_sizes(graph):
     names = list(controller.tensors)
     # The first layer's input is resident (kept by reference, not a compressed tensor); the
     # linear maps after BatchNorm rebuild their input from the BN's; attention is fixed.
-    # GAT keeps its projected features X^s (convs.i), the BatchNorm input (bns.i).
-    assert names == ["convs.0:activations", "bns.0:activations", "convs.1:activations",
-                     "bns.1:activations", "convs.2:activations"]
+    # GAT keeps its projected features X^s (convs.i:features), the BatchNorm input (bns.i).
+    assert names == ["convs.0:features", "bns.0:activations", "convs.1:features",
+                     "bns.1:activations", "convs.2:features"]
     assert controller.tensors["bns.0:activations"].numel == 600 * 48
     # X^s, and the copy rounded independently for the attention vectors' gradients
     # (gnnact.ops.gat), at the same width: two tensors of 600 x 3 heads x 4.
-    assert controller.tensors["convs.2:activations"].numel == 2 * 600 * 3 * 4
+    assert controller.tensors["convs.2:features"].numel == 2 * 600 * 3 * 4
     assert all(t.sensitivity > 0 for t in controller.tensors.values())
     adapted = Controller(model, avg_bits=2, adapt_attention=True)
     adapted.estimate(_closure(model, graph))

@@ -39,6 +39,17 @@ BAD = [
     ("chunk_messages", 1, TypeError, "Config.chunk_messages must be a bool, got 1 (int)"),
     ("compact_indices", "no", TypeError,
      "Config.compact_indices must be a bool, got 'no' (str)"),
+    ("avg_bits", "2.5", TypeError, "Config.avg_bits must be a float, got '2.5' (str)"),
+    ("avg_bits", 0.5, ValueError, "Config.avg_bits must be in [1, 8], got 0.5"),
+    ("avg_bits", 9, ValueError, "Config.avg_bits must be in [1, 8], got 9"),
+    ("max_noise", True, TypeError, "Config.max_noise must be a float, got True (bool)"),
+    ("max_noise", 0.0, ValueError, "Config.max_noise must be positive and finite, got 0.0"),
+    ("max_noise", float("inf"), ValueError,
+     "Config.max_noise must be positive and finite, got inf"),
+    ("adapt_interval", 0, ValueError, "Config.adapt_interval must be a positive int, got 0"),
+    ("adapt_interval", 10.0, TypeError,
+     "Config.adapt_interval must be an int, got 10.0 (float)"),
+    ("self_check", "yes", TypeError, "Config.self_check must be a bool, got 'yes' (str)"),
 ]
 
 
@@ -63,6 +74,7 @@ def test_bad_value_raises(name: str, value: object, error: type[Exception], mess
      "resident_inputs": False, "per_node": True, "tag": "convs.0", "offload": True,
      "prefetch_depth": 0, "chunk_messages": False, "compact_indices": False},
     {"bits": 32, "attention_bits": None, "backend": "cupy", "tag": None},
+    {"bits": None, "avg_bits": 3, "max_noise": 0.5, "adapt_interval": 7, "self_check": False},
 ])
 def test_good_values_are_kept(kwargs: dict) -> None:
     config = Config(**kwargs)
@@ -74,3 +86,12 @@ def test_compressors_validate_through_config() -> None:
     # Quantize checks its fields by building a Config: the same errors, the same names.
     with pytest.raises(TypeError, match=r"^Config\.per_row must be a bool, got 'yes' \(str\)$"):
         gnnact.compress.Quantize(bits=2, per_row="yes")
+
+
+def test_automatic_is_the_default() -> None:
+    # bits=None: widths chosen per tensor by a converted model; its start (and the width of a
+    # layer used on its own) is avg_bits rounded down.
+    config = Config()
+    assert config.bits is None and config.automatic and config.width == 2
+    assert Config(avg_bits=3.5).width == 3 and Config(bits=4).width == 4
+    assert not Config(bits=4).automatic and Config().attention == 8 and not Config().exact

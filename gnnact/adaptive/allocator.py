@@ -54,9 +54,10 @@ def variance_factor(bits: int) -> float:
 
 
 def allocate(sensitivity: Sequence[float], sizes: Sequence[int], avg_bits: float,
-             widths: Sequence[int] = WIDTHS) -> list[int]:
+             widths: Sequence[int] = WIDTHS,
+             floors: Sequence[int] | None = None) -> list[int]:
     r"""Widths :math:`b_l \in` ``widths`` minimising :math:`\sum_l c_l S(b_l)` subject to
-    :math:`\sum_l b_l D_l \le \bar b \sum_l D_l`.
+    :math:`\sum_l b_l D_l \le \bar b \sum_l D_l` (and :math:`b_l \ge f_l` with ``floors``).
 
     The bits above the smallest width are counted on a grid of :math:`u` values (:math:`u` the
     greatest common divisor of the sizes, or coarser so that the largest possible total spans
@@ -70,14 +71,17 @@ def allocate(sensitivity: Sequence[float], sizes: Sequence[int], avg_bits: float
         sizes (Sequence[int]): :math:`D_l > 0`, values per tensor.
         avg_bits (float): :math:`\bar b`, at least ``min(widths)``.
         widths (Sequence[int], optional): the allowed widths. (default: :data:`WIDTHS`)
+        floors (Sequence[int], optional): :math:`f_l`, the least width of each tensor (a
+            width of ``widths``). When the floors alone exceed the budget they are the
+            result: a floor is a requirement, the budget a goal. (default: :obj:`None`)
 
     Returns:
         list[int]: :math:`b_l` per tensor.
 
     Raises:
         ValueError: if the lengths differ, a sensitivity is negative or not finite, a size is
-            not a positive integer, a width is below 1, or ``avg_bits`` is below the smallest
-            width.
+            not a positive integer, a width is below 1, a floor is not one of ``widths``, or
+            ``avg_bits`` is below the smallest width.
 
     Example:
         >>> from gnnact.adaptive import allocate
@@ -85,6 +89,8 @@ def allocate(sensitivity: Sequence[float], sizes: Sequence[int], avg_bits: float
         [1, 3]
         >>> allocate([1.0, 1.0, 5.0], [100, 100, 200], avg_bits=3, widths=(2, 4, 8))
         [2, 2, 4]
+        >>> allocate([1.0, 100.0], [1000, 1000], avg_bits=2, floors=[4, 1])  # a requirement
+        [4, 1]
     """
     if len(sensitivity) != len(sizes):
         raise ValueError(f"sensitivity has {len(sensitivity)} entries but sizes has "
@@ -99,6 +105,11 @@ def allocate(sensitivity: Sequence[float], sizes: Sequence[int], avg_bits: float
     if not avg_bits >= widths[0]:
         raise ValueError(f"avg_bits must be at least the smallest width {widths[0]}, "
                          f"got {avg_bits}")
+    if floors is not None:
+        if len(floors) != len(sizes) or any(f not in widths for f in floors):
+            raise ValueError(f"floors must give one of {widths} per tensor, got {list(floors)}")
+    else:
+        floors = [widths[0]] * len(sizes)
     if not sizes:
         return []
     if avg_bits >= widths[-1]:
@@ -113,16 +124,18 @@ def allocate(sensitivity: Sequence[float], sizes: Sequence[int], avg_bits: float
     capacity = min(math.floor((avg_bits - low) * total / unit + 1e-9), span * total // unit)
     weights = [[math.ceil((b - low) * d / unit) for b in widths] for d in sizes]
     costs = [[c * variance_factor(b) for b in widths] for c in sensitivity]
+    if sum(w[widths.index(f)] for w, f in zip(weights, floors, strict=True)) > capacity:
+        return list(floors)  # the floors alone take the budget (or more)
 
     # best[w]: least variance of the tensors so far within w cells; choice[l][w] the width.
     inf = float("inf")
     best = np.zeros(capacity + 1)
     choices = []
-    for weight, cost in zip(weights, costs, strict=True):
+    for weight, cost, floor in zip(weights, costs, floors, strict=True):
         new = np.full(capacity + 1, inf)
         pick = np.full(capacity + 1, -1, dtype=np.int64)
         for k in range(len(widths) - 1, -1, -1):  # fewer bits win ties (visited last)
-            if weight[k] > capacity:
+            if weight[k] > capacity or widths[k] < floor:
                 continue
             cand = np.full(capacity + 1, inf)
             cand[weight[k]:] = best[:capacity + 1 - weight[k]] + cost[k]

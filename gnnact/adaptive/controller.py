@@ -12,7 +12,7 @@ where :math:`g_0` and :math:`g_l` are gradients of two passes identical in every
 masks, every other tensor's rounding noise) except tensor :math:`l`'s rounding noise, so
 :math:`\mathbb{E}\lVert g_0 - g_l\rVert^2 = 2 \operatorname{Var}_l = 2 c_l S(b_l)`. The
 widths then minimise :math:`\sum_l c_l S(b_l)` within :math:`\sum_l b_l D_l \le \bar b \sum_l
-D_l` (:func:`~gnnact.adaptive.allocate`, exact).
+D_l` (:func:`~gnnact.adaptive.allocator.allocate`, exact).
 
 An estimate costs one forward and backward pass per tensor plus one (the passes run on the
 model's parameters without touching ``.grad``, and BatchNorm running statistics are restored
@@ -118,7 +118,9 @@ class CompressedTensor:
 
 
 class Controller:
-    r"""Adaptive per-tensor bit widths for a model converted by :func:`gnnact.convert`.
+    r"""Adaptive per-tensor bit widths for a model converted by :func:`gnnact.convert`, from
+    GACT's estimate. The controller takes the widths over: the scope's automatic ones
+    (:mod:`gnnact.adaptive.auto`), or the self-check of fixed ones, stop when it is made.
 
     Args:
         model (torch.nn.Module): the model; its gnnact modules (:func:`gnnact.convert`) get a
@@ -208,6 +210,10 @@ class Controller:
         # The converted model's scope: the widths of functional ops' tensors and of the
         # generic pipeline's (convs without a twin) are set there, by name.
         self.scope = scope_of(model)
+        if self.scope is not None and self.scope.auto is not None:
+            # The controller sets the widths now: the scope's own allocation (or check, whose
+            # probes would also run inside the estimates' passes) steps aside.
+            self.scope.auto = None
         if not self.modules and hooks is None and self.scope is None:
             raise ValueError("model has no gnnact modules: call gnnact.convert(model) first, or "
                              "pass hooks=gnnact.compress_saved_tensors(...)")

@@ -147,7 +147,7 @@ class Policy:
         """
         config = config or Config()
         default = Quantize.from_config(config)
-        if config.bits == 32:
+        if config.width == 32:
             return cls([], default=None)
         rules = [Rule(None, names=(OUTSIDE,))]
         if model is not None:

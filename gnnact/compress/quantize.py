@@ -59,7 +59,7 @@ class Quantize(Compressor):
     @classmethod
     def from_config(cls, config: Config) -> Quantize:
         """The compressor with ``config``'s bits, group size, ``per_row`` and backend."""
-        return cls(config.bits, config.group_size, config.per_row, config.backend)
+        return cls(config.width, config.group_size, config.per_row, config.backend)
 
     @property
     def fmt(self) -> tuple:

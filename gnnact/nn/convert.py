@@ -65,9 +65,17 @@ def convert(model: nn.Module, config: Config | None = None) -> nn.Module:
     kept, ``state_dict`` keys do not change, and an optimizer built before the call keeps
     working. With ``Config(bits=32)`` the converted model computes what the original did.
 
+    With no ``config`` (or ``bits=None``) every compressed tensor gets its own width while the
+    model trains, from noise ratios measured inside ordinary training steps
+    (:mod:`gnnact.adaptive.auto`); ``Config(bits=b)`` keeps one fixed width. The model's
+    scope goes with it through :func:`copy.deepcopy` and pickling, a ``torch.fx``
+    ``GraphModule`` (``to_hetero``'s) included.
+
     Args:
         model (torch.nn.Module): the model (converted itself if it is a supported layer).
-        config (Config, optional): storage of the context. (default: ``Config()``, 2 bits)
+        config (Config, optional): storage of the context. (default: ``Config()``: automatic
+            widths, 2.5 bits per value on average, chosen per tensor as the model trains;
+            :mod:`gnnact.adaptive.auto`)
 
     Returns:
         torch.nn.Module: ``model`` itself.

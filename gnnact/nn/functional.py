@@ -35,8 +35,9 @@ and its arguments are the plain kind gnnact's ops take; otherwise, and inside gn
 ops, PyTorch's function runs unchanged. Everything else saved in the pass goes through the
 generic pipeline (:class:`gnnact.compress_saved_tensors`) that the scope
 (:mod:`gnnact.nn.scope`) enters alongside. While :func:`~torch.nn.functional.softmax` or
-:func:`~torch.nn.functional.log_softmax` runs, what it saves stays exact: the loss head, by
-far the most sensitive context (GACT).
+:func:`~torch.nn.functional.log_softmax` or a loss function (:data:`EXACT_FUNCTIONS`) runs,
+what it saves stays exact: the loss head and auxiliary losses, by far the most sensitive
+context (GACT).
 """
 
 from __future__ import annotations
@@ -55,11 +56,19 @@ from gnnact import ops
 from gnnact.config import Config
 from gnnact.ops.context import overwritable
 
-__all__ = ["EXACT_FUNCTIONS", "FunctionalOps", "temporary_counts"]
+__all__ = ["EXACT_FUNCTIONS", "CollectingOps", "FunctionalOps", "temporary_counts"]
 
-#: Functions whose saved tensors stay exact (the loss head).
-EXACT_FUNCTIONS = frozenset({F.softmax, F.log_softmax, torch.softmax, torch.log_softmax,
-                             Tensor.softmax, Tensor.log_softmax})
+#: Functions whose saved tensors stay exact: the loss head, and the losses a model computes
+#: in its own forward (an auxiliary loss: SuperGAT's attention loss, a regulariser). The
+#: loss's context is by far the most sensitive (GACT), and it is small: one value per
+#: prediction.
+EXACT_FUNCTIONS = frozenset({
+    F.softmax, F.log_softmax, torch.softmax, torch.log_softmax, Tensor.softmax,
+    Tensor.log_softmax, F.cross_entropy, F.nll_loss, F.binary_cross_entropy,
+    F.binary_cross_entropy_with_logits, F.mse_loss, F.l1_loss, F.smooth_l1_loss, F.huber_loss,
+    F.kl_div, F.poisson_nll_loss, F.gaussian_nll_loss, F.margin_ranking_loss,
+    F.cosine_embedding_loss, F.hinge_embedding_loss, F.soft_margin_loss,
+    F.multilabel_soft_margin_loss, F.triplet_margin_loss})
 
 
 def _float(x: Any) -> bool:
@@ -265,6 +274,24 @@ class FunctionalOps(TorchFunctionMode):
             finally:
                 self.exact[0] -= 1
         return func(*args, **kwargs)
+
+
+class CollectingOps(FunctionalOps):
+    """:class:`FunctionalOps` that also hands every call's result to ``collect`` (a probe
+    pass's :meth:`NoiseProbe.collect <gnnact.ops.probe.NoiseProbe.collect>`: backward finds
+    the nodes to run again from these). A class of its own, so that other passes pay
+    nothing for it."""
+
+    def __init__(self, config_for: Callable[[str], Config], exact: list[int],
+                 collect: Callable[[Any], None]) -> None:
+        super().__init__(config_for, exact)
+        self.collect = collect
+
+    def __torch_function__(self, func: Callable, types: Any, args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
+        out = super().__torch_function__(func, types, args, kwargs)
+        self.collect(out)
+        return out
 
 
 def _temporary(func: Callable, x: Tensor, counts: tuple[int, int]) -> bool:

@@ -28,21 +28,26 @@ What the last pass kept, by module, is what :func:`gnnact.summary` reports.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
+import functools
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.fx import GraphModule
 from torch_geometric.nn.conv import MessagePassing
 
+from gnnact.adaptive.auto import AutoPrecision
 from gnnact.compress import Policy, Quantize, Rule
 from gnnact.config import Config
 from gnnact.hooks import SavedEntry, active_pipeline, compress_saved_tensors
 from gnnact.memory import argument_tensors, storage_keys
-from gnnact.nn.functional import FunctionalOps
+from gnnact.nn.functional import CollectingOps, FunctionalOps
 from gnnact.ops.graph import GraphCache, use_graph_cache
+from gnnact.ops.probe import NoiseProbe, probing
 from gnnact.ops.state import eager_op, forward_pass
 from gnnact.quant.rng import PassSeeds
 
@@ -79,44 +84,57 @@ class PassRecord:
 class _Pass:
     """One forward pass of a converted model (see the module docstring)."""
 
-    def __init__(self, scope: Scope, module: nn.Module, args: tuple, kwargs: dict) -> None:
+    def __init__(self, scope: Scope, root: nn.Module, module: nn.Module, args: tuple,
+                 kwargs: dict) -> None:
         self.scope = scope
-        self.module = module
+        self.root = root  # the converted model
+        self.module = module  # the module whose call is the pass: the root or a child
         self.depth = 1  # converted modules (this one included) running inside the pass
         self.exact = [0]  # raised while a softmax (the loss head) runs
         self.inputs = argument_tensors((args, kwargs))
         self.pipeline: compress_saved_tensors | None = None
+        self.probe: NoiseProbe | None = None
         self._stack = contextlib.ExitStack()
         self._token: Any = None
 
     def enter(self) -> None:
         scope, stack = self.scope, self._stack
         try:
+            self.probe = scope.begin_step()
+            stack.enter_context(probing(self.probe))
             state = stack.enter_context(forward_pass(scope.row_gradients, seeds=scope.seeds))
             # Only the forward's inputs are resident: any other tensor that needs no gradient
             # (an aggregate of the input features, say) is a temporary. (Restored at the end:
             # the pass may be a pipeline's around the model.)
             stack.callback(setattr, state, "resident", state.resident)
             state.resident = storage_keys(self.inputs)
+            if scope.auto is not None and scope.auto.adapt:  # one width per tensor, by name
+                stack.callback(setattr, state, "widths", state.widths)
+                state.widths = scope.bits
             stack.enter_context(use_graph_cache(scope.graphs))
             pipeline = active_pipeline()
             if pipeline is None:
-                pipeline = scope.pipeline(self.module, self.inputs, self.exact)
+                pipeline = scope.pipeline(self.root, self.inputs, self.exact)
                 stack.enter_context(pipeline)
-                # Its module tracking starts inside the root's call (this hook), after the
-                # root's own entry: the root is the running module until it returns.
+                # Its module tracking starts inside the module's call (this hook), after the
+                # module's own entry: it is the running module until it returns.
                 pipeline._stack.append(self.module)
             self.pipeline = pipeline
-            stack.enter_context(FunctionalOps(self.config_for, self.exact))
+            stack.enter_context(
+                FunctionalOps(self.config_for, self.exact) if self.probe is None
+                else CollectingOps(self.config_for, self.exact, self.probe.collect))
         except BaseException:
             stack.close()
             raise
         self._token = _PASS.set(self)
 
-    def exit(self) -> None:
+    def exit(self, output: Any = None) -> None:
         _PASS.reset(self._token)
         try:
             self._stack.close()
+            if self.probe is not None:  # backward re-runs the nodes that read its tensors
+                self.probe.collect(output)
+                self.probe.arm()
         finally:
             pipeline = self.pipeline
             if pipeline is not None:
@@ -151,6 +169,7 @@ class Scope:
 
     def __init__(self, config: Config) -> None:
         self.config = config
+        self.auto: AutoPrecision | None = None
         self.bits: dict[str, int] = {}
         self.graphs = GraphCache()
         self.row_gradients: dict[tuple, Tensor] = {}
@@ -167,27 +186,45 @@ class Scope:
         if scope is not None:
             scope.config = config
             scope._configs.clear()
+            scope.bits.clear()
+            scope._automate(model)
             return scope
         scope = cls(config)
-        # A plain attribute (not a submodule, parameter or buffer): no state_dict entry.
-        object.__setattr__(model, ATTRIBUTE, scope)
-        model.register_forward_pre_hook(scope._pre, with_kwargs=True, prepend=True)
-        model.register_forward_hook(scope._post, with_kwargs=True, always_call=True)
+        scope._automate(model)
+        scope._attach(model)
         return scope
+
+    def _attach(self, model: nn.Module) -> None:
+        """Make this the scope of ``model``: its attribute and its hooks."""
+        # A plain attribute (not a submodule, parameter or buffer): no state_dict entry.
+        object.__setattr__(model, ATTRIBUTE, self)
+        # The model's own call is a pass, and so is a call of one of its children made
+        # outside it: a model used through its methods (GAE's encode, recon_loss) never calls
+        # its own forward. (Not for a GraphModule, called through its forward: fx pickles it
+        # by its own rules, which a child's reference to it would send round in circles.)
+        children = () if isinstance(model, GraphModule) else model.children()
+        for module, root in ((model, None), *((child, model) for child in children)):
+            if not any(_is_scope_hook(h) for h in module._forward_pre_hooks.values()):
+                module.register_forward_pre_hook(functools.partial(self._pre, root=root),
+                                                  with_kwargs=True, prepend=True)
+                module.register_forward_hook(self._post, with_kwargs=True, always_call=True)
+        if isinstance(model, GraphModule):
+            _keep_through_copies(model)
 
     # Module hooks, not a wrapped forward: they see the module they run for (a replica made by
     # DataParallel included) and survive deepcopy and pickling with the model. Under
     # torch.compile they run eagerly (eager_op): a pass's state is context variables, hooks and
     # a torch function mode, entered here and left in _post, not a tensor program.
     @eager_op
-    def _pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+    def _pre(self, module: nn.Module, args: tuple, kwargs: dict, *,
+             root: nn.Module | None = None) -> None:
         active = _PASS.get()
-        if active is not None:  # a converted model inside a converted model: one pass
+        if active is not None:  # inside a pass (of this model, or of an enclosing one)
             active.depth += 1
             return
         if not torch.is_grad_enabled():
             return  # nothing will be kept
-        _Pass(self, module, args, kwargs).enter()
+        _Pass(self, module if root is None else root, module, args, kwargs).enter()
 
     @eager_op
     def _post(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
@@ -196,15 +233,44 @@ class Scope:
             return
         active.depth -= 1
         if active.depth == 0:
-            active.exit()
+            active.exit(output)
+
+    def _automate(self, model: nn.Module) -> None:
+        """Give the scope its :class:`~gnnact.adaptive.auto.AutoPrecision`: allocating the
+        widths when ``config`` is automatic (``bits=None``), only checking them when they are
+        fixed (``config.self_check``); none when nothing is quantized."""
+        self.auto = None
+        config = self.config
+        if config.automatic or (config.self_check and config.width <= 8):
+            self.auto = AutoPrecision(self.config)
 
     # ------------------------------------------------------------------ per pass
+
+    def begin_step(self) -> NoiseProbe | None:
+        """At the start of a training forward pass: with automatic precision, the widths of
+        the last probe given to the scope, and this pass's probe if it is one
+        (:meth:`AutoPrecision.begin <gnnact.adaptive.auto.AutoPrecision.begin>`)."""
+        if self.auto is None:
+            return None
+        allocations = self.auto.allocations
+        probe = self.auto.begin()
+        if self.auto.allocations != allocations:
+            self.set_widths(self.auto.widths)
+        return probe
+
+    def set_widths(self, widths: dict[str, int]) -> None:
+        """Give each tensor of ``widths`` (``"<module path>:<role>"``) its width: functional
+        ops and the generic pipeline read :attr:`bits` by name, and so do twins in a pass with
+        automatic widths (:attr:`ForwardState.widths <gnnact.ops.state.ForwardState>`)."""
+        if any(self.bits.get(name) != bits for name, bits in widths.items()):
+            self.bits.update(widths)
+            self._configs.clear()
 
     def config_for(self, path: str, role: str) -> Config:
         """The configuration of tensor ``role`` kept by a functional op in module ``path``:
         this scope's, tagged with the path, at the width :attr:`bits` gives it."""
         tag = path or "<model>"
-        bits = self.bits.get(f"{tag}:{role}", self.config.bits)
+        bits = self.bits.get(f"{tag}:{role}", self.config.width)
         key = (tag, role, bits)
         config = self._configs.get(key)
         if config is None:
@@ -234,12 +300,52 @@ class Scope:
         return state
 
 
+# A module's hooks and attributes go with it through copy.deepcopy and pickle. A
+# torch.fx.GraphModule (what to_hetero returns) is rebuilt from its graph instead, which
+# keeps neither: its copies would run without a scope, keeping their context uncompressed.
+# fx gives every GraphModule a class of its own, so that class gets the two methods that put a
+# copy of the scope back on the copy.
+
+
+def _keep_through_copies(model: GraphModule) -> None:
+    cls = type(model)
+    if cls.__dict__.get("__deepcopy__") is not _graph_module_deepcopy:
+        cls.__deepcopy__ = _graph_module_deepcopy
+        cls.__reduce__ = _graph_module_reduce
+
+
+def _graph_module_deepcopy(self: GraphModule, memo: dict) -> GraphModule:
+    scope = scope_of(self)
+    copied = GraphModule.__deepcopy__(self, memo)
+    if scope is not None:
+        copy.deepcopy(scope, memo)._attach(copied)
+    return copied
+
+
+def _graph_module_reduce(self: GraphModule) -> tuple:
+    rebuild, args = GraphModule.__reduce__(self)
+    return _rebuild_graph_module, (rebuild, args, scope_of(self))
+
+
+def _rebuild_graph_module(rebuild: Any, args: tuple, scope: Scope | None) -> GraphModule:
+    """Unpickle a converted GraphModule: fx's own rebuild, then its scope put back."""
+    model = rebuild(*args)
+    if scope is not None:
+        scope._attach(model)
+    return model
+
+
 def _per_edge_and_head(name: str, module: nn.Module | None, t: Tensor) -> bool:
     """Whether ``t``, saved in ``module``, holds one value per edge and head: ``[E, H]`` or
     ``[E, H, 1]`` inside a message-passing layer with ``heads``."""
     heads = getattr(module, "heads", None)
     return (isinstance(module, MessagePassing) and isinstance(heads, int) and t.dim() in (2, 3)
             and t.size(1) == heads and t.numel() == t.size(0) * heads)
+
+
+def _is_scope_hook(hook: Any) -> bool:
+    """Whether ``hook`` is a :class:`Scope`'s (a copy of a child keeps the hooks it had)."""
+    return isinstance(getattr(getattr(hook, "func", None), "__self__", None), Scope)
 
 
 def scope_of(model: nn.Module) -> Scope | None:

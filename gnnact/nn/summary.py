@@ -13,7 +13,7 @@ from gnnact.nn.chunked import _Chunks
 from gnnact.nn.conv.base import CompressedConv
 from gnnact.nn.scope import scope_of
 
-__all__ = ["Summary", "SummaryRow", "summary"]
+__all__ = ["Summary", "SummaryRow", "TensorRow", "summary"]
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,8 @@ class SummaryRow:
             for a registered PyG hook, say), ``"exempt"`` (everything it saved was kept exact
             on purpose: the softmax head, or ``bits=32``), or ``"none"`` (saved nothing in the
             last step).
-        bits (int): the width its activations are kept at.
+        bits (int): the width its activations are kept at (with automatic widths, the widest
+            of its tensors').
         nbytes (int or None): bytes of the context it saved in the last training step (its
             own, not its submodules'); ``None`` before the first one.
         messages (str, optional): for a message-passing layer, how its edge messages were
@@ -48,13 +49,36 @@ class SummaryRow:
 
 
 @dataclass(frozen=True)
+class TensorRow:
+    r"""One compressed tensor of a :class:`Summary` (see :mod:`gnnact.adaptive.auto`).
+
+    Args:
+        name (str): ``"<module path>:<role or index>"``.
+        values (int): values quantized under the name in the last probe step.
+        bits (int): its width.
+        ratio (float or None): its rounding noise against the gradient it feeds, at
+            ``bits`` (:mod:`gnnact.ops.probe`); ``None`` before a probe measured it.
+        reason (str): why it has its width.
+    """
+
+    name: str
+    values: int
+    bits: int
+    ratio: float | None
+    reason: str
+
+
+@dataclass(frozen=True)
 class Summary:
-    """The result of :func:`summary`: one :class:`SummaryRow` per module, and the totals of the
-    last training step (``None`` before the first one)."""
+    """The result of :func:`summary`: one :class:`SummaryRow` per module, the totals of the
+    last training step (``None`` before the first one) and, once a probe step has measured
+    them, one :class:`TensorRow` per compressed tensor with its width and noise ratio."""
 
     rows: tuple[SummaryRow, ...]
     context: int | None
     graph_cache: int | None
+    tensors: tuple[TensorRow, ...] = ()
+    average_bits: float | None = None
 
     def __str__(self) -> str:
         width = max([len("module")] + [len(r.path or "(model)") for r in self.rows])
@@ -71,6 +95,16 @@ class Summary:
             lines.append(f"context {_size(self.context)}, graph cache "
                          f"{_size(self.graph_cache or 0)}, total "
                          f"{_size(self.context + (self.graph_cache or 0))}")
+        if self.tensors:
+            width = max(len("tensor"), *(len(t.name) for t in self.tensors))
+            lines.append("")
+            lines.append(f"{'tensor':{width}s}  {'values':>10s}  {'bits':>4s}  {'noise':>8s}  why")
+            for t in self.tensors:
+                ratio = "–" if t.ratio is None else f"{t.ratio:.2g}"
+                lines.append(f"{t.name:{width}s}  {t.values:10,d}  {t.bits:4d}  {ratio:>8s}  "
+                             f"{t.reason}")
+            if self.average_bits is not None:
+                lines.append(f"{self.average_bits:.2f} bits per value on average")
         return "\n".join(lines)
 
 
@@ -152,6 +186,12 @@ def summary(model: nn.Module) -> Summary:
     if record is not None:
         for name, entry in record.tensors.items():
             saved.setdefault(name.rsplit(":", 1)[0], []).append(entry.kind)
+    # With automatic widths a module's tensors each have their own: the widest is shown.
+    widest: dict[str, int] = {}
+    if scope.auto is not None and scope.auto.adapt:
+        for t in scope.auto.tensors.values():
+            tag = t.name.rsplit(":", 1)[0]
+            widest[tag] = max(widest.get(tag, 0), t.bits)
     rows = []
     for path, module in model.named_modules():
         nbytes = None if record is None else record.bytes_by_module.get(path, 0)
@@ -162,19 +202,26 @@ def summary(model: nn.Module) -> Summary:
         pyg_path = isinstance(module, CompressedConv) and (
             module._takes_pyg_path() or module._compressed_reduce() is None)
         if isinstance(module, _Compressed):
-            bits = module.config.bits
+            bits = module.config.width
             generic = pyg_path or any(kind != "exact" for kind in kinds)
             handling = "generic" if generic else "twin"
         else:
-            bits = scope.config.bits
+            bits = scope.config.width
             if kinds and all(kind == "exact" for kind in kinds):
                 handling = "exempt"
             elif record is not None and not nbytes and not kinds:
                 handling = "none"
             else:
                 handling = "generic"
+        bits = widest.get(path or "<model>", bits)
         rows.append(SummaryRow(path, type(module).__name__, handling, bits, nbytes,
                                _messages(module, pyg_path)))
+    tensors: tuple[TensorRow, ...] = ()
+    average = None
+    if scope.auto is not None:
+        tensors = tuple(TensorRow(t.name, t.numel, t.bits, t.ratio, t.reason)
+                        for t in scope.auto.tensors.values())
+        average = scope.auto.average_bits
     if record is None:
-        return Summary(tuple(rows), None, None)
-    return Summary(tuple(rows), record.context, record.graph_cache)
+        return Summary(tuple(rows), None, None, tensors, average)
+    return Summary(tuple(rows), record.context, record.graph_cache, tensors, average)

@@ -53,6 +53,7 @@ import torch
 from torch import Tensor
 
 from gnnact.config import Config
+from gnnact.ops.probe import active_probe, restore
 from gnnact.ops.state import ForwardState, forward_state
 from gnnact.quant import PackedMask, PackedTensor, pack_mask, quantize, unpack_mask
 from gnnact.quant.core import mask_backend
@@ -64,7 +65,7 @@ __all__ = ["alias_derived", "apply_mask", "cache_key", "cached", "controlled_noi
            "derived_steps", "hold_parts", "independent_quantize", "input_bits", "load_context",
            "mask_mode", "noise_generator", "overwritable", "own_context", "per_node_quantize",
            "records_graph", "release", "remember", "resident", "save_context",
-           "shared_quantize", "transient"]
+           "shared_quantize", "transient", "width_of"]
 
 def cache_key(x: Tensor) -> tuple[tuple, Tensor]:
     """The key of ``x`` and the object whose identity it rests on: the tensor ``x`` views
@@ -105,7 +106,7 @@ class Reshaped:
         return self.inner.nbytes
 
     def dequantize(self) -> Tensor:
-        x = self.inner.dequantize()
+        x = restore(self.inner)
         return x.expand(self.shape) if self.broadcast else x.reshape(self.shape)
 
 
@@ -235,7 +236,7 @@ def _rebuild(steps: list[tuple], state: ForwardState | None) -> Tensor:
             _, cls, inner = meta
             if state is not None:
                 _release(parts[0], state)  # read by a backward: its forward pass is over
-            x = cls.from_parts(tuple(parts), inner).dequantize()
+            x = restore(cls.from_parts(tuple(parts), inner))
             shape = [1, -1] + [1] * (x.dim() - 2)
             mean = mean.to(x.dtype).view(shape)
             aliased = any(p is not None and p.untyped_storage().data_ptr()
@@ -253,7 +254,7 @@ def _rebuild(steps: list[tuple], state: ForwardState | None) -> Tensor:
             _, cls, inner = meta
             if state is not None:
                 _release(tensors[0], state)
-            value = cls.from_parts(tuple(tensors), inner).dequantize()
+            value = restore(cls.from_parts(tuple(tensors), inner))
             if any(value.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
                    for t in tensors):  # (a pass-through copy is the tensor itself)
                 value = value.clone()
@@ -305,7 +306,7 @@ def input_bits(x: Tensor | None, config: Config) -> int:
     itself needs no gradient either."""
     if x is not None and config.resident_inputs and resident(x):
         return 32
-    return config.bits
+    return config.width
 
 
 class _NoiseControl:
@@ -389,24 +390,50 @@ def per_node_quantize(x: Tensor, bits: int, config: Config, role: str,
                          backend=config.backend)
 
 
+def width_of(config: Config, role: str, bits: int) -> int:
+    """The width of tensor ``role`` of ``config.tag``, which its op would keep at ``bits``:
+    the running pass's own for it when it has one (:attr:`ForwardState.widths
+    <gnnact.ops.state.ForwardState>`: a converted model's automatic widths, one per tensor,
+    where a twin's config has one for all), else ``bits``. 16/32 bits (inputs kept by
+    reference, exact runs) stay as they are."""
+    widths = forward_state().widths
+    if not widths or bits > 8:
+        return bits
+    return widths.get(f"{config.tag or '<model>'}:{role}", bits)
+
+
 def shared_quantize(x: Tensor, bits: int, config: Config,
                     role: str = "activations") -> PackedTensor | MixedPackedTensor:
     """:func:`gnnact.quantize` with ``config``'s grouping (or :func:`per_node_quantize` with
     ``config.per_node``), sharing one copy per tensor. ``role`` names the tensor within its
     module for :func:`controlled_noise` and per-node precision."""
+    bits = width_of(config, role, bits)
     fmt = (bits, config.group_size, config.per_row, config.per_node, config.backend)
     packed = cached(x, fmt)
     if packed is not None:
         return packed
     generator = noise_generator(config.tag, role, x, bits) if bits <= 8 else None
     if config.per_node and bits <= 8 and x.dim() == 2 and x.size(0) > 1:
-        packed = per_node_quantize(x, bits, config, role, generator)
+        def make(generator: torch.Generator | None) -> Any:
+            return per_node_quantize(x, bits, config, role, generator)
     else:
-        packed = quantize(x, bits, config.group_size, per_row=config.per_row,
-                          generator=generator, backend=config.backend)
+        def make(generator: torch.Generator | None) -> Any:
+            return quantize(x, bits, config.group_size, per_row=config.per_row,
+                            generator=generator, backend=config.backend)
+    packed = make(generator)
     if not packed.is_passthrough:
         remember(x, fmt, packed)
+        _probe(config, role, packed, make)
     return packed
+
+
+def _probe(config: Config, role: str, packed: Any, make: Any) -> None:
+    """Give ``packed`` (tensor ``role`` of ``config.tag``) an alternate in a probe pass
+    (:mod:`gnnact.ops.probe`); attention coefficients keep their width."""
+    probe = active_probe()
+    if probe is not None:
+        probe.add(f"{config.tag or '<model>'}:{role}", packed, make,
+                  fixed=role == "attention")
 
 
 def independent_quantize(x: Tensor, config: Config,
@@ -419,11 +446,17 @@ def independent_quantize(x: Tensor, config: Config,
     bits, which round deterministically (the shared copy then serves). ``role`` names it for
     :func:`controlled_noise` (the features' own role: :class:`gnnact.Controller` then gives
     it their width and counts it in their bytes)."""
-    if config.bits > 8:
+    bits = width_of(config, role, config.width)
+    if bits > 8:
         return None
-    generator = noise_generator(config.tag, role, x, config.bits)
-    return quantize(x, config.bits, config.group_size, per_row=config.per_row,
-                    generator=generator, backend=config.backend)
+
+    def make(generator: torch.Generator | None) -> PackedTensor:
+        return quantize(x, bits, config.group_size, per_row=config.per_row,
+                        generator=generator, backend=config.backend)
+
+    packed = make(noise_generator(config.tag, role, x, bits))
+    _probe(config, role, packed, make)
+    return packed
 
 
 def cached(x: Tensor, fmt: tuple | None = None) -> Any:
@@ -566,7 +599,7 @@ def load_context(ctx: Any, only: Container[int] | None = None) -> list[Tensor | 
             parts = tuple(saved[start:start + count])
             if state is not None:
                 _release(parts[0], state)
-            out.append(cls.from_parts(parts, meta).dequantize())
+            out.append(restore(cls.from_parts(parts, meta)))
     return out
 
 

@@ -1,6 +1,6 @@
 r"""Dense autograd ops with compressed context: linear, BatchNorm, ReLU/LeakyReLU, dropout.
 
-What each keeps for backward (with :math:`b` = ``config.bits``):
+What each keeps for backward (with :math:`b` = ``config.width``):
 
 ============  =====================================================  ========================
 op            forward                                                kept
@@ -200,7 +200,7 @@ def batch_norm(x: Tensor, running_mean: Tensor | None, running_var: Tensor | Non
                config: Config | None = None) -> Tensor:
     r""":func:`torch.nn.functional.batch_norm` keeping its input compressed.
 
-    In training mode (batch statistics) the input is kept at ``config.bits`` bits with the
+    In training mode (batch statistics) the input is kept at ``config.width`` bits with the
     float32 batch mean and inverse std; backward is
 
     .. math::
@@ -345,7 +345,7 @@ class _ELU(torch.autograd.Function):
         else:
             out = F.elu(x, alpha)
         ctx.alpha = alpha
-        packed = shared_quantize(out, config.bits, config, role)
+        packed = shared_quantize(out, config.width, config, role)
         ctx.packed = not (packed.is_passthrough and packed.codes is out)
         if not ctx.packed:  # 16/32 bits: the output itself
             save_context(ctx, _NO_QUANT, mask, out)
@@ -369,7 +369,7 @@ class _ELU(torch.autograd.Function):
 @eager_op
 def elu(x: Tensor, alpha: float = 1.0, inplace: bool = False, config: Config | None = None,
         role: str = "elu") -> Tensor:
-    r"""ELU keeping a 1-bit mask :math:`[X > 0]` and its output :math:`Y` at ``config.bits``
+    r"""ELU keeping a 1-bit mask :math:`[X > 0]` and its output :math:`Y` at ``config.width``
     bits: :math:`\nabla X = \nabla Y \odot ([X > 0] + (\hat Y + \alpha)[X \le 0])`, unbiased.
     The packed :math:`Y` is shared with the next op that keeps :math:`Y` (a linear map), and a
     mask op on :math:`Y` (dropout) leaves a tensor that op rebuilds instead of keeping."""
@@ -385,7 +385,7 @@ def elu(x: Tensor, alpha: float = 1.0, inplace: bool = False, config: Config | N
         del out.grad_fn.gnnact_base
         tensors, meta, packed = base
         derive(out, None, "packed", tensors, meta)
-        remember(out, (config.bits, config.group_size, config.per_row, config.per_node,
+        remember(out, (packed.bits, config.group_size, config.per_row, config.per_node,
                        config.backend), packed)
     return out
 

@@ -22,11 +22,11 @@ with :math:`a^E` optional edge logits (``edge_dim``) and :math:`M` the dropout k
 :math:`X^s_{\mathrm{src}(e)}`, an :math:`E \times H \times C` tensor, plus :math:`\alpha` and
 several :math:`E \times H` intermediates in full precision. Here backward keeps
 
-* :math:`X^s` (:math:`N_s H C` values) at ``config.bits`` bits, through the shared packed copy
+* :math:`X^s` (:math:`N_s H C` values) at ``config.width`` bits, through the shared packed copy
   of :func:`~gnnact.ops.context.save_context`, and :math:`X^d` likewise only when it is a
   different tensor and :math:`\mathbf{a}^d` needs a gradient;
 * while :math:`\mathbf{a}^s` (or, when :math:`X^d` is :math:`X^s`, :math:`\mathbf{a}^d`) needs a
-  gradient, a second copy :math:`\tilde X^s` at ``config.bits`` bits, rounded independently of
+  gradient, a second copy :math:`\tilde X^s` at ``config.width`` bits, rounded independently of
   the first (why: below);
 * :math:`\alpha` (before dropout) at ``config.attention`` bits (8 by default: a uniform 4 bits
   collapses GAT, GACT Table 3), quantized as the transposed :math:`H \times E` tensor so that a
@@ -69,7 +69,7 @@ through the self-loops): at 2 bits a bias of the order of the gradient itself (3
 :math:`\|\nabla \mathbf{a}^s\|` on small random graphs), which cannot be subtracted, since
 :math:`\mathrm{Var}` cannot be estimated from one rounding. With :math:`\tilde X^s` rounded
 independently, :math:`\mathbb{E}[\nabla a^s \tilde X^s] = \mathbb{E}[\nabla a^s] X^s`: unbiased,
-for :math:`N_s H C` values more at ``config.bits`` (:mod:`gnnact.ops.gatv2` does the same). A
+for :math:`N_s H C` values more at ``config.width`` (:mod:`gnnact.ops.gatv2` does the same). A
 separate :math:`\hat X^d` is rounded independently of :math:`\hat X^s` already.
 :math:`\hat\alpha` enters the softmax backward quadratically, a bias of order
 :math:`\mathrm{Var}[\hat\alpha] \le (R/255)^2/4` at 8 bits.
@@ -257,14 +257,14 @@ class _GATAttention(torch.autograd.Function):
                                                      and ctx.needs_input_grad[3])
             # alpha.t(): the [H, E] view, so that quantization groups run along the edges of
             # one head (see the module docstring).
-            save_context(ctx, config, (xs, config.bits),
-                         (xd if keep_xd else None, config.bits),
+            save_context(ctx, config, (xs, config.width, "features"),
+                         (xd if keep_xd else None, config.width, "features"),
                          (alpha.t(), config.attention, "attention"),
                          (att_src, 32),
                          (att_dst if x_dst is not None else None, 32),
                          pack_mask(positive),
                          None if keep is None else pack_mask(keep),
-                         independent_quantize(xs, config) if need_tilde else None)
+                         independent_quantize(xs, config, "features") if need_tilde else None)
         else:
             save_context(ctx, config)
 

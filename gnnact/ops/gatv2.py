@@ -23,17 +23,17 @@ precision: the gathered messages :math:`X^l_j` (for :math:`\nabla\tilde\alpha`),
 input :math:`z` and its output (for :math:`\nabla\mathbf{a}`), plus :math:`\alpha` and the
 softmax intermediates. Here backward keeps
 
-* :math:`X^l` (:math:`N_s H C` values) at ``config.bits`` bits, through the shared packed copy
+* :math:`X^l` (:math:`N_s H C` values) at ``config.width`` bits, through the shared packed copy
   of :func:`~gnnact.ops.context.save_context`, for :math:`\nabla\tilde\alpha`;
 * when :math:`\mathbf{a}` needs a gradient, what :math:`\nabla\mathbf{a}` rebuilds
-  :math:`z` from: a second, independently rounded copy :math:`\tilde X^l` at ``config.bits``
-  bits (see below why), and :math:`X^r` at ``config.bits`` bits when it is a different tensor
+  :math:`z` from: a second, independently rounded copy :math:`\tilde X^l` at ``config.width``
+  bits (see below why), and :math:`X^r` at ``config.width`` bits when it is a different tensor
   (with shared weights on one input, :math:`\tilde X^l` stands for both);
 * :math:`\alpha` (before dropout) at ``config.attention`` bits (8 by default), quantized as the
   transposed :math:`H \times E` tensor so that a group is consecutive edges of one head;
 * the LeakyReLU sign mask :math:`m = [z > 0]`, 1 bit per edge, head and channel, taken from the
   exact :math:`z` of the forward pass; the dropout keep mask :math:`M`, 1 bit per edge and head;
-* with edge features: :math:`\mathbf{E}` (:math:`E \times D`) at ``config.bits`` bits (or by
+* with edge features: :math:`\mathbf{E}` (:math:`E \times D`) at ``config.width`` bits (or by
   reference when it is a resident input, :func:`~gnnact.ops.context.input_bits`), never the
   :math:`E \times HC` projection;
 * :math:`\mathbf{a}` and :math:`W_e` (parameters, not copied) and the graph (cached).
@@ -69,7 +69,7 @@ product of :math:`\nabla s`, linear in :math:`\hat X^l`, and of the rebuilt :mat
 \mathrm{Var}[\hat X^l_{j,c}]`, a bias of the order of the gradient itself at 2 bits (and
 :math:`\mathrm{Var}` cannot be estimated from one rounding). With :math:`\tilde X^l` rounded
 independently, :math:`\mathbb{E}[\nabla s \, \tilde z] = \mathbb{E}[\nabla s] \, z` and
-:math:`\nabla\mathbf{a}` is unbiased as well, for :math:`N_s H C` values more at ``config.bits``.
+:math:`\nabla\mathbf{a}` is unbiased as well, for :math:`N_s H C` values more at ``config.width``.
 
 Per-edge tensors given to or returned by the op (:math:`\mathbf{E}`, the returned
 :math:`\tilde\alpha`) are in the **input edge order** of the adjacency the graph was built from;
@@ -210,9 +210,9 @@ class _GATv2Attention(torch.autograd.Function):
             # X^r, X~^l and E are read only by grad att (z~) and grad W_e (E^).
             keep_xr = not same and need_att
             keep_edge = ctx.has_edge and (need_att or need_w_edge)
-            copy = independent_quantize(x_l, config, "attention_features") if need_att else None
-            save_context(ctx, config, (x_l, config.bits), copy,
-                         (x_r if keep_xr else None, config.bits),
+            copy = independent_quantize(x_l, config, "features") if need_att else None
+            save_context(ctx, config, (x_l, config.width, "features"), copy,
+                         (x_r if keep_xr else None, config.width, "features"),
                          (alpha.t(), config.attention, "attention"),
                          (att, 32),
                          (edge_attr if keep_edge else None, input_bits(edge_attr, config),

@@ -33,9 +33,9 @@ Backward, with :math:`\mathbf{G} = \nabla\mathbf{Y}` and
 
 So what is kept (each only if the weight gradient that reads it is needed) is
 
-* shared: :math:`\mathbf{S}` at ``config.bits`` bits — :math:`\mathbf{H}^{(0)}` is not kept at
+* shared: :math:`\mathbf{S}` at ``config.width`` bits — :math:`\mathbf{H}^{(0)}` is not kept at
   all, since :math:`\mathbf{S}` already holds its contribution;
-* separate: :math:`\mathbf{X}` at ``config.bits`` bits and :math:`\mathbf{H}^{(0)}` **itself**
+* separate: :math:`\mathbf{X}` at ``config.width`` bits and :math:`\mathbf{H}^{(0)}` **itself**
   (never :math:`\alpha\mathbf{H}^{(0)}`, a new tensor in every layer) through
   :func:`~gnnact.ops.context.save_context`, whose per-tensor cache makes every layer that
   receives the same ``x_0`` object share **one** packed copy; :math:`\alpha` is applied in
@@ -122,14 +122,14 @@ class _GCN2Residual(torch.autograd.Function):
                 x[r0:r1].add_(alpha * h0[r0:r1])
             s = x
             out = torch.addmm(s, s, weight1, beta=1.0 - beta, alpha=beta)
-            save_context(ctx, config, (s if need_w1 else None, config.bits),
+            save_context(ctx, config, (s if need_w1 else None, config.width),
                          (weight1 if need_p or need_h0 else None, 32))
         else:
             x0 = alpha * h0
             out = torch.addmm(x, x, weight1, beta=1.0 - beta, alpha=beta)
             out = out + torch.addmm(x0, x0, weight2, beta=1.0 - beta, alpha=beta)
-            save_context(ctx, config, (x if need_w1 else None, config.bits),
-                         (x_0 if need_w2 else None, config.bits),
+            save_context(ctx, config, (x if need_w1 else None, config.width),
+                         (x_0 if need_w2 else None, config.width),
                          (weight1 if need_p else None, 32),
                          (weight2 if need_h0 else None, 32))
         ctx.shared = weight2 is None
@@ -209,7 +209,7 @@ def gcn2_residual(p: Tensor, x_0: Tensor, weight1: Tensor, weight2: Tensor | Non
         ``[M, F]``.
 
     Saved for backward: :math:`\mathbf{S}` (shared) or :math:`(1-\alpha)\mathbf{P}` and the
-    shared copy of :math:`\mathbf{H}^{(0)}` (separate) at ``config.bits`` bits, and the weights.
+    shared copy of :math:`\mathbf{H}^{(0)}` (separate) at ``config.width`` bits, and the weights.
     """
     _check("p", p, p.size(0), x_0, weight1, weight2)
     return _GCN2Residual.apply(p, x_0, weight1, weight2, float(alpha), float(beta),

@@ -81,6 +81,9 @@ class ForwardState:
         rounding (torch.Generator, optional): the source of this pass's rounding seeds
             (:class:`gnnact.quant.rng.PassSeeds`), when its owner gives one; ``None``: the
             default CPU generator, as a direct :func:`gnnact.quantize` call draws them.
+        widths (dict, optional): ``"<tag>:<role>"`` -> the width of that tensor in this pass,
+            overriding the op's own (a converted model's automatic widths,
+            :mod:`gnnact.adaptive.auto`); ``None``: each op's config decides.
     """
 
     shared: dict[tuple, tuple] = field(default_factory=dict)
@@ -90,6 +93,7 @@ class ForwardState:
     row_gradients: dict[tuple, Tensor] = field(default_factory=dict)
     resident: set[tuple] | None = None
     rounding: torch.Generator | None = None
+    widths: dict[str, int] | None = None
     holding: int = 0
     scoped: bool = False  # opened by forward_pass (else the context's own)
 
