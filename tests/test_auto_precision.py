@@ -405,3 +405,15 @@ def test_a_model_used_through_its_methods_is_compressed() -> None:
     assert saved_bytes(loss(model), exclude=[x, edge_index]) < fp32 / 3
     # The encoder's call and the decoder's two (positive and negative edges).
     assert scope_of(model).auto.steps == 3
+    # A probe joins every pass until its backward: probes that begin at a decoder's pass and
+    # at an encoder's both come, and the encoder's tensors are measured too.
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    for _ in range(6):
+        optimizer.zero_grad()
+        loss(model).backward()
+        optimizer.step()
+    tensors = scope_of(model).auto.tensors
+    assert any(name.startswith("encoder.") and t.measured is not None
+               for name, t in tensors.items())
+    assert any(name.startswith("decoder") and t.measured is not None
+               for name, t in tensors.items())

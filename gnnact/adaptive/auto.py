@@ -203,9 +203,10 @@ class AutoPrecision:
                 self._pending = None
         step = self.steps
         self.steps += 1
-        if step != self._next_probe:
+        # (A step the last probe's joining passes took counts as reached: the next pass probes.)
+        if step < self._next_probe:
             return None
-        self._next_probe += self._gap(self.probes)
+        self._next_probe = step + self._gap(self.probes)
         self.probes += 1
         word = zlib.crc32(f"probe|{self.seed}|{self.probes}".encode())
         self._pending = NoiseProbe(word)
