@@ -104,7 +104,8 @@ def _from_parts(cls: type, meta: tuple, parts: tuple[Tensor, ...]) -> Any:
 
 def _compress(compressor: Any, core: Tensor, name: str,
               generator: torch.Generator | None) -> Any:
-    """``core`` compressed afresh (a probe pass's alternate copy)."""
+    """``core`` compressed by ``compressor`` with noise from ``generator`` (also a probe
+    pass's alternate copy, from the probe's own generator)."""
     with torch.no_grad():
         return compressor.compress(core.detach(), name, generator)
 
@@ -482,8 +483,7 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
             return _broadcast(shared, core, t)
         generator = noise_generator(path, str(index), core, compressor.bits or 8,
                                     self.generator)
-        with torch.no_grad():
-            packed = compressor.compress(core.detach(), name, generator)
+        packed = _compress(compressor, core, name, generator)
         probe = active_probe()
         if probe is not None and isinstance(packed, (PackedTensor, MixedPackedTensor)):
             probe.add(name, packed, functools.partial(_compress, compressor, core, name),

@@ -127,12 +127,24 @@ class Checkpointed(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
+        self.embed = nn.Linear(32, 32)
         self.inner = nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 64))
         self.head = nn.Linear(64, 8)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = torch.utils.checkpoint.checkpoint(self.inner, x * 1.0, use_reentrant=True)
+        h = torch.tanh(self.embed(x))  # (the block's input needs a gradient: it is checkpointed)
+        h = torch.utils.checkpoint.checkpoint(self.inner, h, use_reentrant=True)
         return self.head(torch.tanh(h))
+
+
+def test_a_child_recomputed_in_backward_is_no_step() -> None:
+    # Reentrant checkpointing calls the block (a child of the model) again inside backward:
+    # that call is no training step of the model.
+    model = gnnact.convert(Checkpointed())
+    x = torch.randn(256, 32)
+    for _ in range(3):
+        model(x).sum().backward()
+    assert scope_of(model).auto.steps == 3
 
 
 @pytest.mark.parametrize("make", [Branches, Checkpointed])

@@ -224,6 +224,8 @@ class Scope:
             return
         if not torch.is_grad_enabled():
             return  # nothing will be kept
+        if root is not None and torch._C._current_autograd_node() is not None:
+            return  # a child recomputed inside backward (reentrant checkpointing): no step
         _Pass(self, module if root is None else root, module, args, kwargs).enter()
 
     @eager_op
