@@ -102,10 +102,12 @@ def _from_parts(cls: type, meta: tuple, parts: tuple[Tensor, ...]) -> Any:
     return cls.from_parts(parts, meta)
 
 
-def _compress(compressor: Any, core: Tensor, name: str,
-              generator: torch.Generator | None) -> Any:
-    """``core`` compressed by ``compressor`` with noise from ``generator`` (also a probe
-    pass's alternate copy, from the probe's own generator)."""
+def _compress(compressor: Any, core: Tensor, name: str, generator: torch.Generator | None,
+              bits: int | None = None) -> Any:
+    """``core`` compressed by ``compressor`` (at ``bits``: a probe pass's second copy) with
+    noise from ``generator``."""
+    if bits is not None and bits != compressor.bits:
+        compressor = compressor.with_bits(bits)
     with torch.no_grad():
         return compressor.compress(core.detach(), name, generator)
 
@@ -487,7 +489,7 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         probe = active_probe()
         if probe is not None and isinstance(packed, (PackedTensor, MixedPackedTensor)):
             probe.add(name, packed, functools.partial(_compress, compressor, core, name),
-                      fixed=not allocated)
+                      fixed=not allocated, finer=compressor.adaptive)
         if isinstance(packed, PackedTensor) and _storage_key(packed.codes) == _storage_key(core):
             self._pass(t, path)  # 16 bits of a 16-bit tensor: its own storage, no copy
             return t

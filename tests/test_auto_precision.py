@@ -310,6 +310,26 @@ def test_variance_scales_with_the_width() -> None:
     assert auto._floor(t) == 3  # 0.9 * 9 / 49 = 0.165
 
 
+def test_a_sigmoid_head_stays_exact_and_tanh_keeps_eight_bits() -> None:
+    # Backward reads their outputs nonlinearly: a sigmoid ending a model (GAE's decoder, whose
+    # loss takes its log) is the loss head, kept exact; a tanh's output keeps the attention
+    # coefficients' width.
+    class Heads(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(32, 64)
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            h = self.lin(x)
+            return torch.sigmoid(h * 2.0), torch.tanh(h * 3.0)
+
+    model = gnnact.convert(Heads(), gnnact.Config(bits=2))
+    a, b = model(torch.randn(512, 32))
+    (a.log().sum() + b.sum()).backward()
+    saved = {entry.kind: entry.bits for entry in scope_of(model).last.tensors.values()}
+    assert saved == {"exact": None, "quantize": 8}
+
+
 # ------------------------------------------------------------------ copies
 
 

@@ -37,7 +37,8 @@ generic pipeline (:class:`gnnact.compress_saved_tensors`) that the scope
 (:mod:`gnnact.nn.scope`) enters alongside. While :func:`~torch.nn.functional.softmax` or
 :func:`~torch.nn.functional.log_softmax` or a loss function (:data:`EXACT_FUNCTIONS`) runs,
 what it saves stays exact: the loss head and auxiliary losses, by far the most sensitive
-context (GACT).
+context (GACT). A tanh's output, which backward reads nonlinearly (:data:`FINE_FUNCTIONS`), is
+kept at ``config.attention`` bits.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -56,19 +58,35 @@ from gnnact import ops
 from gnnact.config import Config
 from gnnact.ops.context import overwritable
 
-__all__ = ["EXACT_FUNCTIONS", "CollectingOps", "FunctionalOps", "temporary_counts"]
+__all__ = ["EXACT_FUNCTIONS", "FINE_FUNCTIONS", "CollectingOps", "FunctionalOps", "Marks",
+           "temporary_counts"]
 
-#: Functions whose saved tensors stay exact: the loss head, and the losses a model computes
-#: in its own forward (an auxiliary loss: SuperGAT's attention loss, a regulariser). The
-#: loss's context is by far the most sensitive (GACT), and it is small: one value per
-#: prediction.
+#: Functions whose saved tensors stay exact: the loss head (a softmax, or a sigmoid: GAE's
+#: decoder ends in one, its loss takes the log of it), and the losses a model computes in its
+#: own forward (an auxiliary loss: SuperGAT's attention loss, a regulariser). The loss's
+#: context is by far the most sensitive (GACT), and it is small: one value per prediction.
 EXACT_FUNCTIONS = frozenset({
     F.softmax, F.log_softmax, torch.softmax, torch.log_softmax, Tensor.softmax,
-    Tensor.log_softmax, F.cross_entropy, F.nll_loss, F.binary_cross_entropy,
-    F.binary_cross_entropy_with_logits, F.mse_loss, F.l1_loss, F.smooth_l1_loss, F.huber_loss,
-    F.kl_div, F.poisson_nll_loss, F.gaussian_nll_loss, F.margin_ranking_loss,
-    F.cosine_embedding_loss, F.hinge_embedding_loss, F.soft_margin_loss,
+    Tensor.log_softmax, torch.sigmoid, F.sigmoid, Tensor.sigmoid, F.cross_entropy, F.nll_loss,
+    F.binary_cross_entropy, F.binary_cross_entropy_with_logits, F.mse_loss, F.l1_loss,
+    F.smooth_l1_loss, F.huber_loss, F.kl_div, F.poisson_nll_loss, F.gaussian_nll_loss,
+    F.margin_ranking_loss, F.cosine_embedding_loss, F.hinge_embedding_loss, F.soft_margin_loss,
     F.multilabel_soft_margin_loss, F.triplet_margin_loss})
+
+#: Functions whose saved output backward reads nonlinearly (tanh: :math:`1 - \hat y^2`):
+#: rounding it biases the gradient by the rounding's variance. Kept at ``config.attention``
+#: bits (8 by default), as attention coefficients are.
+FINE_FUNCTIONS = frozenset({torch.tanh, F.tanh, Tensor.tanh})
+
+
+@dataclass
+class Marks:
+    """What runs now inside a converted model's pass: raised while a function of
+    :data:`EXACT_FUNCTIONS` (``exact``) or :data:`FINE_FUNCTIONS` (``fine``) runs; the
+    scope's pipeline keeps what is saved meanwhile exact, or at ``config.attention`` bits."""
+
+    exact: int = 0
+    fine: int = 0
 
 
 def _float(x: Any) -> bool:
@@ -208,7 +226,7 @@ def temporary_counts() -> dict[Callable, tuple[int, int]]:
             or not hasattr(torch._C, "_storage_Use_Count")):
         return {}
     probe = _Probe()
-    mode = FunctionalOps(lambda role: Config(), [0])
+    mode = FunctionalOps(lambda role: Config(), Marks())
     mode.probe = probe
     found = {}
     with mode:
@@ -234,19 +252,18 @@ def temporary_counts() -> dict[Callable, tuple[int, int]]:
 
 class FunctionalOps(TorchFunctionMode):
     """Routes the functional calls of :data:`HANDLERS` to gnnact's ops (see the module
-    docstring) and marks the calls of :data:`EXACT_FUNCTIONS`.
+    docstring) and marks the calls of :data:`EXACT_FUNCTIONS` and :data:`FINE_FUNCTIONS`.
 
     Args:
         config_for (callable): ``config_for(role) -> Config``: the configuration of a tensor
             with role ``role`` of the module running now (its tag is that module's path).
-        exact (list[int]): a one-element counter, raised while an exact function runs (the
-            scope's pipeline keeps what is saved meanwhile exact).
+        marks (Marks): raised while an exact or a fine function runs.
     """
 
-    def __init__(self, config_for: Callable[[str], Config], exact: list[int]) -> None:
+    def __init__(self, config_for: Callable[[str], Config], marks: Marks) -> None:
         super().__init__()
         self.config_for = config_for
-        self.exact = exact
+        self.marks = marks
         self.probe: _Probe | None = None  # set by temporary_counts only
 
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (),
@@ -267,13 +284,14 @@ class FunctionalOps(TorchFunctionMode):
             out = handler(self.config_for, *args, **given)
             if out is not NotImplemented:
                 return out
-        if func in EXACT_FUNCTIONS:
-            self.exact[0] += 1
-            try:
-                return func(*args, **kwargs)
-            finally:
-                self.exact[0] -= 1
-        return func(*args, **kwargs)
+        mark = "exact" if func in EXACT_FUNCTIONS else "fine" if func in FINE_FUNCTIONS else None
+        if mark is None:
+            return func(*args, **kwargs)
+        setattr(self.marks, mark, getattr(self.marks, mark) + 1)
+        try:
+            return func(*args, **kwargs)
+        finally:
+            setattr(self.marks, mark, getattr(self.marks, mark) - 1)
 
 
 class CollectingOps(FunctionalOps):
@@ -282,9 +300,9 @@ class CollectingOps(FunctionalOps):
     the nodes to run again from these). A class of its own, so that other passes pay
     nothing for it."""
 
-    def __init__(self, config_for: Callable[[str], Config], exact: list[int],
+    def __init__(self, config_for: Callable[[str], Config], marks: Marks,
                  collect: Callable[[Any], None]) -> None:
-        super().__init__(config_for, exact)
+        super().__init__(config_for, marks)
         self.collect = collect
 
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (),

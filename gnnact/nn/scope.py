@@ -17,9 +17,11 @@ on) then runs as one gnnact forward pass:
   BatchNorm/ReLU/dropout context);
 * a :class:`gnnact.compress_saved_tensors` pipeline for everything else autograd saves
   (convs without a twin, PyG's own paths, any other op): compressed at ``config.bits``, while
-  parameters, the forward's inputs, gnnact's own context and the softmax/log-softmax head pass
-  through. A pipeline the caller entered around the model (offloading, say) stays in charge
-  instead.
+  parameters, the forward's inputs, gnnact's own context and the loss head (softmax,
+  log-softmax, sigmoid, loss functions) pass through, and tanh outputs keep
+  ``config.attention`` bits (:data:`~gnnact.nn.functional.EXACT_FUNCTIONS`,
+  :data:`~gnnact.nn.functional.FINE_FUNCTIONS`). A pipeline the caller entered around the
+  model (offloading, say) stays in charge instead.
 
 Evaluation (``torch.no_grad``) runs the plain forward: nothing is kept, so nothing is done.
 What the last pass kept, by module, is what :func:`gnnact.summary` reports.
@@ -45,7 +47,7 @@ from gnnact.compress import Policy, Quantize, Rule
 from gnnact.config import Config
 from gnnact.hooks import SavedEntry, active_pipeline, compress_saved_tensors
 from gnnact.memory import argument_tensors, storage_keys
-from gnnact.nn.functional import CollectingOps, FunctionalOps
+from gnnact.nn.functional import CollectingOps, FunctionalOps, Marks
 from gnnact.ops.graph import GraphCache, use_graph_cache
 from gnnact.ops.probe import NoiseProbe, probing
 from gnnact.ops.state import eager_op, forward_pass
@@ -90,7 +92,7 @@ class _Pass:
         self.root = root  # the converted model
         self.module = module  # the module whose call is the pass: the root or a child
         self.depth = 1  # converted modules (this one included) running inside the pass
-        self.exact = [0]  # raised while a softmax (the loss head) runs
+        self.marks = Marks()  # raised while a loss head (exact) or a tanh (fine) runs
         self.inputs = argument_tensors((args, kwargs))
         self.pipeline: compress_saved_tensors | None = None
         self.probe: NoiseProbe | None = None
@@ -114,15 +116,15 @@ class _Pass:
             stack.enter_context(use_graph_cache(scope.graphs))
             pipeline = active_pipeline()
             if pipeline is None:
-                pipeline = scope.pipeline(self.root, self.inputs, self.exact)
+                pipeline = scope.pipeline(self.root, self.inputs, self.marks)
                 stack.enter_context(pipeline)
                 # Its module tracking starts inside the module's call (this hook), after the
                 # module's own entry: it is the running module until it returns.
                 pipeline._stack.append(self.module)
             self.pipeline = pipeline
             stack.enter_context(
-                FunctionalOps(self.config_for, self.exact) if self.probe is None
-                else CollectingOps(self.config_for, self.exact, self.probe.collect))
+                FunctionalOps(self.config_for, self.marks) if self.probe is None
+                else CollectingOps(self.config_for, self.marks, self.probe.collect))
         except BaseException:
             stack.close()
             raise
@@ -280,17 +282,20 @@ class Scope:
         return config
 
     def pipeline(self, model: nn.Module, inputs: list[Tensor],
-                 exact: list[int]) -> compress_saved_tensors:
-        """The generic pipeline of one pass: the default policy with the softmax head exact."""
+                 marks: Marks) -> compress_saved_tensors:
+        """The generic pipeline of one pass: the default policy with the loss head exact and
+        tanh outputs at ``config.attention`` bits (:class:`~gnnact.nn.functional.Marks`)."""
         policy = Policy.default_for(self.config, model)
         if policy.default is not None:  # (bits=32 keeps everything exact anyway)
+            fine = Quantize(self.config.attention, self.config.group_size,
+                            backend=self.config.backend)
             policy.rules[:0] = [
-                Rule(None, where=lambda name, module, t: exact[0] > 0),
+                Rule(None, where=lambda name, module, t: marks.exact > 0),
+                Rule(fine, where=lambda name, module, t: marks.fine > 0),
                 # Attention coefficients of a conv without a twin (GATv2, Transformer, ...):
                 # one value per edge and head, at config.attention bits as in the GAT twin
                 # (at 2 bits GATv2 stops training, as GAT does in GACT's Table 3).
-                Rule(Quantize(self.config.attention, self.config.group_size,
-                              backend=self.config.backend), where=_per_edge_and_head)]
+                Rule(fine, where=_per_edge_and_head)]
         pipeline = compress_saved_tensors(self.config, policy=policy, model=model,
                                           skip=inputs)
         pipeline.bits = self.bits  # the Controller's widths, shared

@@ -414,10 +414,10 @@ def shared_quantize(x: Tensor, bits: int, config: Config,
         return packed
     generator = noise_generator(config.tag, role, x, bits) if bits <= 8 else None
     if config.per_node and bits <= 8 and x.dim() == 2 and x.size(0) > 1:
-        def make(generator: torch.Generator | None) -> Any:
+        def make(generator: torch.Generator | None, bits: int = bits) -> Any:
             return per_node_quantize(x, bits, config, role, generator)
     else:
-        def make(generator: torch.Generator | None) -> Any:
+        def make(generator: torch.Generator | None, bits: int = bits) -> Any:
             return quantize(x, bits, config.group_size, per_row=config.per_row,
                             generator=generator, backend=config.backend)
     packed = make(generator)
@@ -450,7 +450,7 @@ def independent_quantize(x: Tensor, config: Config,
     if bits > 8:
         return None
 
-    def make(generator: torch.Generator | None) -> PackedTensor:
+    def make(generator: torch.Generator | None, bits: int = bits) -> PackedTensor:
         return quantize(x, bits, config.group_size, per_row=config.per_row,
                         generator=generator, backend=config.backend)
 

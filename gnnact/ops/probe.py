@@ -47,7 +47,8 @@ import torch
 from torch import Tensor
 from torch.autograd.function import BackwardCFunction
 
-__all__ = ["NOT_RUN_TWICE", "NoiseProbe", "active_probe", "probing", "restore"]
+__all__ = ["NOT_RUN_TWICE", "REFERENCE_BITS", "NoiseProbe", "active_probe", "noise_ratio",
+           "probing", "restore"]
 
 # The attribute of a packed tensor's first part that names its probe: (probe, key).
 _MARK = "_gnnact_probe"
@@ -114,6 +115,7 @@ class NoiseProbe:
         self.skipped: list[str] = []
         self._names: list[str] = []  # key -> name
         self._alternates: list[Any] = []  # key -> alternate (dropped once read)
+        self._reference: list[bool] = []  # key -> whether its alternate is finer than it
         self._roots: list[Any] = []  # autograd nodes the pass made
         self._reads: dict[int, tuple[Any, set[int]]] = {}  # id(node) -> (node, keys read)
         self._grads: dict[int, tuple[Tensor | None, ...]] = {}  # id(node) -> its gradients
@@ -125,17 +127,21 @@ class NoiseProbe:
 
     # ------------------------------------------------------------------ forward
 
-    def add(self, name: str, packed: Any, again: Callable[[torch.Generator], Any],
-            fixed: bool = False) -> None:
-        """Probe ``packed``, the copy of the tensor ``name``: ``again(generator)`` quantizes
-        the same tensor afresh with noise drawn from ``generator``."""
+    def add(self, name: str, packed: Any, again: Callable[[torch.Generator, int], Any],
+            fixed: bool = False, finer: bool = True) -> None:
+        """Probe ``packed``, the copy of the tensor ``name``: ``again(generator, bits)``
+        quantizes the same tensor afresh at ``bits`` with noise drawn from ``generator``
+        (:data:`REFERENCE_BITS`, or ``packed``'s own width from there up; its own width
+        without ``finer``, for a compressor that has only one)."""
         parts = packed.tensors()
         if not parts or getattr(packed, "is_passthrough", False):
             return
         key = len(self._names)
-        alternate = again(self.generator)
+        reference = max(packed.bits, REFERENCE_BITS) if finer else packed.bits
+        alternate = again(self.generator, reference)
         self._names.append(name)
         self._alternates.append(alternate)
+        self._reference.append(reference > packed.bits)
         self.numel[name] = self.numel.get(name, 0) + math.prod(packed.shape)
         self.bits[name] = packed.bits
         if fixed:
@@ -224,14 +230,16 @@ class NoiseProbe:
             self.skipped.append(node.name())
             return
         runs = {key: self._run(node, grads, key) for key in sorted(entry[1])}
-        ratios = {key: noise_ratio(grad_inputs, again) for key, again in runs.items()}
+        ratios = {key: noise_ratio(grad_inputs, again, reference=self._reference[key])
+                  for key, again in runs.items()}
         if any(r is not None and r > _CONTROL for r in ratios.values()):
             # A loud one: how much the node's outputs differ between two runs on the same
             # tensors (a float sum in another order can move a gradient that cancels to
             # nearly nothing, a softmax's or an attention vector's, by as much as itself).
             control = self._run(node, grads, _CONTROL_RUN)
             if control is not None:
-                ratios = {key: noise_ratio(grad_inputs, again, control)
+                ratios = {key: noise_ratio(grad_inputs, again, control,
+                                           reference=self._reference[key])
                           for key, again in runs.items()}
         for key, ratio in ratios.items():
             if ratio is not None:
@@ -256,6 +264,12 @@ class NoiseProbe:
         return tuple(again) if isinstance(again, (tuple, list)) else (again,)
 
 
+#: The width of a probe's second copy of a tensor kept at fewer bits: its rounding error is
+#: then nearly all the first copy's (:math:`S(8)/S(2) \approx 1/7000`), bias included, which
+#: a second rounding at the same width could not show (a sigmoid's or a softmax's output:
+#: backward reads it nonlinearly, :math:`\hat y (1 - \hat y)`).
+REFERENCE_BITS = 8
+
 #: Nodes a probe does not run twice: their backward runs a backward pass of its own, which
 #: would add to the parameters' ``.grad`` a second time (reentrant checkpointing). What only
 #: they read stays unmeasured.
@@ -266,21 +280,28 @@ _CONTROL = 1e-3
 _CONTROL_RUN = -1
 
 
-def noise_ratio(first: tuple, second: tuple, control: tuple | None = None) -> float | None:
+def noise_ratio(first: tuple, second: tuple, control: tuple | None = None, *,
+                reference: bool = False) -> float | None:
     r"""The noise ratio of two runs of a node (see the module docstring): the largest over the
     outputs :math:`k` the runs disagree on of
 
     .. math::
-        r_k = \frac{v_k}{\lVert g_k\rVert^2 - v_k}, \qquad
-        v_k = \tfrac12 \max(\lVert\delta_k\rVert^2 - \lVert c_k\rVert^2, 0),
+        r_k = \frac{v_k}{s_k}, \qquad
+        v_k = \kappa \max(\lVert\delta_k\rVert^2 - \lVert c_k\rVert^2, 0),
 
-    with :math:`c_k` the difference of a ``control`` run on the same tensors (none: 0): what
-    an output moves from one run to the next anyway, in float arithmetic, is no rounding
-    noise, and fp32 training carries it too (a float sum in another order moves a gradient
-    that cancels to nearly nothing, GAT's target attention vector, by as much as itself). 0
-    when the runs agree everywhere (the rounding was exact), ``None`` when no output of both
-    runs is a tensor; a denominator at or below zero (noise as large as the gradient itself)
-    gives :obj:`math.inf`."""
+    with :math:`\delta_k` the difference of the two runs' outputs and :math:`c_k` that of a
+    ``control`` run on the same tensors as the first (none: 0): what an output moves from one
+    run to the next anyway, in float arithmetic, is no rounding error, and fp32 training
+    carries it too (a float sum in another order moves a gradient that cancels to nearly
+    nothing, GAT's target attention vector, by as much as itself). With ``reference`` the
+    second run read a finer rounding (:data:`REFERENCE_BITS`): :math:`\kappa = 1`, the
+    difference is the first rounding's error, its bias included, and the signal
+    :math:`s_k = \lVert g'_k\rVert^2` is the finer run's; otherwise two roundings of one
+    width differ by twice the variance, :math:`\kappa = \tfrac12`, and
+    :math:`s_k = \lVert g_k\rVert^2 - v_k`. 0 when the runs agree everywhere (the rounding
+    was exact), ``None`` when no output of both runs is a tensor; a signal at or below zero
+    (noise as large as the gradient itself) gives :obj:`math.inf`."""
+    kappa = 1.0 if reference else 0.5
     worst: float | None = None
     for k, (g, h) in enumerate(zip(first, second, strict=False)):
         if not isinstance(g, Tensor) or not isinstance(h, Tensor) or g.shape != h.shape:
@@ -293,8 +314,10 @@ def noise_ratio(first: tuple, second: tuple, control: tuple | None = None) -> fl
             delta = max(delta - _squared_distance(control[k], g), 0.0)
         if not delta:
             continue
-        signal = _squared_distance(g, None) - delta / 2
-        worst = max(worst, delta / 2 / signal if signal > 0 else math.inf)
+        noise = kappa * delta
+        signal = _squared_distance(h, None) if reference else (
+            _squared_distance(g, None) - noise)
+        worst = max(worst, noise / signal if signal > 0 else math.inf)
     return worst
 
 
