@@ -8,7 +8,11 @@ from dataclasses import dataclass
 from gnnact.quant.core import _BACKENDS, DEFAULT_GROUP_SIZE, _check_int
 from gnnact.quant.packed import SUPPORTED_BITS
 
-__all__ = ["Config"]
+__all__ = ["AUTO_START", "Config"]
+
+#: The width every tensor starts at with automatic widths (``bits=None``), until the first
+#: probe; also the width of a layer used on its own with such a config.
+AUTO_START = 2
 
 
 @dataclass(frozen=True)
@@ -22,9 +26,9 @@ class Config:
             automatically in a model converted by :func:`gnnact.convert`: each compressed
             tensor gets its own width, ``avg_bits`` on average, and more wherever its
             rounding noise is not small against the gradient it feeds
-            (:mod:`gnnact.adaptive.auto`); used on its own (a gnnact layer or a
-            :class:`gnnact.compress_saved_tensors` outside a converted model), it stores
-            at ``avg_bits`` rounded down (:attr:`width`). (default: :obj:`None`)
+            (:mod:`gnnact.adaptive.auto`); they start at 2 bits, and used on its own (a
+            gnnact layer or a :class:`gnnact.compress_saved_tensors` outside a converted
+            model) it stores at 2 bits (:attr:`width`). (default: :obj:`None`)
         group_size (int, optional): quantization group size :math:`G`; scale and zero cost
             :math:`64/G` bits per value. (default: :obj:`512`)
         per_row (bool, optional): one group per node row instead of :math:`G` consecutive
@@ -64,7 +68,8 @@ class Config:
             …: :data:`gnnact.nn.chunked.BY_TARGET`; equal to PyG's up to float rounding).
             (default: :obj:`True`)
         avg_bits (float, optional): with ``bits=None``, the average bits per compressed value
-            that the automatic widths aim at, from 1 to 8. (default: :obj:`2.5`)
+            that the automatic widths (2 to 8 bits each) aim at, from 2 to 8.
+            (default: :obj:`3.0`)
         max_noise (float, optional): with ``bits=None``, the largest ratio of a tensor's
             rounding noise to the gradient it feeds (:mod:`gnnact.adaptive.auto`) that a width
             may leave: a tensor above it gets more bits, beyond ``avg_bits`` if need be.
@@ -89,7 +94,7 @@ class Config:
             ``backend="numba"``).
 
     Example:
-        >>> gnnact.Config().width  # automatic: avg_bits, until a converted model adapts it
+        >>> gnnact.Config().width  # automatic: 2 bits until a converted model adapts them
         2
         >>> config = gnnact.Config(bits=4, group_size=256)
         >>> config.attention  # attention_bits=None: 8 bits while bits is at most 8
@@ -113,7 +118,7 @@ class Config:
     prefetch_depth: int = 1
     chunk_messages: bool = True
     compact_indices: bool = True
-    avg_bits: float = 2.5
+    avg_bits: float = 3.0
     max_noise: float = 0.25
     adapt_interval: int = 100
     self_check: bool = True
@@ -134,8 +139,8 @@ class Config:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise TypeError(f"Config.{name} must be a float, got {value!r} "
                                 f"({type(value).__name__})")
-        if not 1 <= self.avg_bits <= 8:
-            raise ValueError(f"Config.avg_bits must be in [1, 8], got {self.avg_bits!r}")
+        if not 2 <= self.avg_bits <= 8:  # (the automatic widths are 2 to 8 bits)
+            raise ValueError(f"Config.avg_bits must be in [2, 8], got {self.avg_bits!r}")
         if not (self.max_noise > 0 and math.isfinite(self.max_noise)):
             raise ValueError(f"Config.max_noise must be positive and finite, got "
                              f"{self.max_noise!r}")
@@ -167,9 +172,9 @@ class Config:
 
     @property
     def width(self) -> int:
-        """The bits per value the ops store at: ``bits``, or ``avg_bits`` rounded down when
-        automatic (the widths a converted model starts from; it adapts them)."""
-        return self.bits if self.bits is not None else int(self.avg_bits)
+        """The bits per value the ops store at: ``bits``, or 2 when automatic (the width a
+        converted model starts every tensor at, before its first probe; it adapts them)."""
+        return self.bits if self.bits is not None else AUTO_START
 
     @property
     def attention(self) -> int:

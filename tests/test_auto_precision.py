@@ -219,7 +219,8 @@ def test_sensitive_tensor_gets_more_bits_and_the_budget_holds() -> None:
 
 def test_floors_above_the_budget_win_and_say_so() -> None:
     torch.manual_seed(0)
-    model = gnnact.convert(Branches(plain_rows=1))  # the spiky tensor is half the values
+    # The spiky tensor is half the values, its floor far above a 2.5-bit average.
+    model = gnnact.convert(Branches(plain_rows=1), gnnact.Config(avg_bits=2.5))
     _train(model, 6)
     auto = scope_of(model).auto
     assert auto.over_budget and auto.tensors["spiky:activations"].bits >= 4

@@ -40,8 +40,8 @@ BAD = [
     ("compact_indices", "no", TypeError,
      "Config.compact_indices must be a bool, got 'no' (str)"),
     ("avg_bits", "2.5", TypeError, "Config.avg_bits must be a float, got '2.5' (str)"),
-    ("avg_bits", 0.5, ValueError, "Config.avg_bits must be in [1, 8], got 0.5"),
-    ("avg_bits", 9, ValueError, "Config.avg_bits must be in [1, 8], got 9"),
+    ("avg_bits", 1.5, ValueError, "Config.avg_bits must be in [2, 8], got 1.5"),
+    ("avg_bits", 9, ValueError, "Config.avg_bits must be in [2, 8], got 9"),
     ("max_noise", True, TypeError, "Config.max_noise must be a float, got True (bool)"),
     ("max_noise", 0.0, ValueError, "Config.max_noise must be positive and finite, got 0.0"),
     ("max_noise", float("inf"), ValueError,
@@ -89,9 +89,10 @@ def test_compressors_validate_through_config() -> None:
 
 
 def test_automatic_is_the_default() -> None:
-    # bits=None: widths chosen per tensor by a converted model; its start (and the width of a
-    # layer used on its own) is avg_bits rounded down.
+    # bits=None: widths chosen per tensor by a converted model, avg_bits on average; they
+    # start at 2 bits, the width of a layer used on its own too.
     config = Config()
     assert config.bits is None and config.automatic and config.width == 2
-    assert Config(avg_bits=3.5).width == 3 and Config(bits=4).width == 4
+    assert config.avg_bits == 3.0
+    assert Config(avg_bits=3.5).width == 2 and Config(bits=4).width == 4
     assert not Config(bits=4).automatic and Config().attention == 8 and not Config().exact

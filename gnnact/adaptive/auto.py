@@ -24,7 +24,7 @@ Each tensor has its own width, a twin's too (its input apart from its attention 
 ``config.bits`` per tensor); the attention coefficients and the tensors a policy rule
 compresses keep their own width (:attr:`TensorWidth.fixed`) but are measured and reported all
 the same. Until its first probe a tensor keeps the width it started
-at (``avg_bits`` rounded down, attention at 8). The first step is an ordinary one; a probe
+at (2 bits, attention at 8). The first step is an ordinary one; a probe
 step costs one more quantization per tensor and one more run of each node that reads one,
 and probes thin out to one per ``adapt_interval`` steps.
 

@@ -74,7 +74,7 @@ def convert(model: nn.Module, config: Config | None = None) -> nn.Module:
     Args:
         model (torch.nn.Module): the model (converted itself if it is a supported layer).
         config (Config, optional): storage of the context. (default: ``Config()``: automatic
-            widths, 2.5 bits per value on average, chosen per tensor as the model trains;
+            widths, 3 bits per value on average, chosen per tensor as the model trains;
             :mod:`gnnact.adaptive.auto`)
 
     Returns:

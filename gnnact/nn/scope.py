@@ -23,8 +23,15 @@ on) then runs as one gnnact forward pass:
   :data:`~gnnact.nn.functional.FINE_FUNCTIONS`). A pipeline the caller entered around the
   model (offloading, say) stays in charge instead.
 
-Evaluation (``torch.no_grad``) runs the plain forward: nothing is kept, so nothing is done.
-What the last pass kept, by module, is what :func:`gnnact.summary` reports.
+* the widths: with the default ``Config()`` (``bits=None``) the scope's
+  :class:`~gnnact.adaptive.auto.AutoPrecision` gives each tensor its own, from noise ratios
+  measured at probe passes (:mod:`gnnact.ops.probe`); with a fixed ``bits`` it only checks
+  them.
+
+A call of one of the model's children made outside the model's own call (a model used through
+its methods: GAE's ``encode`` and ``recon_loss``) is a pass too. Evaluation
+(``torch.no_grad``) runs the plain forward: nothing is kept, so nothing is done. What the last
+pass kept, by module, is what :func:`gnnact.summary` reports.
 """
 
 from __future__ import annotations
@@ -162,7 +169,10 @@ class Scope:
 
     Attributes:
         bits (dict[str, int]): widths of single tensors by name (``"<module path>:<role>"``
-            for functional ops, ``"<module path>:<index>"`` for the generic pipeline), set by
+            for functional ops and twins, ``"<module path>:<index>"`` for the generic
+            pipeline), set by :attr:`auto` or by :class:`gnnact.Controller`.
+        auto (AutoPrecision or None): the automatic widths (or, with a fixed ``bits``, their
+            check); ``None`` for ``bits=32``, ``self_check=False`` or under a
             :class:`gnnact.Controller`.
         graphs (GraphCache): the model's graph cache.
         seeds (PassSeeds): the source of each pass's rounding seeds.

@@ -2,29 +2,31 @@ r"""Noise probes: how large each compressed tensor's rounding noise is against t
 feeds, measured inside an ordinary training step.
 
 During a *probe pass* (a forward pass run inside :func:`probing`), every tensor quantized for
-backward is quantized a second time with rounding noise of its own, its *alternate*
-:math:`\hat h'`, beside the copy :math:`\hat h` that backward uses. In backward, right after an
-autograd node that restored a probed tensor has run (a post hook), the node runs once more on
-the same incoming gradient with :math:`\hat h'` in place of :math:`\hat h`, everything else
-the same. Its outputs :math:`g` and :math:`g'` differ by the rounding noise alone, so with
-:math:`\delta = g' - g`
+backward is quantized a second time at :data:`REFERENCE_BITS` (8) with rounding noise of its
+own, its *alternate* :math:`\hat h'`, beside the copy :math:`\hat h` that backward uses. In
+backward, right after an autograd node that restored a probed tensor has run (a post hook), the
+node runs once more on the same incoming gradient with :math:`\hat h'` in place of
+:math:`\hat h`, everything else the same. Its outputs :math:`g` (from :math:`\hat h`) and
+:math:`g'` (from the finer :math:`\hat h'`) differ by :math:`\hat h`'s rounding error, its bias
+included (a node that reads its tensor nonlinearly, a sigmoid's backward
+:math:`\hat y(1-\hat y)`, is biased by the rounding's variance, which no second rounding at the
+same width would show), the finer copy's own error being :math:`S(8)/S(b)` of it
+(:math:`1/7225` at 2 bits). With :math:`\delta = g' - g`,
 
 .. math::
-    \mathbb{E}\,\lVert\delta\rVert^2 = 2 \operatorname{Var}[g], \qquad
-    r = \max_k \frac{\tfrac12 \lVert \delta_k \rVert^2}
-                    {\lVert g_k \rVert^2 - \tfrac12 \lVert \delta_k \rVert^2},
+    r = \max_k \frac{\lVert \delta_k \rVert^2}{\lVert g'_k \rVert^2},
 
 over the node's outputs :math:`k` that the tensor changes (a weight's gradient for a linear
 map's input; the input's and the scale's for BatchNorm's): the *noise ratio* of the tensor,
-the variance its rounding adds to a gradient it feeds against that gradient's own square (the
-denominator takes the noise out of :math:`\lVert g_k\rVert^2`, whose mean is the signal's
-square plus the variance). Each output counts on its own: an optimizer such as Adam scales
-each parameter's step by its own gradient, so a small gradient drowned in noise (an attention
-vector's) matters however large the others are. What an output moves between two runs on
-the same tensors (float sums in another order) is taken out first (:func:`noise_ratio`). A
-tensor several nodes read gets the largest ratio. This is GACT's two-draw estimate (Liu et
-al. 2022, Alg. 1) made local: one node re-run instead of a whole backward pass per tensor, no
-closure, no change to the training loop.
+the mean square error its rounding adds to a gradient it feeds against that gradient's own
+square. A tensor kept at 8 bits already is compared with a second 8-bit rounding instead
+(:math:`\mathbb{E}\lVert\delta\rVert^2 = 2\operatorname{Var}`, hence a half). Each output
+counts on its own: an optimizer such as Adam scales each parameter's step by its own gradient,
+so a small gradient drowned in noise (an attention vector's) matters however large the others
+are. What an output moves between two runs on the same tensors (float sums in another order)
+is taken out first (:func:`noise_ratio`). A tensor several nodes read gets the largest ratio.
+This is GACT's two-draw estimate (Liu et al. 2022, Alg. 1) made local: one node re-run instead
+of a whole backward pass per tensor, no closure, no change to the training loop.
 
 A probe pass costs one more quantization of each compressed tensor (the alternates are kept
 until its backward ends: :attr:`NoiseProbe.nbytes`), one more run of each node that reads one
