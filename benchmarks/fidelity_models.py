@@ -465,7 +465,7 @@ class DeeperGCN(nn.Module):
         for i in range(1, layers + 1):
             conv = GENConv(hidden, hidden, aggr="softmax", t=1.0, learn_t=True, num_layers=2,
                            norm="layer")
-            norm = LayerNorm(hidden, elementwise_affine=True)
+            norm = nn.LayerNorm(hidden, elementwise_affine=True)
             self.layers.append(DeepGCNLayer(conv, norm, nn.ReLU(inplace=True), block="res+",
                                             dropout=0.1, ckpt_grad=i % 3))
         self.lin = Linear(hidden, int(data.y.max()) + 1)
