@@ -123,7 +123,9 @@ def _planetoid(name: str, normalize: bool = True) -> Callable[[Path, str, int], 
     def load(root: Path, workdir: str, seed: int) -> Data:
         folder = Path(workdir) / "planetoid"
         if not folder.exists():  # PyG writes processed/ beside raw/: a copy, not the root
-            shutil.copytree(root / "planetoid", folder)
+            # (without a processed/ cache the collection may carry: this PyG rebuilds it)
+            shutil.copytree(root / "planetoid", folder,
+                            ignore=shutil.ignore_patterns("processed"))
         transform = T.NormalizeFeatures() if normalize else None
         return Planetoid(str(folder), name, transform=transform)[0]
     return load

@@ -273,7 +273,8 @@ def _npz_pickled(root: Path, request=None) -> Path:
 
 def _planetoid_truncated(root: Path, request) -> Path:
     shared = request.getfixturevalue("shared_datasets")
-    shutil.copytree(shared / "planetoid" / "Cora", root / "planetoid" / "Cora")
+    # raw/ only: the collection may carry a processed/ cache, which PyG would read instead.
+    shutil.copytree(shared / "planetoid" / "Cora" / "raw", root / "planetoid" / "Cora" / "raw")
     path = root / "planetoid" / "Cora" / "raw" / "ind.cora.graph"
     _truncate(path)
     return path
@@ -354,6 +355,22 @@ def test_unknown_metric_is_refused():
         metric_of(Data(y=torch.zeros(3, dtype=torch.long), metric="f1"))
 
 
+def _listing(folder: Path) -> dict[str, tuple[int, int]]:
+    return {str(path.relative_to(folder)): (path.stat().st_size, path.stat().st_mtime_ns)
+            for path in folder.rglob("*")}
+
+
+def test_workdir_copy_rebuilds_processed_files(tmp_path):
+    # A processed/ cache beside raw/ may come from another PyG version: the copy leaves it.
+    root = tmp_path / "root"
+    _graphsaint_fixture(root / "graphsaint" / "flickr")
+    first = load_dataset("flickr", root, download=False)
+    _truncate(root / "graphsaint" / "flickr" / "processed" / "data.pt")
+    copy = load_dataset("flickr", root, download=False, workdir=tmp_path / "work")
+    assert torch.equal(copy.x, first.x)
+    assert (tmp_path / "work" / "graphsaint" / "flickr" / "processed" / "data.pt").is_file()
+
+
 # Counts as documented in ../shared/datasets/README.md (PyG-style directed edge counts).
 SHARED_COUNTS = {
     "cora": (2708, 10556, 1433, 7), "citeseer": (3327, 9104, 3703, 6),
@@ -367,6 +384,7 @@ SHARED_COUNTS = {
 
 @pytest.mark.parametrize("name", sorted(SHARED_COUNTS))
 def test_shared_datasets(name, shared_datasets, tmp_path):
+    before = _listing(shared_datasets / DATASETS[name].folder)
     data = load_dataset(name, shared_datasets, workdir=tmp_path, download=False)
     nodes, edges, features, classes = SHARED_COUNTS[name]
     assert (data.num_nodes, data.num_edges, data.num_features) == (nodes, edges, features)
@@ -378,5 +396,5 @@ def test_shared_datasets(name, shared_datasets, tmp_path):
     if name not in ("tolokers", "minesweeper"):  # row-normalised bag of words
         sums = data.x.sum(-1)
         assert torch.allclose(sums[sums > 0], torch.ones(()), atol=1e-5)
-    assert not (shared_datasets / DATASETS[name].folder / "processed").exists()  # root untouched
+    assert _listing(shared_datasets / DATASETS[name].folder) == before  # root untouched
     assert data.metric == ("rocauc" if name in ("tolokers", "minesweeper") else "acc")

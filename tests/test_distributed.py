@@ -46,6 +46,8 @@ from gnnact.distributed import (
 from gnnact.distributed.codec import decode, encode, payload_nbytes
 from gnnact.memory import saved_bytes
 from gnnact.models import build
+from gnnact.nn.scope import scope_of
+from gnnact.ops.probe import UNMEASURED_BITS
 from gnnact.training import train_full_batch
 
 NUM_NODES, FEATURES, CLASSES = 48, 6, 3
@@ -297,6 +299,31 @@ def _compressed_pairs(shard, group) -> dict:
     return result
 
 
+def _automatic(shard, group) -> dict:
+    """The GIN of :func:`_compressed_pairs` converted with the default Config(): automatic
+    widths, probes inside backward, on each rank (a probe runs no collective twice)."""
+    torch.manual_seed(0)
+    model = gnnact.convert(GIN(FEATURES, 256, 2, CLASSES, norm="batch_norm"))
+    dmodel = DistributedGNN(model, shard, group, exchange_bits=8)
+    opt = torch.optim.Adam(dmodel.parameters(), lr=0.05)
+    x, mask = shard.x.float(), shard.train_mask
+    count = dmodel.global_count(mask)
+    losses = []
+    for _ in range(12):
+        opt.zero_grad()
+        out = dmodel(x, shard.edge_index)
+        loss = F.cross_entropy(out[mask], shard.y[mask], reduction="sum") / count
+        loss.backward()
+        dmodel.all_reduce_gradients()
+        opt.step()
+        losses.append(float(dmodel.all_reduce(loss.detach().clone())))
+    auto = scope_of(model).auto
+    dmodel.remove()
+    return {"losses": losses, "probes": auto.probes,
+            "tensors": {name: (t.bits, t.measured, t.unmeasurable)
+                        for name, t in auto.tensors.items()}}
+
+
 def _norm(shard, group) -> dict:
     norm = GlobalGCNNorm(HaloExchange(shard, group))
     ids = torch.cat([shard.owned, shard.halo])  # local id -> global id
@@ -354,7 +381,8 @@ def _train(shard, group) -> dict:
 def _worker(rank: int, world_size: int, data: Data, tasks: tuple[str, ...]) -> dict:
     shard = shard_graph(data, method="random", seed=world_size)
     run = {"exact": _exact, "unbiased": _unbiased, "bytes": _bytes, "ddp": _ddp,
-           "errors": _errors, "norm": _norm, "train": _train, "pairs": _compressed_pairs}
+           "errors": _errors, "norm": _norm, "train": _train, "pairs": _compressed_pairs,
+           "auto": _automatic}
     return {"shard": shard, **{task: run[task](shard, None) for task in tasks}}
 
 
@@ -366,7 +394,7 @@ def data() -> Data:
 @pytest.fixture(scope="module")
 def ranks2(data) -> list[dict]:
     return run_local(_worker, 2, data, ("exact", "unbiased", "bytes", "ddp", "errors", "train",
-                                        "pairs"), start_method="fork", timeout_s=60)
+                                        "pairs", "auto"), start_method="fork", timeout_s=60)
 
 
 @pytest.fixture(scope="module")
@@ -678,6 +706,21 @@ def test_convs_without_a_twin_train_compressed_on_pairs(ranks2):
         assert result["saved2"] * 5 < result["saved32"]
         assert result["losses2"][-1] < 0.9 * result["losses2"][0]
         assert all(math.isfinite(loss) for loss in result["losses2"])
+
+
+def test_automatic_widths_train_on_pairs(ranks2):
+    """Default Config() under DistributedGNN: probes re-run local nodes only (a re-run of the
+    synchronised batch norm's backward would wait for the other rank), the batch norms' inputs
+    are kept at UNMEASURED_BITS, the rest measured; the ranks agree on the loss, and it falls."""
+    first, second = (rank["auto"] for rank in ranks2)
+    assert first["losses"] == second["losses"]
+    assert first["losses"][-1] < 0.9 * first["losses"][0]
+    for result in (first, second):
+        assert result["probes"] >= 3
+        tensors = result["tensors"]
+        assert {name for name, (_, _, unmeasurable) in tensors.items() if unmeasurable}
+        for bits, measured, unmeasurable in tensors.values():
+            assert (bits == UNMEASURED_BITS) if unmeasurable else (measured is not None)
 
 
 def test_errors_in_the_ranks(ranks2):

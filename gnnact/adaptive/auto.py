@@ -24,7 +24,9 @@ Each tensor has its own width, a twin's too (its input apart from its attention 
 ``config.bits`` per tensor); the attention coefficients and the tensors a policy rule
 compresses keep their own width (:attr:`TensorWidth.fixed`) but are measured and reported all
 the same. Until its first probe a tensor keeps the width it started
-at (2 bits, attention at 8). The first step is an ordinary one; a probe
+at (2 bits, attention at 8); one that only nodes a probe cannot run twice read (a reentrant
+checkpoint, batch norm over several ranks: :data:`~gnnact.ops.probe.NOT_RUN_TWICE`) is kept at
+:data:`~gnnact.ops.probe.UNMEASURED_BITS` (4). The first step is an ordinary one; a probe
 step costs one more quantization per tensor and one more run of each node that reads one,
 and probes thin out to one per ``adapt_interval`` steps.
 
@@ -43,7 +45,7 @@ from dataclasses import dataclass
 
 from gnnact.adaptive.allocator import allocate, variance_factor
 from gnnact.config import Config
-from gnnact.ops.probe import NoiseProbe
+from gnnact.ops.probe import UNMEASURED_BITS, NoiseProbe
 
 __all__ = ["AUTO_WIDTHS", "FIRST_CHECK", "AutoPrecision", "TensorWidth"]
 
@@ -73,6 +75,9 @@ class TensorWidth:
         measured_bits (int, optional): the width it had then.
         fixed (bool, optional): its width is not the allocation's (attention coefficients, a
             policy rule). (default: :obj:`False`)
+        unmeasurable (bool, optional): only nodes a probe does not run twice read it
+            (:data:`~gnnact.ops.probe.NOT_RUN_TWICE`): it is kept at
+            :data:`~gnnact.ops.probe.UNMEASURED_BITS`. (default: :obj:`False`)
         reason (str, optional): why it has its width.
 
     Example:
@@ -88,6 +93,7 @@ class TensorWidth:
     measured: float | None = None
     measured_bits: int | None = None
     fixed: bool = False
+    unmeasurable: bool = False
     reason: str = "start width (not measured yet)"
 
     def ratio_at(self, bits: int) -> float | None:
@@ -229,6 +235,7 @@ class AutoPrecision:
                 t.measured, t.measured_bits = ratio, t.bits
             elif old is not None:  # what it measured before, until it measures again
                 t.measured, t.measured_bits = old.measured, old.measured_bits
+            t.unmeasurable = t.measured is None and name in probe.unmeasurable
         for name, t in self.tensors.items():  # those of passes this probe did not see
             tensors.setdefault(name, t)
         self.tensors = tensors
@@ -270,9 +277,12 @@ class AutoPrecision:
         for t in self.tensors.values():
             if t.fixed:
                 t.reason = "its own width (attention coefficients or a policy rule)"
+            elif t.unmeasurable:
+                t.bits = self.widths[t.name] = max(t.bits, UNMEASURED_BITS)
+                t.reason = ("not measurable: only nodes a probe does not run twice read it "
+                            "(a checkpoint, a collective in backward)")
             elif t.measured is None:
-                t.reason = ("start width (not measured: no gradient reached it, or only nodes "
-                            "a probe does not run twice read it)")
+                t.reason = "start width (not measured: no gradient reached it)"
         measured = [t for t in free if t.measured is not None]
         if not measured:
             return

@@ -549,8 +549,9 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, *, split: int
         download (bool, optional): :obj:`False`: never download; :obj:`True`: download
             missing files; :obj:`None`: download if the source host answers within
             ``timeout`` seconds. (default: :obj:`None`)
-        workdir (str or Path, optional): copy the dataset's folder below this directory first
-            (once) and load the copy, leaving ``root`` untouched. (default: :obj:`None`)
+        workdir (str or Path, optional): copy the dataset's folder (without its
+            ``processed/`` cache) below this directory first (once) and load the copy,
+            leaving ``root`` untouched. (default: :obj:`None`)
         timeout (float, optional): seconds to wait for the source host. (default: :obj:`3.0`)
 
     Returns:
@@ -591,7 +592,9 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, *, split: int
     if workdir is not None:
         copy = Path(workdir) / folder
         if not copy.exists() and original.is_dir():
-            shutil.copytree(original, copy)
+            # Without processed/: a cache beside raw/ may come from another PyG version
+            # (the shared collection carries one); this one rebuilds it from the raw files.
+            shutil.copytree(original, copy, ignore=shutil.ignore_patterns("processed"))
         base = Path(workdir)
     data = spec.prepare(_load_checked(spec, key, base / folder, original), split, seed)
     data.metric = spec.metric or ("rocauc" if data.y.dim() == 2 else "acc")

@@ -49,8 +49,8 @@ import torch
 from torch import Tensor
 from torch.autograd.function import BackwardCFunction
 
-__all__ = ["NOT_RUN_TWICE", "REFERENCE_BITS", "NoiseProbe", "active_probe", "noise_ratio",
-           "probing", "restore"]
+__all__ = ["NOT_RUN_TWICE", "REFERENCE_BITS", "UNMEASURED_BITS", "NoiseProbe", "active_probe",
+           "noise_ratio", "probing", "restore"]
 
 # The attribute of a packed tensor's first part that names its probe: (probe, key).
 _MARK = "_gnnact_probe"
@@ -101,6 +101,7 @@ class NoiseProbe:
         nbytes (int): bytes of the alternates made.
         failures (list[str]): nodes whose second run raised (their tensors stay unmeasured).
         skipped (list[str]): nodes not run twice (:data:`NOT_RUN_TWICE`).
+        unmeasurable (set[str]): names of the tensors such nodes read.
         passes (int): forward passes that joined the probe (a step of several, before its
             backward).
         done (bool): a backward pass through its nodes has ended (the engine's callback).
@@ -115,6 +116,7 @@ class NoiseProbe:
         self.nbytes = 0
         self.failures: list[str] = []
         self.skipped: list[str] = []
+        self.unmeasurable: set[str] = set()
         self._names: list[str] = []  # key -> name
         self._alternates: list[Any] = []  # key -> alternate (dropped once read)
         self._reference: list[bool] = []  # key -> whether its alternate is finer than it
@@ -230,6 +232,7 @@ class NoiseProbe:
             return
         if node.name() in NOT_RUN_TWICE:
             self.skipped.append(node.name())
+            self.unmeasurable.update(self._names[key] for key in entry[1])
             return
         runs = {key: self._run(node, grads, key) for key in sorted(entry[1])}
         ratios = {key: noise_ratio(grad_inputs, again, reference=self._reference[key])
@@ -272,10 +275,16 @@ class NoiseProbe:
 #: backward reads it nonlinearly, :math:`\hat y (1 - \hat y)`).
 REFERENCE_BITS = 8
 
-#: Nodes a probe does not run twice: their backward runs a backward pass of its own, which
-#: would add to the parameters' ``.grad`` a second time (reentrant checkpointing). What only
-#: they read stays unmeasured.
-NOT_RUN_TWICE = frozenset({"CheckpointFunctionBackward"})
+#: Nodes a probe does not run twice: a backward that runs a backward pass of its own would add
+#: to the parameters' ``.grad`` a second time (reentrant checkpointing); one that runs a
+#: collective (batch norm over all ranks, the halo exchange) would wait for ranks that do not
+#: run it again. What only they read is kept at :data:`UNMEASURED_BITS`.
+NOT_RUN_TWICE = frozenset({"CheckpointFunctionBackward", "_SyncBatchNormBackward",
+                           "SyncBatchNormBackward", "_ExchangeBackward"})
+
+#: The width of a tensor that only nodes in :data:`NOT_RUN_TWICE` read (it cannot be measured):
+#: the width at which every model of the issue that found the 2-bit losses trained as fp32.
+UNMEASURED_BITS = 4
 
 # A second run whose ratio exceeds this gets a control run; the key of a run that swaps nothing.
 _CONTROL = 1e-3
