@@ -412,6 +412,23 @@ def test_copies_keep_their_compression(kind: str) -> None:
         assert scope_of(model).auto.steps == steps
 
 
+def test_a_tensor_two_twins_read_is_kept_once_whatever_their_widths() -> None:
+    # to_hetero's conv2.author__writes__paper and conv2.paper__rev__author both read the
+    # paper and the author features: one copy, at the first reader's width (a probe re-runs
+    # both readers on it), not a second at the other's.
+    model, inputs, data = _hetero()
+    gnnact.convert(model)
+    scope = scope_of(model)
+    scope.auto._next_probe = 10**9  # no probe step: the widths set below stay
+    kept = {}
+    for first, second in [(4, 4), (2, 2), (4, 2)]:
+        scope.set_widths({"conv2.author__writes__paper:activations": first,
+                          "conv2.paper__rev__author:activations": second})
+        kept[first, second] = saved_bytes(_loss(model, inputs), exclude=data)
+    assert kept[2, 2] < kept[4, 4]
+    assert kept[4, 2] in (kept[4, 4], kept[2, 2])
+
+
 def test_a_model_used_through_its_methods_is_compressed() -> None:
     # GAE calls its encoder and decoder, never its own forward: each call is a pass.
     from torch_geometric.nn import GAE, GCNConv

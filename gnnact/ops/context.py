@@ -409,7 +409,10 @@ def shared_quantize(x: Tensor, bits: int, config: Config,
     module for :func:`controlled_noise` and per-node precision."""
     bits = width_of(config, role, bits)
     fmt = (bits, config.group_size, config.per_row, config.per_node, config.backend)
-    packed = cached(x, fmt)
+    # Automatic widths: a tensor another op already keeps is read from that copy, whatever
+    # its width (a probe re-runs every node that reads a copy, so the width allocated to the
+    # first reader's name covers them all), not kept once more at this op's width.
+    packed = cached(x, fmt, any_width=bool(forward_state().widths) and bits <= 8)
     if packed is not None:
         return packed
     generator = noise_generator(config.tag, role, x, bits) if bits <= 8 else None
@@ -459,18 +462,20 @@ def independent_quantize(x: Tensor, config: Config,
     return packed
 
 
-def cached(x: Tensor, fmt: tuple | None = None) -> Any:
+def cached(x: Tensor, fmt: tuple | None = None, any_width: bool = False) -> Any:
     """The packed copy of this very tensor object (or the same view of the same tensor), at its
     current version, that
-    :func:`remember` holds in format ``fmt`` (any format when ``None``), or ``None``. The one
-    cache of gnnact's ops and of :class:`gnnact.compress_saved_tensors`: a tensor both save is
-    compressed once."""
+    :func:`remember` holds in format ``fmt`` (any format when ``None``; any width, ``fmt[0]``,
+    with ``any_width``), or ``None``. The one cache of gnnact's ops and of
+    :class:`gnnact.compress_saved_tensors`: a tensor both save is compressed once."""
     key, owner = cache_key(x)
     entry = forward_state().shared.get(key)
     if entry is None:
         return None
     ref, version, cached_fmt, refs, cls, meta = entry
     parts = tuple(r() for r in refs)
+    if fmt is not None and any_width:
+        fmt, cached_fmt = fmt[1:], cached_fmt[1:]
     if (ref() is not owner or version != x._version or (fmt is not None and cached_fmt != fmt)
             or any(t is None for t in parts)):
         return None
