@@ -269,56 +269,47 @@ def _ddp(shard, group) -> dict:
             "bytes": ddp.module.exchange.stats}
 
 
-def _compressed_pairs(shard, group) -> dict:
-    """A converted GIN (a conv with no twin: the generic pipeline keeps its context) on pairs,
-    context and exchange at 2 bits: what it keeps against the same model at 32 bits, and the
-    global loss over a few Adam steps (256 wide: the pipeline leaves tensors of fewer than
-    4,096 values as they are)."""
-    result = {}
-    for bits in (32, 2):
-        torch.manual_seed(0)
-        model = gnnact.convert(GIN(FEATURES, 256, 2, CLASSES, norm="batch_norm"),
-                               gnnact.Config(bits=bits))
-        dmodel = DistributedGNN(model, shard, group, exchange_bits=bits)
-        opt = torch.optim.Adam(dmodel.parameters(), lr=0.05)
-        x, mask = shard.x.float(), shard.train_mask
-        count = dmodel.global_count(mask)
-        losses = []
-        for step in range(6):
-            opt.zero_grad()
-            out = dmodel(x, shard.edge_index)
-            loss = F.cross_entropy(out[mask], shard.y[mask], reduction="sum") / count
-            if step == 0:
-                result[f"saved{bits}"] = saved_bytes(loss, exclude=[x])
-            loss.backward()
-            dmodel.all_reduce_gradients()
-            opt.step()
-            losses.append(float(dmodel.all_reduce(loss.detach().clone())))
-        result[f"losses{bits}"] = losses
-        dmodel.remove()
-    return result
-
-
-def _automatic(shard, group) -> dict:
-    """The GIN of :func:`_compressed_pairs` converted with the default Config(): automatic
-    widths, probes inside backward, on each rank (a probe runs no collective twice)."""
+def _train_gin(shard, group, config: gnnact.Config, exchange_bits: int,
+               steps: int) -> tuple[nn.Module, list[float], int]:
+    """A GIN (a conv with no twin: the generic pipeline keeps its context; 256 wide, as the
+    pipeline leaves tensors of fewer than 4,096 values as they are) converted with ``config``
+    and trained on the pairs for ``steps`` Adam steps: the model, the global loss of each step
+    and what the first step keeps."""
     torch.manual_seed(0)
-    model = gnnact.convert(GIN(FEATURES, 256, 2, CLASSES, norm="batch_norm"))
-    dmodel = DistributedGNN(model, shard, group, exchange_bits=8)
+    model = gnnact.convert(GIN(FEATURES, 256, 2, CLASSES, norm="batch_norm"), config)
+    dmodel = DistributedGNN(model, shard, group, exchange_bits=exchange_bits)
     opt = torch.optim.Adam(dmodel.parameters(), lr=0.05)
     x, mask = shard.x.float(), shard.train_mask
     count = dmodel.global_count(mask)
-    losses = []
-    for _ in range(12):
+    losses, saved = [], 0
+    for step in range(steps):
         opt.zero_grad()
         out = dmodel(x, shard.edge_index)
         loss = F.cross_entropy(out[mask], shard.y[mask], reduction="sum") / count
+        if step == 0:
+            saved = saved_bytes(loss, exclude=[x])
         loss.backward()
         dmodel.all_reduce_gradients()
         opt.step()
         losses.append(float(dmodel.all_reduce(loss.detach().clone())))
-    auto = scope_of(model).auto
     dmodel.remove()
+    return model, losses, saved
+
+
+def _compressed_pairs(shard, group) -> dict:
+    """The GIN at 32 and at 2 bits (context and exchange): what it keeps, and its losses."""
+    result = {}
+    for bits in (32, 2):
+        _, result[f"losses{bits}"], result[f"saved{bits}"] = _train_gin(
+            shard, group, gnnact.Config(bits=bits), bits, steps=6)
+    return result
+
+
+def _automatic(shard, group) -> dict:
+    """The GIN converted with the default Config(): automatic widths, probes inside backward,
+    on each rank (a probe runs no collective twice)."""
+    model, losses, _ = _train_gin(shard, group, gnnact.Config(), 8, steps=12)
+    auto = scope_of(model).auto
     return {"losses": losses, "probes": auto.probes,
             "tensors": {name: (t.bits, t.measured, t.unmeasurable)
                         for name, t in auto.tensors.items()}}
