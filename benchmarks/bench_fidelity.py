@@ -16,10 +16,11 @@ of the recipe are fp32's). Configurations:
 Each row: the family's metric (test accuracy at the best validation epoch, or ROC AUC), the
 final training loss, the context kept at the last training step (:func:`gnnact.memory.
 saved_bytes` of the loss, gnnact's graph cache included, the input data excluded: it lives
-anyway), the bytes of the last probe's alternate copies (``probe_bytes``), the average bits
-of the compressed values, and step times: ``step_ms`` the median of all training steps,
-``mean_step_ms`` their mean (probe steps included), ``first_step_ms`` the first step, and
-``probe_step_ms`` the mean of the probe steps. The summary pairs each seed's gnnact run with
+anyway, as do a step's own inputs, its batch or GAE's negative pairs), the bytes of the last
+probe's alternate copies (``probe_bytes``), the average bits of the compressed values, and
+step times: ``step_ms`` the median of all training steps, ``mean_step_ms`` their mean
+(probe steps included), ``first_step_ms`` the first step, and ``probe_step_ms`` the mean of
+the probe steps. The summary pairs each seed's gnnact run with
 its fp32 run (targets: within 0.5 points, context ≥ 10× below fp32, steady step ≤ 1.15× of
 ``fixed2``).
 

@@ -637,7 +637,7 @@ def _train_gae(model: nn.Module, data: tuple[Data, Data, Data], epochs: int,
         neg = negative_sampling(train_data.edge_index, z.size(0),
                                 train_data.pos_edge_label_index.size(1))
         loss = model.recon_loss(z, train_data.pos_edge_label_index, neg)
-        meter.forward(loss)
+        meter.forward(loss, (neg,))  # the step's sampled pairs: its input, as a batch is
         loss.backward()
         optimizer.step()
         meter.step()

@@ -172,7 +172,9 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
     These pass through as they are (the hook returns the tensor itself):
 
     * sparse tensors, tensor subclasses, 0-d tensors, integer and boolean tensors
-      other than those below, and tensors of fewer than :obj:`min_numel` elements, a
+      other than those below, and tensors of fewer than :obj:`min_numel` elements (an
+      integer or boolean one only if its storage holds fewer than :obj:`min_numel` float32
+      values' bytes too), a
       broadcast tensor counting the values it holds once (per-channel
       statistics such as BatchNorm's mean and :math:`1/\sigma`: their error reaches every
       gradient of the layer, and compressing them saves little);
@@ -513,7 +515,11 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         to each block's width); ``None`` when ``make`` finds nothing to gain, or for a small
         tensor or one saved outside the model (the loss's labels: inputs)."""
         path = self._where()[0]
-        if path == OUTSIDE or core.numel() < self.min_numel:
+        # Small means small in bytes too: a chunked conv's pieces save a few thousand int64
+        # indices each (as many bytes as min_numel float32 values), and a slice of a large
+        # storage, saved as it is, would keep all of it alive.
+        if path == OUTSIDE or (core.numel() < self.min_numel and t.untyped_storage().nbytes()
+                               < 4 * self.min_numel):
             return None
         saved = self._shared_copy(core, _INDEX_FMT)
         if saved is not None:

@@ -505,3 +505,58 @@ def test_saved_bytes_agrees_with_the_independent_meter(name):
     theirs = meter.saved_storage_bytes(
         loss, exclude=[data.x, data.edge_index, *model.parameters(), *model.buffers()])
     assert ours == theirs
+
+
+def test_input_dropout_is_rebuilt_from_the_input_and_its_mask():
+    """``F.dropout`` of the input features (which need no gradient): the first linear map keeps
+    a reference to the input and a 1-bit mask, not a rounded copy, and its weight gradient is
+    PyTorch's bit for bit under the same seed."""
+    n, f = 1000, 300
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(f, 16)
+
+        def forward(self, x):
+            return self.lin(F.dropout(x, 0.5, training=self.training))
+
+    x, g = torch.randn(n, f), torch.randn(n, 16)
+    ref = Net()
+    model = gnnact.convert(copy.deepcopy(ref), Config(bits=2, self_check=False))
+    grads, kept = [], []
+    for net in (ref, model):
+        torch.manual_seed(1)
+        loss = (net(x) * g).sum()
+        kept.append(breakdown(loss, exclude=[x, g]).context)
+        loss.backward()
+        grads.append(net.lin.weight.grad)
+    assert torch.equal(grads[0], grads[1])
+    assert kept == [4 * n * f, math.ceil(n * f / 8)]  # PyTorch: the dropout output in full
+
+
+def test_sigmoid_is_a_gate_inside_message_passing_and_a_loss_head_outside():
+    """SuperGAT's attention multiplies by a sigmoid: its output is kept once at
+    ``config.attention`` bits (shared with the product that reads it again). A sigmoid outside
+    message passing (GAE's decoder, a loss head) stays exact."""
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = pyg_nn.SuperGATConv(16, 8, heads=4, attention_type="MX")
+            self.lin = nn.Linear(32, 8)
+
+        def forward(self, x, ei):
+            return torch.sigmoid(self.lin(self.conv(x, ei))).sum()
+
+    x, ei = _graph(n=600, e=6000, f=16, dtype=torch.float32)
+    model = gnnact.convert(Net(), Config(bits=2, self_check=False))
+    model.train()
+    model(x, ei).backward()
+    tensors = scope_of(model).last.tensors.values()
+    per_edge = [e for e in tensors if len(e.shape) == 2 and e.shape[0] > 6000
+                and e.shape[1] == 4]  # one value per edge (and self-loop) and head
+    assert per_edge and all(e.bits == 8 for e in per_edge)
+    assert all(e.kind != "exact" for e in per_edge)
+    head = [e for e in tensors if e.shape == (600, 8)]
+    assert head and all(e.kind == "exact" for e in head)

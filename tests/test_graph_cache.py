@@ -677,3 +677,40 @@ def test_targets_of_a_block_of_edges(dtype):
         assert block.dtype == dtype and torch.equal(block, whole[a:b])
     kept = dataclasses.replace(graph, targets=whole)
     assert torch.equal(kept.dst_of(slice(17, 40)), whole[17:40])
+
+
+def test_reverse_edge_type_shares_the_forward_types_structure():
+    """``ToUndirected``'s ``rev_*`` edge type is its forward type flipped: its graph is the
+    forward graph's transpose, made of the same tensors (nothing more cached), and SAGE
+    aggregates over it exactly as over a graph built on its own."""
+    gen = torch.Generator().manual_seed(0)
+    writes = torch.stack([torch.randint(0, 30, (200,), generator=gen),
+                          torch.randint(0, 50, (200,), generator=gen)])
+    rev = writes.flip(0)
+    cache = GraphCache()
+    forward = graph_from(writes, 30, 50, cache=cache, per_edge=False, keep_dst=False)
+    backward = graph_from(rev, 50, 30, cache=cache, per_edge=False, keep_dst=False)
+    alone = build_graph(rev, 50, 30, per_edge=False, keep_dst=False)
+    assert backward.src is forward.t_dst and backward.t_dst is forward.src
+    for name in ("ptr", "src", "t_ptr", "t_dst"):
+        assert torch.equal(getattr(backward, name), getattr(alone, name))
+    assert cache.nbytes() == forward.nbytes()
+    # Not a flip of it (one edge differs): built on its own.
+    other = rev.clone()
+    other[0, 0] = (other[0, 0] + 1) % 50
+    assert graph_from(other, 50, 30, cache=cache, per_edge=False, keep_dst=False).src is not (
+        forward.t_dst)
+
+    x_src = torch.randn(50, F, dtype=torch.float64, requires_grad=True)
+    x_dst = torch.randn(30, F, dtype=torch.float64)
+    ref = pyg_nn.SAGEConv((F, F), 4).double()
+    conv = gnnact.nn.SAGEConv((F, F), 4, config=EXACT).double()
+    conv.load_state_dict(ref.state_dict())
+    with use_graph_cache(cache):
+        out = conv((x_src, x_dst), rev)
+    assert len(cache) == 3  # writes, rev (the transpose of writes), other
+    expected = ref((x_src, x_dst), rev)
+    torch.testing.assert_close(out, expected)
+    g = torch.randn_like(out)
+    torch.testing.assert_close(torch.autograd.grad(out, x_src, g),
+                               torch.autograd.grad(expected, x_src, g))

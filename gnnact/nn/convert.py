@@ -9,7 +9,7 @@ import torch_geometric.nn as pyg_nn
 from torch import nn
 
 from gnnact.config import Config
-from gnnact.nn import modules
+from gnnact.nn import autoencoder, modules
 from gnnact.nn._base import _Compressed
 from gnnact.nn.chunked import CHUNKED, chunk_messages
 from gnnact.nn.conv import APPNP, GATConv, GATv2Conv, GCN2Conv, GCNConv, SAGEConv, SGConv
@@ -27,6 +27,11 @@ CONVERSIONS: dict[type[nn.Module], type[_Compressed]] = {
     pyg_nn.GCN2Conv: GCN2Conv,
     pyg_nn.APPNP: APPNP,
     pyg_nn.SGConv: SGConv,
+    pyg_nn.models.InnerProductDecoder: autoencoder.InnerProductDecoder,
+    pyg_nn.GAE: autoencoder.GAE,
+    pyg_nn.VGAE: autoencoder.VGAE,
+    pyg_nn.ARGA: autoencoder.ARGA,
+    pyg_nn.ARGVA: autoencoder.ARGVA,
     nn.Linear: modules.Linear,
     nn.BatchNorm1d: modules.BatchNorm1d,
     nn.ReLU: modules.ReLU,

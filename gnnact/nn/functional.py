@@ -58,16 +58,16 @@ from gnnact import ops
 from gnnact.config import Config
 from gnnact.ops.context import overwritable
 
-__all__ = ["EXACT_FUNCTIONS", "FINE_FUNCTIONS", "CollectingOps", "FunctionalOps", "Marks",
-           "temporary_counts"]
+__all__ = ["EXACT_FUNCTIONS", "FINE_FUNCTIONS", "GATE_FUNCTIONS", "CollectingOps",
+           "FunctionalOps", "Marks", "temporary_counts"]
 
-#: Functions whose saved tensors stay exact: the loss head (a softmax, or a sigmoid: GAE's
-#: decoder ends in one, its loss takes the log of it), and the losses a model computes in its
+#: Functions whose saved tensors stay exact: the loss head (a softmax, or a sigmoid outside
+#: message passing, :data:`GATE_FUNCTIONS`), and the losses a model computes in its
 #: own forward (an auxiliary loss: SuperGAT's attention loss, a regulariser). The loss's
 #: context is by far the most sensitive (GACT), and it is small: one value per prediction.
 EXACT_FUNCTIONS = frozenset({
     F.softmax, F.log_softmax, torch.softmax, torch.log_softmax, Tensor.softmax,
-    Tensor.log_softmax, torch.sigmoid, F.sigmoid, Tensor.sigmoid, F.cross_entropy, F.nll_loss,
+    Tensor.log_softmax, F.cross_entropy, F.nll_loss,
     F.binary_cross_entropy, F.binary_cross_entropy_with_logits, F.mse_loss, F.l1_loss,
     F.smooth_l1_loss, F.huber_loss, F.kl_div, F.poisson_nll_loss, F.gaussian_nll_loss,
     F.margin_ranking_loss, F.cosine_embedding_loss, F.hinge_embedding_loss, F.soft_margin_loss,
@@ -78,15 +78,24 @@ EXACT_FUNCTIONS = frozenset({
 #: bits (8 by default), as attention coefficients are.
 FINE_FUNCTIONS = frozenset({torch.tanh, F.tanh, Tensor.tanh})
 
+#: A sigmoid is a loss head outside message passing (GAE's decoder ends in one, its loss takes
+#: the log of it: exact) and a gate inside it (SuperGAT's attention, ResGatedGraphConv's
+#: edge gates: one value per edge, read as :math:`\hat y (1 - \hat y)`, at
+#: ``config.attention`` bits as a tanh's output is, and shared with the op that multiplies by
+#: it rather than kept a second time in full).
+GATE_FUNCTIONS = frozenset({torch.sigmoid, F.sigmoid, Tensor.sigmoid})
+
 
 @dataclass
 class Marks:
     """What runs now inside a converted model's pass: raised while a function of
-    :data:`EXACT_FUNCTIONS` (``exact``) or :data:`FINE_FUNCTIONS` (``fine``) runs; the
-    scope's pipeline keeps what is saved meanwhile exact, or at ``config.attention`` bits."""
+    :data:`EXACT_FUNCTIONS` (``exact``), :data:`FINE_FUNCTIONS` (``fine``) or
+    :data:`GATE_FUNCTIONS` (``gate``) runs; the scope's pipeline keeps what is saved meanwhile
+    exact, or at ``config.attention`` bits (a gate: inside message passing, else exact)."""
 
     exact: int = 0
     fine: int = 0
+    gate: int = 0
 
 
 def _float(x: Any) -> bool:
@@ -250,6 +259,11 @@ def temporary_counts() -> dict[Callable, tuple[int, int]]:
     return found
 
 
+_MARKS: dict[Callable, str] = {**dict.fromkeys(EXACT_FUNCTIONS, "exact"),
+                               **dict.fromkeys(FINE_FUNCTIONS, "fine"),
+                               **dict.fromkeys(GATE_FUNCTIONS, "gate")}
+
+
 class FunctionalOps(TorchFunctionMode):
     """Routes the functional calls of :data:`HANDLERS` to gnnact's ops (see the module
     docstring) and marks the calls of :data:`EXACT_FUNCTIONS` and :data:`FINE_FUNCTIONS`.
@@ -284,7 +298,7 @@ class FunctionalOps(TorchFunctionMode):
             out = handler(self.config_for, *args, **given)
             if out is not NotImplemented:
                 return out
-        mark = "exact" if func in EXACT_FUNCTIONS else "fine" if func in FINE_FUNCTIONS else None
+        mark = _MARKS.get(func)
         if mark is None:
             return func(*args, **kwargs)
         setattr(self.marks, mark, getattr(self.marks, mark) + 1)

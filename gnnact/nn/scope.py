@@ -18,9 +18,10 @@ on) then runs as one gnnact forward pass:
 * a :class:`gnnact.compress_saved_tensors` pipeline for everything else autograd saves
   (convs without a twin, PyG's own paths, any other op): compressed at ``config.bits``, while
   parameters, the forward's inputs, gnnact's own context and the loss head (softmax,
-  log-softmax, sigmoid, loss functions) pass through, and tanh outputs keep
-  ``config.attention`` bits (:data:`~gnnact.nn.functional.EXACT_FUNCTIONS`,
-  :data:`~gnnact.nn.functional.FINE_FUNCTIONS`). A pipeline the caller entered around the
+  log-softmax, a sigmoid outside message passing, loss functions) pass through, and tanh
+  outputs and the sigmoid gates of message passing keep ``config.attention`` bits
+  (:data:`~gnnact.nn.functional.EXACT_FUNCTIONS`, :data:`~gnnact.nn.functional.FINE_FUNCTIONS`,
+  :data:`~gnnact.nn.functional.GATE_FUNCTIONS`). A pipeline the caller entered around the
   model (offloading, say) stays in charge instead.
 
 * the widths: with the default ``Config()`` (``bits=None``) the scope's
@@ -300,7 +301,9 @@ class Scope:
             fine = Quantize(self.config.attention, self.config.group_size,
                             backend=self.config.backend)
             policy.rules[:0] = [
-                Rule(None, where=lambda name, module, t: marks.exact > 0),
+                Rule(fine, where=lambda name, module, t: marks.gate > 0
+                     and isinstance(module, MessagePassing)),
+                Rule(None, where=lambda name, module, t: marks.exact > 0 or marks.gate > 0),
                 Rule(fine, where=lambda name, module, t: marks.fine > 0),
                 # Attention coefficients of a conv without a twin (GATv2, Transformer, ...):
                 # one value per edge and head, at config.attention bits as in the GAT twin

@@ -6,6 +6,7 @@ from gnnact.ops.dense import batch_norm, dropout, elu, leaky_relu, linear, relu
 from gnnact.ops.gat import gat_attention
 from gnnact.ops.gcn2 import gcn2_conv, gcn2_residual
 from gnnact.ops.graph import Graph, graph_from
+from gnnact.ops.pairs import pair_dot
 from gnnact.ops.spmm import spmm
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "leaky_relu",
     "linear",
     "load_context",
+    "pair_dot",
     "relu",
     "save_context",
     "shared_quantize",

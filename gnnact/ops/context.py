@@ -62,10 +62,10 @@ from gnnact.quant.packed import QUANT_BITS
 from gnnact.quant.reference import MASK_MUL, MASK_SELECT, MASK_ZERO, combine_mask
 
 __all__ = ["alias_derived", "apply_mask", "cache_key", "cached", "controlled_noise", "derive",
-           "derived_steps", "hold_parts", "independent_quantize", "input_bits", "load_context",
-           "mask_mode", "noise_generator", "overwritable", "own_context", "per_node_quantize",
-           "records_graph", "release", "remember", "resident", "save_context",
-           "shared_quantize", "transient", "width_of"]
+           "derive_from_input", "derived_steps", "hold_parts", "independent_quantize",
+           "input_bits", "load_context", "mask_mode", "noise_generator", "overwritable",
+           "own_context", "per_node_quantize", "records_graph", "release", "remember",
+           "resident", "save_context", "shared_quantize", "transient", "width_of"]
 
 def cache_key(x: Tensor) -> tuple[tuple, Tensor]:
     """The key of ``x`` and the object whose identity it rests on: the tensor ``x`` views
@@ -165,6 +165,15 @@ def derive(out: Tensor, source: Tensor | None, kind: str, tensors: tuple, meta: 
     state.keep(("derived", key), (r() for _, refs, _ in chain for r in refs if r is not None))
 
 
+def derive_from_input(out: Tensor, x: Tensor, kind: str, tensors: tuple, meta: tuple) -> None:
+    """Record that ``out`` is step ``(kind, tensors, meta)`` applied to ``x``, a
+    :func:`resident` input kept by reference (the input features' dropout: ``x`` and a 1-bit
+    mask rebuild it exactly). ``out`` holds ``tensors`` itself: no autograd node keeps
+    them (the step ran outside autograd), and they must live as long as ``out`` may be kept."""
+    setattr(out, _PIECES, tensors)
+    derive(out, None, kind, tensors, meta, source_steps=(("input", (_ref(x),), ()),))
+
+
 def derived_steps(x: Tensor) -> tuple | None:
     """The steps (weak references) that rebuild ``x`` as it is now, or ``None`` if ``x`` is
     not derived: what an op that overwrites ``x`` reads first, to derive its result from."""
@@ -230,7 +239,11 @@ def _rebuild(steps: list[tuple], state: ForwardState | None) -> Tensor:
     # full-size temporary adds to the step's peak memory (a GPU's peak is in backward). The
     # dequantized input is a fresh tensor unless its parts are the tensor itself (16/32 bits).
     value: Tensor | None = None
+    shared = False  # value is a resident input: the next step writes beside it, not over it
     for kind, tensors, meta in steps:
+        if kind == "input":
+            (value,), shared = tensors, True
+            continue
         if kind == "batch_norm":
             *parts, mean, invstd, weight, bias = tensors
             _, cls, inner = meta
@@ -263,7 +276,9 @@ def _rebuild(steps: list[tuple], state: ForwardState | None) -> Tensor:
             shape, divisor, slope = meta
             # In place, by blocks: the whole boolean mask (a quarter of a float32 tensor)
             # never exists beside the rebuilt tensor.
-            value = masked_by_blocks(value, PackedMask(data, shape), divisor, slope, out=value)
+            value = masked_by_blocks(value, PackedMask(data, shape), divisor, slope,
+                                     out=None if shared else value)
+        shared = False
     assert value is not None
     return value
 
@@ -275,6 +290,7 @@ def records_graph(*tensors: Tensor | None) -> bool:
 
 
 _TRANSIENT = "_gnnact_transient"
+_PIECES = "_gnnact_pieces"
 
 
 def transient(out: Tensor) -> Tensor:

@@ -44,6 +44,7 @@ from gnnact.ops.blocks import mean_by_blocks, row_starts, sum_by_blocks, sum_of_
 from gnnact.ops.context import (
     alias_derived,
     derive,
+    derive_from_input,
     derived_steps,
     input_bits,
     load_context,
@@ -53,6 +54,7 @@ from gnnact.ops.context import (
     overwritable,
     records_graph,
     remember,
+    resident,
     save_context,
     shared_quantize,
     sign_masked,
@@ -61,7 +63,7 @@ from gnnact.ops.context import (
 )
 from gnnact.ops.draws import keep_bits
 from gnnact.ops.higher_order import first_order_only
-from gnnact.ops.state import eager_op
+from gnnact.ops.state import eager_op, forward_state
 from gnnact.quant import PackedMask, pack_mask
 from gnnact.quant.reference import combine_mask
 
@@ -390,6 +392,25 @@ def elu(x: Tensor, alpha: float = 1.0, inplace: bool = False, config: Config | N
     return out
 
 
+def _resident_in_pass(x: Tensor) -> bool:
+    """Whether ``x`` is an input of the converted model's training pass that runs now (it needs
+    no gradient, and the pass records a graph and knows its inputs)."""
+    return (torch.is_grad_enabled() and x.layout == torch.strided
+            and forward_state().resident is not None and resident(x))
+
+
+def _input_dropout(x: Tensor, p: float) -> Tensor:
+    r"""``F.dropout(x, p)`` of an input ``x`` (the feature matrix), outside autograd, recorded
+    as derived from ``x`` and its 1-bit keep-mask: an op that keeps the result (the first
+    layer's linear map, for :math:`\nabla W`) keeps a reference to ``x`` and the mask, rebuilt
+    exactly in backward, instead of a rounded copy of the result at its own width."""
+    keep = keep_bits(x, p)
+    with torch.no_grad():
+        out = masked_by_blocks(x, keep, 1.0 - p, 0.0)
+    derive_from_input(out, x, "mask", (keep.data,), (keep.shape, 1.0 - p, 0.0))
+    return transient(out)
+
+
 @eager_op
 def dropout(x: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
     r"""Dropout keeping its keep-mask :math:`M \sim \mathrm{Bernoulli}(1-p)` in 1 bit.
@@ -401,6 +422,8 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True, inplace: bool = Fa
         raise ValueError(f"dropout probability must be in [0, 1], got {p}")
     if not training or p == 0.0:
         return x
+    if p < 1.0 and not inplace and _resident_in_pass(x):
+        return _input_dropout(x, p)
     if p == 1.0 or not records_graph(x):
         return transient(F.dropout(x, p, training, inplace))
     # F.dropout's draws (gnnact.ops.draws), packed before the output is made (on a GPU

@@ -612,6 +612,16 @@ class GraphCache:
 
         return forget
 
+    def find(self, key: tuple, match: Callable[[Any, Any], bool]) -> Any:
+        """A value cached under ``key`` (with any anchor, alive and unchanged) for which
+        ``match(anchor, value)`` holds, or ``None``."""
+        for (_, entry_key), (ref, version, _, value) in list(self._entries.items()):
+            anchor = ref()
+            if (entry_key == key and anchor is not None and version == _version(anchor)
+                    and match(anchor, value)):
+                return value
+        return None
+
     def values(self) -> list[Any]:
         """The cached values whose anchor is alive."""
         return [entry[3] for entry in list(self._entries.values()) if entry[0]() is not None]
@@ -726,10 +736,47 @@ def graph_from(adj: Any, num_src: int | None = None, num_dst: int | None = None,
     """
     if num_dst is None:
         num_dst = num_src
+    cache = _ACTIVE.get() if cache is None else cache
+
+    def build() -> Graph:
+        mirror = None if cache is None else _mirror(cache, adj, (
+            "graph", num_dst, num_src, flow, own_values, per_edge, keep_dst))
+        return mirror if mirror is not None else build_graph(
+            adj, num_src, num_dst, flow=flow, own_values=own_values, per_edge=per_edge,
+            keep_dst=keep_dst, borrow=True)
+
     return cache_on(adj, ("graph", num_src, num_dst, flow, own_values, per_edge, keep_dst),
-                    lambda: build_graph(adj, num_src, num_dst, flow=flow, own_values=own_values,
-                                        per_edge=per_edge, keep_dst=keep_dst, borrow=True),
-                    cache=cache)
+                    build, cache=cache)
+
+
+def _transposed(graph: Graph) -> Graph | None:
+    r"""The graph of :math:`A^\top` made of ``graph``'s own tensors (its CSR is ``graph``'s
+    transposed structure and the other way round), where ``graph`` keeps that whole structure
+    and nothing per edge that would need reordering; else ``None``."""
+    if (graph.t_ptr is None or graph.t_dst is None or graph.value is not None or graph.per_edge
+            or graph.input_perm is not None or graph.targets is not None or graph.borrowed):
+        return None
+    return Graph(graph.num_dst, graph.num_src, graph.t_ptr, graph.t_dst, t_ptr=graph.ptr,
+                 t_dst=graph.src, per_edge=False)
+
+
+def _mirror(cache: GraphCache, adj: Any, key: tuple) -> Graph | None:
+    """The transpose of a graph ``cache`` holds under ``key`` for an ``edge_index`` whose rows
+    are ``adj``'s swapped (a heterogeneous graph's reverse edge type, ``ToUndirected``'s
+    ``rev_*``, is its forward type flipped): the two then share one structure. ``None`` when
+    there is none, or ``adj`` is not a plain ``edge_index``."""
+    if type(adj) is not Tensor or adj.layout != torch.strided or adj.dim() != 2 or (
+            adj.size(0) != 2):
+        return None
+
+    def flipped(anchor: Any, graph: Any) -> bool:
+        return (type(anchor) is Tensor and anchor.shape == adj.shape
+                and anchor.dtype == adj.dtype and anchor.device == adj.device
+                and isinstance(graph, Graph) and _transposed(graph) is not None
+                and torch.equal(anchor[0], adj[1]) and torch.equal(anchor[1], adj[0]))
+
+    found = cache.find(key, flipped)
+    return None if found is None else _transposed(found)
 
 
 @eager_op
