@@ -3,15 +3,13 @@ r"""Twins of PyG's graph autoencoders (``GAE``, ``VGAE``, ``ARGA``, ``ARGVA``) a
 once (:func:`gnnact.ops.pair_dot`) and ``recon_loss`` keeps one exact value per pair
 (:func:`gnnact.ops.pairs.log_sigmoid`).
 
-=========================  ======================================  ===========================
-step                       PyG keeps                               the twins keep
-=========================  ======================================  ===========================
-score :math:`E` pairs      :math:`\mathbf{z}_s`, :math:`\mathbf{z}_t`  :math:`\mathbf{Z}` once at
-                           (:math:`2 E d` values per call)         the op's width, for every
-                                                                   set of pairs of the call
-loss on the scores         :math:`\sigma(v)`, :math:`\sigma(v) +   :math:`v` (one value per
-                           \epsilon` (two values per pair)         pair, exact)
-=========================  ======================================  ===========================
+What each step keeps for backward, for :math:`E` pairs of :math:`d`-dimensional embeddings
+:math:`\mathbf{Z} \in \mathbb{R}^{N \times d}`:
+
+* scoring: PyG keeps both gathered operands, :math:`2 E d` values per decoder call; the twin
+  keeps :math:`\mathbf{Z}` once, at the op's width, for every set of pairs of the call;
+* the loss on the scores: PyG keeps :math:`\sigma(v)` and :math:`\sigma(v) + \epsilon`, two
+  values per pair; the twin keeps :math:`v`, one, exactly.
 
 ``recon_loss`` scores its positive and its negative pairs in one decoder call, so that
 :math:`\mathbf{Z}` is kept once for both, and computes PyG's loss,

@@ -51,7 +51,11 @@ def convert(model: nn.Module, config: Config | None = None) -> nn.Module:
 
     Converted: :class:`torch_geometric.nn.GCNConv`, :class:`~torch_geometric.nn.SAGEConv`
     (every ``aggr``; those without a compressed path run PyG's own forward),
-    :class:`~torch_geometric.nn.GATConv`, :class:`~torch_geometric.nn.GCN2Conv`,
+    :class:`~torch_geometric.nn.GATConv`, :class:`~torch_geometric.nn.GATv2Conv`,
+    :class:`~torch_geometric.nn.GCN2Conv`, :class:`~torch_geometric.nn.APPNP`,
+    :class:`~torch_geometric.nn.SGConv`, the graph autoencoders
+    (:class:`~torch_geometric.nn.GAE`, ``VGAE``, ``ARGA``, ``ARGVA`` and their
+    :class:`~torch_geometric.nn.models.InnerProductDecoder`: :mod:`gnnact.nn.autoencoder`),
     :class:`torch.nn.Linear`,
     :class:`~torch.nn.BatchNorm1d`, :class:`~torch.nn.ReLU`, :class:`~torch.nn.LeakyReLU` and
     :class:`~torch.nn.Dropout`; modules already converted get the new ``config``. Only exact
