@@ -2,8 +2,8 @@
 
 Example::
 
-    python -m gnnact                         # GCN on the default synthetic graph, bits 32,8,4,2
-    gnnact train --dataset cora --root ~/data --bits 32,2
+    python -m gnnact                         # GCN on the default synthetic graph: 32,auto
+    gnnact train --dataset cora --root ~/data --bits 32,auto,2
     gnnact train --model sage --bits 32,2 --epochs 50 --out results.jsonl
     gnnact train --dataset ogbn-arxiv --root ~/data --device cuda --bits 32,2
     gnnact train --bits 32,2 --nprocs 2      # partitioned over 2 local gloo processes
@@ -27,6 +27,9 @@ from typing import TYPE_CHECKING, Any
 
 from gnnact.names import MODELS, QUANT_BITS, SUPPORTED_BITS
 from gnnact.presets import Preset, preset
+
+#: ``--bits`` for ``gnnact.convert(model)`` with its default config: automatic widths.
+AUTO = "auto"
 
 if TYPE_CHECKING:
     from torch_geometric.data import Data
@@ -152,9 +155,12 @@ def _parser() -> argparse.ArgumentParser:
     model.add_argument("--seed", type=int, default=0,
                        help="seed of the weights, dropout and random splits")
     compression = train.add_argument_group("compression")
-    compression.add_argument("--bits", type=_bits_list(SUPPORTED_BITS), default=[32, 8, 4, 2],
+    compression.add_argument("--bits", type=_bits_list(SUPPORTED_BITS, auto=True),
+                             default=[32, AUTO],
                              help="comma-separated bit widths, each one of "
-                                  f"{', '.join(map(str, SUPPORTED_BITS))}; 32 is plain PyG")
+                                  f"{', '.join(map(str, SUPPORTED_BITS))} or '{AUTO}'; 32 is "
+                                  f"plain PyG, '{AUTO}' gnnact.convert's default (each "
+                                  "tensor's width chosen as it trains), the others fixed")
     compression.add_argument("--adaptive", type=_bits_list(QUANT_BITS), default=[],
                              help="also train with gnnact.Controller at these average bits "
                                   "(comma-separated; 1-8)")
@@ -169,7 +175,7 @@ def _parser() -> argparse.ArgumentParser:
                                   "exchange, one of "
                                   f"{', '.join(map(str, SUPPORTED_BITS))} (32 exact, 16 "
                                   "bfloat16, 1-8 stochastic rounding); default: each run's "
-                                  "--bits (32 for the fp32 row)")
+                                  "--bits (32 for the fp32 and the auto rows)")
     run = train.add_argument_group("run")
     run.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     run.add_argument("--out", type=Path, default=None,
@@ -186,17 +192,20 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _bits_list(allowed: tuple[int, ...]) -> Any:
-    def parse(text: str) -> list[int]:
+def _bits_list(allowed: tuple[int, ...], auto: bool = False) -> Any:
+    def parse(text: str) -> list[int | str]:
+        tokens = [b.strip() for b in text.split(",") if b.strip()]
         try:
-            bits = [int(b) for b in text.split(",") if b.strip()]
+            bits = [b if auto and b == AUTO else int(b) for b in tokens]
         except ValueError:
             raise argparse.ArgumentTypeError(
-                f"expected comma-separated integers, got {text!r}") from None
-        bad = [b for b in bits if b not in allowed]
+                f"expected comma-separated integers{f' or {AUTO!r}' if auto else ''}, got "
+                f"{text!r}") from None
+        bad = [b for b in bits if b != AUTO and b not in allowed]
         if not bits or bad:
             raise argparse.ArgumentTypeError(
-                f"each bit width must be one of {allowed}, got {text!r}")
+                f"each bit width must be one of {allowed}{f' or {AUTO!r}' if auto else ''}, "
+                f"got {text!r}")
         return list(dict.fromkeys(bits))  # keep order, drop repeats
 
     parse.__name__ = "bits"
@@ -345,10 +354,11 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run(args: argparse.Namespace, settings: Preset, data: Data, bits: int,
-         adaptive: bool = False) -> tuple[str, int, bool, RunResult]:
+def _run(args: argparse.Namespace, settings: Preset, data: Data, bits: int | str,
+         adaptive: bool = False) -> tuple[str, int | str, bool, RunResult]:
     """Train one model at ``bits``: 32 trains the plain PyG model, below that the same model
-    (same initial weights and dropout masks) after :func:`gnnact.convert`; ``adaptive`` adds a
+    (same initial weights and dropout masks) after :func:`gnnact.convert` (``"auto"``: with its
+    default config, automatic widths); ``adaptive`` adds a
     :class:`~gnnact.Controller` with ``bits`` as its average. Returns (label, bits, adaptive,
     result)."""
     from gnnact import Controller
@@ -367,8 +377,9 @@ def _run(args: argparse.Namespace, settings: Preset, data: Data, bits: int,
     return label, bits, adaptive, result
 
 
-def _model(args: argparse.Namespace, settings: Preset, bits: int, device: Any) -> Any:
-    """The run's model at ``bits``, seeded with ``--seed``: plain PyG at 32, converted below."""
+def _model(args: argparse.Namespace, settings: Preset, bits: int | str, device: Any) -> Any:
+    """The run's model at ``bits``, seeded with ``--seed``: plain PyG at 32, converted below
+    (``"auto"``: automatic widths)."""
     import torch
 
     from gnnact import Config, convert
@@ -381,7 +392,9 @@ def _model(args: argparse.Namespace, settings: Preset, bits: int, device: Any) -
     for module in model.modules():
         if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
             module.momentum = settings.bn_momentum
-    if bits < 32:
+    if bits == AUTO:
+        convert(model, Config(group_size=args.group_size))
+    elif bits < 32:
         convert(model, Config(bits=bits, group_size=args.group_size))
     return model
 
@@ -393,7 +406,7 @@ def _partition_method() -> str:
 
 
 def _run_partitioned(args: argparse.Namespace, settings: Preset,
-                     data: Data) -> list[tuple[str, int, bool, RunResult]]:
+                     data: Data) -> list[tuple[str, int | str, bool, RunResult]]:
     """Every ``--bits`` run on ``--nprocs`` local gloo processes; per run, the ranks' results
     combined: the whole graph's metrics (the same on every rank), the largest rank's saved
     context and the slowest rank's epoch time, the halo bytes all ranks sent per step."""
@@ -430,7 +443,7 @@ def _partitioned_rank(rank: int, world_size: int, args: argparse.Namespace, sett
         model = _model(args, settings, bits, "cpu")
         if rank:  # rank 0 goes on with the single-process stream; the others draw their own
             torch.manual_seed(args.seed + 1_000_003 * rank)
-        exchange_bits = bits if args.exchange_bits is None else args.exchange_bits
+        exchange_bits = _exchange_bits(args, bits)
         dmodel = DistributedGNN(model, shard, exchange_bits=exchange_bits,
                                 group_size=args.group_size)
         progress = None if args.no_progress else f"{args.model} {bits:>10}"
@@ -439,6 +452,14 @@ def _partitioned_rank(rank: int, world_size: int, args: argparse.Namespace, sett
                                          progress=progress))
         dmodel.remove()
     return results
+
+
+def _exchange_bits(args: argparse.Namespace, bits: int | str) -> int:
+    """The halo width of a partitioned run at ``bits``: ``--exchange-bits``, else the run's
+    own (exact for ``"auto"``, whose widths are the activations')."""
+    if args.exchange_bits is not None:
+        return args.exchange_bits
+    return 32 if bits == AUTO else int(bits)
 
 
 def _title(args: argparse.Namespace, settings: Preset, data: Data, has_fp32: bool) -> str:
@@ -477,7 +498,7 @@ def _metric_label(data: Data) -> str:
     return f"{label} (OGB Evaluator)" if metric.startswith("ogbn") else label
 
 
-def _table(results: list[tuple[str, int, bool, RunResult]], ref: RunResult | None,
+def _table(results: list[tuple[str, int | str, bool, RunResult]], ref: RunResult | None,
            metric: str = "test acc") -> str:
     header = ("bits", f"{metric} @ best val (%)", "saved context (MB)", "ratio vs fp32",
               "epoch time (ms)", "time vs fp32", "acc vs fp32 (pt)", "peak step memory (MB)",
@@ -508,7 +529,8 @@ def _table(results: list[tuple[str, int, bool, RunResult]], ref: RunResult | Non
 
 
 def _append_rows(args: argparse.Namespace, settings: Preset, data: Data, device: Any,
-                 results: list[tuple[str, int, bool, RunResult]], ref: RunResult | None) -> None:
+                 results: list[tuple[str, int | str, bool, RunResult]],
+                 ref: RunResult | None) -> None:
     import torch
 
     from gnnact.env import environment
@@ -535,8 +557,8 @@ def _append_rows(args: argparse.Namespace, settings: Preset, data: Data, device:
     with args.out.open("a") as f:
         for _, bits, adaptive, r in results:
             row = {**common, "bits": bits, "adaptive": adaptive, **asdict(r),
-                   **({"exchange_bits": bits if args.exchange_bits is None
-                       else args.exchange_bits} if args.nprocs > 1 else {}),
+                   **({"exchange_bits": _exchange_bits(args, bits)} if args.nprocs > 1
+                      else {}),
                    "ratio_vs_fp32": ref.saved_bytes / r.saved_bytes if ref and r.saved_bytes
                    else None,
                    "time_vs_fp32": r.epoch_ms / ref.epoch_ms if ref else None}

@@ -42,9 +42,9 @@ class RunResult:
             Evaluator's), in [0, 1]; ``nan`` if the validation metric never was a number (a
             ROC-AUC with no split column holding both classes).
         best_val_acc (float): the best validation metric (``nan`` likewise).
-        saved_bytes (int, optional): context one training forward pass keeps for backward,
-            resident tensors (model, features, labels, graph) excluded; :obj:`None` when not
-            measured.
+        saved_bytes (int, optional): context the last training forward pass keeps for
+            backward (at the widths automatic precision settled on), resident tensors (model,
+            features, labels, graph) excluded; :obj:`None` when not measured.
         epoch_ms (float): median time of a training step (evaluation excluded), the first
             step (warm-up) left out.
         peak_bytes (int, optional): on CUDA, the most memory a step allocated beyond what was
@@ -415,7 +415,7 @@ def train_full_batch(model: nn.Module, data: Data, *, epochs: int, lr: float = 0
         before_step (callable, optional): called before each training step, outside the
             timing (e.g. ``lambda: controller.adapt(closure)`` for adaptive bits).
             (default: :obj:`None`)
-        measure_saved (bool, optional): walk the autograd graph of the first step for
+        measure_saved (bool, optional): walk the autograd graph of the last step for
             :attr:`RunResult.saved_bytes` (off for methods whose saved tensors must not be
             unpacked outside backward, such as checkpointing). (default: :obj:`True`)
         progress (str, optional): show a progress bar with this description; :obj:`None`:
@@ -465,7 +465,7 @@ def train_full_batch(model: nn.Module, data: Data, *, epochs: int, lr: float = 0
         start = time.perf_counter()
         with context():
             loss = loss_of(model, data, edge_attrs)
-        if measure_saved and epoch == 0:
+        if measure_saved and epoch == epochs - 1:
             pause = time.perf_counter()
             measured = saved_bytes(loss, exclude=resident)
             start += time.perf_counter() - pause

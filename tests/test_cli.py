@@ -77,6 +77,7 @@ def test_default_subcommand_and_no_fp32(capsys):
 @pytest.mark.parametrize("argv", [
     ["--bits", "9"],
     ["--adaptive", "16"],
+    ["--adaptive", "auto"],  # (automatic widths are --bits auto)
     ["--bits", "32,x"],
     ["--model", "gin"],
     ["--epochs", "0"],
@@ -131,6 +132,17 @@ def test_roc_auc_matches_sklearn():
     expected = sum(metrics.roc_auc_score(target[:, t].numpy(), score[:, t].numpy())
                    for t in range(4)) / 4
     assert abs(roc_auc(score, target) - expected) < 1e-12
+
+
+def test_auto_is_convert_with_its_default_config(tmp_path, capsys):
+    out = tmp_path / "auto.jsonl"
+    assert main([*TINY, "--epochs", "4", "--bits", "32,auto,2", "--out", str(out)]) == 0
+    rows = table_rows(capsys.readouterr().out)
+    assert list(rows) == ["32", "auto", "2"]
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["bits"] for r in records] == [32, "auto", 2]
+    # Measured at the last step: automatic widths by then (at least the 2-bit start).
+    assert records[1]["saved_bytes"] >= records[2]["saved_bytes"] > 0
 
 
 def test_adaptive_runs_beside_fixed_bits(tmp_path, capsys):
