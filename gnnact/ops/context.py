@@ -37,6 +37,9 @@ references to :math:`\hat X`, :math:`\mu`, :math:`\sigma^{-1}`, :math:`\gamma`,
 :math:`\beta` and the masks instead, the very storages those ops hold, and rebuilds
 :math:`\hat z` in backward. :math:`\hat z` is affine in :math:`\hat X` on each mask pattern,
 with masks taken from the exact forward pass, so it is unbiased: :math:`\mathbb{E}[\hat z] = z`.
+The dropout of a resident input (the feature matrix, :func:`derive_from_input`) is derived
+too, from the input itself and its 1-bit mask: rebuilt exactly from one bit a value, where a
+2-bit copy would take two and round.
 """
 
 from __future__ import annotations

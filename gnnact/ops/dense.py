@@ -25,6 +25,10 @@ dropout       :math:`Y = X \odot M / (1 - p)`                        1-bit mask 
 Each of relu, leaky_relu, elu and dropout takes ``inplace=True`` as PyTorch's does: the result
 is written into the input, which then carries the op's history.
 
+Dropout of an input that needs no gradient (the feature matrix) records nothing itself; an op
+that keeps its result keeps a reference to the input and the 1-bit mask instead, and rebuilds
+it exactly (:func:`gnnact.ops.context.derive_from_input`).
+
 Masks are taken from the exact input, never from a rounded copy: stochastic rounding can take a
 small positive value to 0 and would silently drop its gradient. A tensor consumed by several of
 these ops is quantized once (:func:`gnnact.ops.context.shared_quantize`).
