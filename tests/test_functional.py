@@ -507,7 +507,8 @@ def test_saved_bytes_agrees_with_the_independent_meter(name):
     assert ours == theirs
 
 
-def test_input_dropout_is_rebuilt_from_the_input_and_its_mask():
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_input_dropout_is_rebuilt_from_the_input_and_its_mask(device):
     """``F.dropout`` of the input features (which need no gradient): the first linear map keeps
     a reference to the input and a 1-bit mask, not a rounded copy, and its weight gradient is
     PyTorch's bit for bit under the same seed."""
@@ -521,8 +522,8 @@ def test_input_dropout_is_rebuilt_from_the_input_and_its_mask():
         def forward(self, x):
             return self.lin(F.dropout(x, 0.5, training=self.training))
 
-    x, g = torch.randn(n, f), torch.randn(n, 16)
-    ref = Net()
+    x, g = torch.randn(n, f, device=device), torch.randn(n, 16, device=device)
+    ref = Net().to(device)
     model = gnnact.convert(copy.deepcopy(ref), Config(bits=2, self_check=False))
     grads, kept = [], []
     for net in (ref, model):
