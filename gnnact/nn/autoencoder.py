@@ -98,17 +98,45 @@ class _ReconLoss(_Compressed):
         return pos_loss + neg_loss
 
 
+_ARGS = """
+    Args:
+        encoder (torch.nn.Module): the encoder, as PyG's.
+        decoder (torch.nn.Module, optional): the decoder; PyG's default, an
+            :class:`InnerProductDecoder` (which :func:`gnnact.convert` makes the twin above).
+            (default: :obj:`None`)
+"""
+_DISCRIMINATOR = """        discriminator (torch.nn.Module): the discriminator, as PyG's.
+"""
+_EXAMPLE = """
+    Example:
+        >>> from torch_geometric.nn import GAE, GCNConv
+        >>> model = gnnact.convert(GAE(GCNConv(16, 8)))  # made by convert, not directly
+        >>> type(model).__name__, type(model.decoder).__name__
+        ('GAE', 'InnerProductDecoder')
+        >>> x, edge_index = torch.randn(100, 16), torch.randint(0, 100, (2, 500))
+        >>> loss = model.recon_loss(model.encode(x, edge_index), edge_index)
+        >>> loss.backward()
+"""
+
+
+def _described(what: str, discriminator: bool = False) -> str:
+    args = _ARGS.replace("        decoder (", (_DISCRIMINATOR if discriminator else "")
+                         + "        decoder (", 1)
+    return (f":class:`torch_geometric.nn.models.{what}` with the reconstruction loss of this "
+            f"module (the same values, one exact value kept per pair).\n{args}{_EXAMPLE}")
+
+
 class GAE(_ReconLoss, pyg_models.GAE):
-    """:class:`torch_geometric.nn.models.GAE` with the reconstruction loss above."""
+    __doc__ = _described("GAE")
 
 
 class VGAE(_ReconLoss, pyg_models.VGAE):
-    """:class:`torch_geometric.nn.models.VGAE` with the reconstruction loss above."""
+    __doc__ = _described("VGAE")
 
 
 class ARGA(_ReconLoss, pyg_models.ARGA):
-    """:class:`torch_geometric.nn.models.ARGA` with the reconstruction loss above."""
+    __doc__ = _described("ARGA", discriminator=True)
 
 
 class ARGVA(_ReconLoss, pyg_models.ARGVA):
-    """:class:`torch_geometric.nn.models.ARGVA` with the reconstruction loss above."""
+    __doc__ = _described("ARGVA", discriminator=True)
