@@ -135,16 +135,21 @@ def _kept_and_grad(model: LoopedSum, x, edge_index, hooks=None):
     return records, grad
 
 
+def _plain_and_compact(model: WithLinear, x, edge_index):
+    """What ``model`` keeps without hooks and under hooks that keep floats exact (no policy
+    compresses them: only the indices change form), the weight gradient unchanged."""
+    plain, expected = _kept_and_grad(model, x, edge_index)
+    hooks = gnnact.compress_saved_tensors(policy=Policy(default=None), model=model)
+    records, grad = _kept_and_grad(model, x, edge_index, hooks)
+    assert torch.equal(grad, expected)
+    return plain, records, hooks
+
+
 def test_pipeline_keeps_indices_compact_and_backward_unchanged() -> None:
     n, e, f = 3000, 20_000, 32
     torch.manual_seed(0)
     x, edge_index = torch.randn(n, f), torch.randint(0, n, (2, e))
-    model = LoopedSum(f)
-    plain, expected = _kept_and_grad(model, x, edge_index)
-    # Floats kept exact (no policy compresses them): only the indices change form.
-    hooks = gnnact.compress_saved_tensors(policy=Policy(default=None), model=model)
-    records, grad = _kept_and_grad(model, x, edge_index, hooks)
-    assert torch.equal(grad, expected)
+    plain, records, hooks = _plain_and_compact(LoopedSum(f), x, edge_index)
     # Sources and targets, (E + N) int16 values each (3,000 nodes), instead of the [2, E + N]
     # int64 edge index; the caller's edge index (the model's argument) is not copied.
     assert hooks.bytes_by_kind["index"] == 2 * (e + n) * 2
@@ -175,11 +180,7 @@ def test_small_pieces_of_indices_are_kept_compact() -> None:
     n, e, f = 3000, 20_000, 16
     torch.manual_seed(0)
     x, edge_index = torch.randn(n, f), torch.randint(0, n, (2, e))
-    model = ChunkedSum(f)
-    plain, expected = _kept_and_grad(model, x, edge_index)
-    hooks = gnnact.compress_saved_tensors(policy=Policy(default=None), model=model)
-    records, grad = _kept_and_grad(model, x, edge_index, hooks)
-    assert torch.equal(grad, expected)
+    plain, records, _ = _plain_and_compact(ChunkedSum(f), x, edge_index)
     assert [r.nbytes for r in plain if not r.dtype.is_floating_point] == [2 * e * 8]
     assert sum(r.nbytes for r in records if not r.dtype.is_floating_point) == 2 * e * 2
 
