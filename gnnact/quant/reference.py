@@ -240,8 +240,7 @@ def _dequantize_rows(codes: Tensor, scales: Tensor, zeros: Tensor, bits: int,
         if group_size % 8 == 0:
             q = _unpack_blocks(codes, bits, group_size)
         else:
-            q = _unpack_stream(codes, bits, group_size)
-        q = q.to(torch.float32)
+            q = _unpack_stream(codes, bits, group_size).to(torch.float32)
     else:
         # One gather from a 256-entry table of each byte's codes, as float32: half the time
         # of shifting and masking int32 copies and converting them.
@@ -260,24 +259,59 @@ def _byte_codes(bits: int, device: torch.device, dtype: torch.dtype = torch.floa
     return ((values >> _bit_shifts(bits, device)) & ((1 << bits) - 1)).to(dtype)
 
 
+def _sum_of_shifted(columns: Tensor, shift: int) -> Tensor:
+    r""":math:`\sum_k c_k 2^{k \cdot \mathrm{shift}}` of the rows of ``columns [M, K]``
+    (non-negative integral float32 values below :math:`2^{\mathrm{shift}}`), as ``int32 [M]``
+    up to 31 bits, ``int64 [M]`` above. Each float32 mat-vec sums at most 24 bits, where it is
+    exact; wider sums are put together from such pieces.
+    (A float32 mat-vec runs at memory speed on every device; int64 shifts of every code, or a
+    conversion to float64, cost about ten times as much on the CPU.)"""
+    per_piece = max(1, 24 // shift)
+    dtype = torch.int32 if columns.shape[1] * shift <= 31 else torch.int64
+    weights = torch.exp2(torch.arange(min(per_piece, columns.shape[1]), dtype=torch.float32,
+                                      device=columns.device) * shift)
+    total = None
+    for k in range(0, columns.shape[1], per_piece):
+        piece = columns[:, k:k + per_piece]
+        part = (piece @ weights[:piece.shape[1]]).to(dtype)
+        total = part if total is None else total | (part << (k * shift))
+    return total
+
+
 def _pack_blocks(q: Tensor, bits: int) -> Tensor:
     r""":func:`_pack_stream` for groups of whole blocks of 8 codes (:math:`G` a multiple of 8):
-    each block fills exactly :math:`b` bytes, built as one int64 (:math:`8b \le 56` bits)."""
-    num_groups, group_size = q.shape
-    blocks = q.view(num_groups, group_size // 8, 8).to(torch.int64)
-    word = (blocks << (torch.arange(8, device=q.device) * bits)).sum(dim=2, keepdim=True)
-    out = (word >> torch.arange(0, 8 * bits, 8, device=q.device)) & 0xFF
-    return out.view(num_groups, -1).to(torch.uint8)
+    each block fills exactly :math:`b` bytes, the bytes of the :math:`8b`-bit word
+    :math:`\sum_k q_k 2^{kb}`."""
+    num_groups = q.shape[0]
+    word = _sum_of_shifted(q.view(-1, 8), bits)
+    out = torch.empty(word.shape[0], bits, dtype=torch.uint8, device=q.device)
+    for j in range(bits):
+        out[:, j] = word >> (8 * j)  # (to uint8: the low byte)
+    return out.view(num_groups, -1)
+
+
+@functools.cache
+def _piece_codes(bits: int, per_piece: int, device: torch.device) -> Tensor:
+    """``float32 [2^(per_piece b), per_piece]``: the codes a ``per_piece b``-bit piece of a
+    block holds, lowest bits first (read only: gathered from)."""
+    values = torch.arange(1 << (per_piece * bits), dtype=torch.int32, device=device)[:, None]
+    shifts = torch.arange(per_piece, dtype=torch.int32, device=device) * bits
+    return ((values >> shifts) & ((1 << bits) - 1)).to(torch.float32)
 
 
 def _unpack_blocks(codes: Tensor, bits: int, group_size: int) -> Tensor:
-    """Inverse of :func:`_pack_blocks`: ``int64 [n_g, G]``."""
+    """Inverse of :func:`_pack_blocks`: ``float32 [n_g, G]``, the block's word cut in pieces
+    of four codes (two above 3 bits), each piece's codes one row of a table of at most
+    :math:`2^{14}` rows (a gather, as the byte-aligned widths' unpacking)."""
     num_groups = codes.shape[0]
-    blocks = codes.view(num_groups, group_size // 8, bits).to(torch.int64)
-    word = (blocks << torch.arange(0, 8 * bits, 8, device=codes.device)).sum(dim=2,
-                                                                           keepdim=True)
-    q = (word >> (torch.arange(8, device=codes.device) * bits)) & ((1 << bits) - 1)
-    return q.view(num_groups, group_size)
+    word = _sum_of_shifted(codes.view(-1, bits).to(torch.float32), 8)
+    per_piece = 4 if bits == 3 else 2
+    width = per_piece * bits
+    index = torch.empty(word.shape[0], 8 // per_piece, dtype=word.dtype, device=codes.device)
+    for p in range(8 // per_piece):
+        index[:, p] = (word >> (p * width)) & ((1 << width) - 1)
+    table = _piece_codes(bits, per_piece, codes.device)
+    return table.index_select(0, index.view(-1)).view(num_groups, group_size)
 
 
 def _pack_stream(q: Tensor, bits: int, bytes_per_group: int) -> Tensor:
