@@ -27,6 +27,7 @@ from torch.nn.modules.module import (
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from gnnact.compress import OUTSIDE, Policy
+from gnnact.compress.gather import Gathered, gather_source
 from gnnact.compress.lossless import (
     INDEX_DTYPES,
     CompactTensor,
@@ -442,6 +443,10 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
                 self._pass(t, self._where()[0])
                 return t
             return saved
+        source = gather_source(t, self._where()[1])
+        if source is not None:  # rows gathered to edges: kept as their source and index
+            src, dim, index = source
+            return Gathered(self._pack(src), self._pack(index), dim)
         core = self._compressible(t)  # (a broadcast tensor's values, once each)
         if core is None:
             self._pass(t, self._where()[0])
@@ -552,6 +557,8 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         return shared if shared is not None else cached(core, fmt)
 
     def _unpack(self, saved: Any) -> Tensor:
+        if isinstance(saved, Gathered):
+            return self._unpack(saved.source).index_select(saved.dim, self._unpack(saved.index))
         shape = broadcast = None
         if isinstance(saved, _SharedSwap):
             saved, shape, broadcast = saved.item, saved.shape, saved.broadcast

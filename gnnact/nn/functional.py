@@ -18,6 +18,8 @@ call                                                   kept for backward
                                                        rebuilt from BatchNorm/ReLU/dropout
                                                        context)
 ``F.batch_norm`` (batch statistics)                    input at ``bits``, mean, inverse std
+``x.index_select(dim, index)``, ``x[index]``           ``x`` and ``index`` (rows gathered to
+                                                       edges: :mod:`~gnnact.compress.gather`)
 ``F.gelu``, ``torch.tanh``, ... (anything else)        what PyTorch saves, at ``bits``
                                                        (the generic pipeline)
 =====================================================  ===================================
@@ -55,6 +57,7 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
 from gnnact import ops
+from gnnact.compress.gather import mark_gathered
 from gnnact.config import Config
 from gnnact.ops.context import overwritable
 
@@ -157,6 +160,24 @@ def _linear(cfg: Callable[[str], Config], input: Tensor, weight: Tensor,
     return ops.linear(input, weight, bias, cfg("activations"))
 
 
+def _index_select(cfg: Callable[[str], Config], input: Tensor, dim: int, index: Tensor) -> Any:
+    if not _float(input) or torch.compiler.is_compiling():
+        return NotImplemented
+    out = torch.index_select(input, dim, index)
+    mark_gathered(out, input, dim, index)
+    return out
+
+
+def _getitem(cfg: Callable[[str], Config], input: Tensor, index: Any) -> Any:
+    # Only x[index] with a 1-D integer tensor: the same rows as x.index_select(0, index).
+    if (type(index) is not Tensor or index.dtype not in (torch.int64, torch.int32)
+            or index.dim() != 1 or not _float(input) or torch.compiler.is_compiling()):
+        return NotImplemented
+    out = Tensor.__getitem__(input, index)
+    mark_gathered(out, input, 0, index)
+    return out
+
+
 def _batch_norm(cfg: Callable[[str], Config], input: Tensor, running_mean: Tensor | None,
                 running_var: Tensor | None, weight: Tensor | None = None,
                 bias: Tensor | None = None, training: bool = False, momentum: float = 0.1,
@@ -177,6 +198,8 @@ HANDLERS: dict[Callable, Callable] = {
     F.dropout: _dropout, torch.dropout: _torch_dropout,
     F.linear: _linear,
     F.batch_norm: _batch_norm,
+    torch.index_select: _index_select, Tensor.index_select: _index_select,
+    Tensor.__getitem__: _getitem,
 }
 
 

@@ -1,0 +1,175 @@
+"""Rows gathered to edges (message passing's lift :math:`x_j = X[\\mathrm{index}]`) kept as their
+source and index: :mod:`gnnact.compress.gather` with the generic pipeline."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch_geometric.nn import TransformerConv
+
+import gnnact
+import gnnact.nn.functional as functional
+from gnnact import compress_saved_tensors
+from gnnact.compress import Policy, Quantize
+from gnnact.compress.gather import Gathered, gather_source, mark_gathered
+from gnnact.memory import saved_bytes
+
+
+def graph(nodes: int = 200, edges: int = 4000, features: int = 16):
+    g = torch.Generator().manual_seed(0)
+    return (torch.randn(nodes, features, generator=g),
+            torch.randint(0, nodes, (2, edges), generator=g))
+
+
+class Net(torch.nn.Module):
+    def __init__(self, features: int = 16) -> None:
+        super().__init__()
+        self.conv1 = TransformerConv(features, 8, heads=2, beta=True)
+        self.conv2 = TransformerConv(16, 4, heads=1)
+
+    def forward(self, x, edge_index):
+        return self.conv2(self.conv1(x, edge_index).relu(), edge_index)
+
+
+def converted_context(model, x, edge_index) -> int:
+    out = model(x, edge_index)
+    return saved_bytes(out, exclude=[x, edge_index])
+
+
+def test_converted_convs_keep_node_rows_not_edge_rows(monkeypatch):
+    x, edge_index = graph()
+    torch.manual_seed(0)
+    base = Net()
+    pyg = converted_context(base, x, edge_index)
+    model = gnnact.convert(copy.deepcopy(base), gnnact.Config(bits=8))
+    with_gathers = converted_context(model, x, edge_index)
+    monkeypatch.setattr(functional, "mark_gathered", lambda *args: None)
+    without = converted_context(model, x, edge_index)
+    # Twenty edges a node: the lifted queries, keys and values were most of it (kept in
+    # chunks of edges, many too small to quantize).
+    assert with_gathers * 2 < without and with_gathers * 2 < pyg
+    # The converted model still trains, its rounding measured as any other tensor's.
+    monkeypatch.undo()
+    model = gnnact.convert(copy.deepcopy(base))
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    for _ in range(4):
+        opt.zero_grad()
+        loss = model(x, edge_index).square().mean()
+        loss.backward()
+        opt.step()
+    assert torch.isfinite(loss)
+    auto = gnnact.nn.scope.scope_of(model).auto
+    assert auto.tensors and all(t.measured is not None for t in auto.tensors.values()
+                                if t.name.startswith("conv1:") and not t.fixed)
+
+
+def _lift_and_multiply(src, index, weight, hooks):
+    """``sum(src[index] * weight)`` under ``hooks``."""
+    with hooks:
+        out = src.index_select(0, index)
+        mark_gathered(out, src, 0, index)
+        return (out * weight).sum()
+
+
+def test_kept_exact_the_source_gives_pytorchs_gradient_bit_for_bit():
+    g = torch.Generator().manual_seed(1)
+    src = torch.randn(50, 8, generator=g, requires_grad=True)
+    weight = torch.randn(600, 8, generator=g, requires_grad=True)
+    index = torch.randint(0, 50, (600,), generator=g)
+    exact = compress_saved_tensors(policy=Policy([], default=None))
+    loss = _lift_and_multiply(src.clone(), index, weight, exact)
+    # The product saves both operands (the weight a leaf, not counted); the gathered one is
+    # kept as 50 rows, not 600.
+    assert saved_bytes(loss, exclude=[index]) == 50 * 8 * 4
+    loss.backward()
+    want_src, want_weight = src.grad.clone(), weight.grad.clone()
+    src.grad = weight.grad = None
+    loss = (src.index_select(0, index) * weight).sum()
+    loss.backward()
+    assert torch.equal(src.grad, want_src) and torch.equal(weight.grad, want_weight)
+
+
+def test_rows_of_one_node_share_one_unbiased_rounding():
+    g = torch.Generator().manual_seed(2)
+    src = torch.randn(40, 32, generator=g)
+    index = torch.randint(0, 40, (400,), generator=g)
+    total = torch.zeros(400, 32)
+    draws = 300
+    for seed in range(draws):
+        torch.manual_seed(seed)
+        weight = torch.zeros(400, 32, requires_grad=True)
+        hooks = compress_saved_tensors(policy=Policy([], default=Quantize(2, group_size=32)))
+        loss = _lift_and_multiply(src, index, weight, hooks)
+        loss.backward()  # weight.grad: the restored rows
+        rows = weight.grad
+        # Every edge from node 0 reads the same rounded row.
+        from_first = rows[index == index[0]]
+        assert torch.equal(from_first, from_first[:1].expand_as(from_first))
+        total += rows
+    want = src.index_select(0, index)
+    # Unbiased: the mean of the draws within 5 standard errors of the exact rows; a 2-bit
+    # step is range/3, its rounding variance at most step^2/4.
+    step = (src.amax(1) - src.amin(1)).index_select(0, index)[:, None] / 3
+    bound = 5 * (step / 2) / draws ** 0.5
+    assert ((total / draws - want).abs() <= bound + 1e-6).float().mean() > 0.999
+
+
+def test_a_selection_of_few_rows_is_kept_as_it_is():
+    g = torch.Generator().manual_seed(3)
+    src = torch.randn(100, 8, generator=g, requires_grad=True)
+    weight = torch.randn(10, 8, generator=g, requires_grad=True)
+    index = torch.arange(10)
+    hooks = compress_saved_tensors(policy=Policy([], default=None))
+    with hooks:
+        out = src.clone().index_select(0, index)
+        mark_gathered(out, src, 0, index)
+        assert gather_source(out, None) is None  # 10 rows of 100, outside message passing
+        loss = (out * weight).sum()
+    assert saved_bytes(loss, exclude=[index]) == 10 * 8 * 4  # the rows (weight: a leaf)
+
+
+def test_a_source_changed_in_place_is_not_read_again():
+    g = torch.Generator().manual_seed(4)
+    base = torch.randn(30, 8, generator=g, requires_grad=True)
+    weight = torch.randn(300, 8, generator=g, requires_grad=True)
+    index = torch.randint(0, 30, (300,), generator=g)
+    exact = compress_saved_tensors(policy=Policy([], default=None))
+    with exact:
+        src = base.clone()
+        out = src.index_select(0, index)
+        mark_gathered(out, src, 0, index)
+        with torch.no_grad():
+            src.mul_(2)  # after the gather: out holds the old rows
+        assert gather_source(out, None) is None
+        loss = (out * weight).sum()
+    loss.backward()
+    assert torch.equal(weight.grad, base.detach().index_select(0, index))
+
+
+def test_gathered_reports_the_tensors_that_hold_it():
+    src, index = torch.randn(4, 2), torch.arange(4)
+    assert Gathered(src, index, 0).tensors() == (src, index)
+
+
+@pytest.mark.parametrize("call", ["index_select", "getitem"])
+def test_functional_ops_mark_gathers_inside_a_converted_model(call):
+    seen = []
+
+    class Lift(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x, index):
+            h = self.lin(x)
+            out = h.index_select(0, index) if call == "index_select" else h[index]
+            seen.append(gather_source(out, None))
+            return (out * out).sum()
+
+    model = gnnact.convert(Lift(), gnnact.Config(bits=4))
+    x, index = torch.randn(5, 4), torch.randint(0, 5, (20,))
+    model(x, index).backward()
+    src, dim, kept = seen[0]
+    assert dim == 0 and kept is index and src.shape == (5, 4)
