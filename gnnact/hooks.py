@@ -199,7 +199,10 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
     ``"mask"``; so are floating-point tensors the model makes that need no gradient and hold
     two values only (:func:`~gnnact.compress.lossless.two_valued`: a dropout mask on the CPU,
     ``"mask"``), whatever the policy says (the values stay exact). Tensors saved outside the
-    model (the loss's labels) are left alone.
+    model (the loss's labels) are left alone. Rows gathered from a tensor (message passing's
+    lift to edges, marked by a converted model's
+    :class:`~gnnact.nn.functional.FunctionalOps`) are kept as that tensor, stored as any
+    other, and the index: :mod:`gnnact.compress.gather`.
 
     With ``config.offload`` every CUDA tensor the pipeline compresses, and the context of
     gnnact's ops (already compressed), is moved to pinned host memory during forward and

@@ -418,3 +418,28 @@ def test_quantizing_needs_little_beyond_its_result():
         restored = gnnact.dequantize(packed)
     assert meter.end_bytes == restored.nbytes
     assert meter.peak_bytes < restored.nbytes + 6 * 4 * CHUNK_ELEMENTS
+
+
+@pytest.mark.parametrize("bits", QBITS)
+@pytest.mark.parametrize("group_size", [64, 100, 256])
+def test_seeded_rounding_equals_the_reference_given_its_noise(bits, group_size):
+    """A seeded quantization (noise on the 2^-16 grid, rounded as ceil(u - r) in fewer passes)
+    gives the reference's codes, scales and zeros for that same noise, bit for bit, constant and
+    non-finite groups, values on and off the grid, and a short last group included."""
+    from gnnact.quant.rng import seeded_uniform
+
+    gen = torch.Generator().manual_seed(bits * 1000 + group_size)
+    n = 20 * group_size + 17
+    x = torch.randn(n, generator=gen) * torch.randint(-12, 12, (n,), generator=gen).float().exp2()
+    x[:group_size] = 1.5  # a constant group
+    x[2 * group_size:3 * group_size] = torch.arange(group_size) % ((1 << bits) - 1)  # on the grid
+    x[5 * group_size + 3] = float("nan")
+    x[7 * group_size + 1] = float("inf")
+    x[9 * group_size:9 * group_size + 2] = torch.tensor([-3e38, 3e38])  # the range overflows
+    for seed in (1, 99):
+        noise = seeded_uniform(seed, n)
+        assert torch.equal(noise * 65536, (noise * 65536).floor()) and noise.max() < 1
+        seeded = reference.quantize_groups(x, bits, group_size, seed=seed)
+        given = reference.quantize_groups(x, bits, group_size, noise=noise)
+        for a, b in zip(seeded, given, strict=True):
+            assert torch.equal(a.nan_to_num(-1.0), b.nan_to_num(-1.0))

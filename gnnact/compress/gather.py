@@ -47,7 +47,22 @@ _INDEX_DTYPES = (torch.int64, torch.int32)
 def mark_gathered(out: Tensor, src: Tensor, dim: int, index: Tensor) -> None:
     """Record that ``out`` is ``src.index_select(dim, index)`` (``index`` 1-D). ``src`` is held
     weakly (it is alive while anything can save ``out`` in this pass, or the record is
-    stale); the index strongly (it is a row of the graph, or a piece of one)."""
+    stale); the index strongly (it is a row of the graph, or a piece of one).
+
+    Args:
+        out (torch.Tensor): the gathered tensor.
+        src (torch.Tensor): the tensor gathered from.
+        dim (int): the dimension gathered along.
+        index (torch.Tensor): ``int64`` or ``int32`` indices, 1-D.
+
+    Example:
+        >>> x, index = torch.randn(3, 2), torch.tensor([0, 2, 2, 1, 0])
+        >>> out = x.index_select(0, index)
+        >>> mark_gathered(out, x, 0, index)
+        >>> src, dim, kept = gather_source(out, None)  # 5 rows of 3: worth it anywhere
+        >>> src is x, dim, kept is index
+        (True, 0, True)
+    """
     if (type(out) is not Tensor or type(src) is not Tensor or type(index) is not Tensor
             or index.dim() != 1 or index.dtype not in _INDEX_DTYPES):
         return
@@ -58,7 +73,19 @@ def mark_gathered(out: Tensor, src: Tensor, dim: int, index: Tensor) -> None:
 def gather_source(t: Tensor, module: nn.Module | None) -> tuple[Tensor, int, Tensor] | None:
     """``(src, dim, index)`` with ``t == src.index_select(dim, index)``, if :func:`mark_gathered`
     recorded ``t``, neither tensor changed since, and keeping ``src`` and ``index`` is worth it
-    for ``t`` saved in ``module`` (see the module docstring); else ``None``."""
+    for ``t`` saved in ``module`` (see the module docstring); else ``None``.
+
+    Args:
+        t (torch.Tensor): a tensor autograd saves.
+        module (torch.nn.Module, optional): the innermost module running as it is saved.
+
+    Example:
+        >>> x, index = torch.randn(4, 2), torch.tensor([3])
+        >>> out = x.index_select(0, index)
+        >>> mark_gathered(out, x, 0, index)
+        >>> gather_source(out, None) is None  # one row of four, outside message passing
+        True
+    """
     record = getattr(t, _SOURCE, None)
     if record is None:
         return None
@@ -74,7 +101,18 @@ def gather_source(t: Tensor, module: nn.Module | None) -> tuple[Tensor, int, Ten
 @dataclass(frozen=True)
 class Gathered:
     """What the pipeline keeps for a gathered tensor: ``source`` and ``index`` as the pipeline
-    keeps them (each a tensor, or a packed or compact copy), and the dimension gathered."""
+    keeps them (each a tensor, or a packed or compact copy), and the dimension gathered.
+
+    Args:
+        source (Any): the source as kept.
+        index (Any): the index as kept.
+        dim (int): the dimension gathered along.
+
+    Example:
+        >>> x, index = torch.randn(3, 2), torch.tensor([0, 2, 2, 1])
+        >>> len(Gathered(x, index, 0).tensors())
+        2
+    """
 
     source: Any
     index: Any

@@ -102,8 +102,10 @@ def quantize_groups(x: Tensor, bits: int, group_size: int, *, seed: int | None =
     flat = x.reshape(-1)
     if noise is not None:
         noise = noise.reshape(-1)
-    # Drawn chunk by chunk, in order: the same values as seeded_uniform(seed, n).
+    # Drawn chunk by chunk, in order: the same values as seeded_uniform(seed, n), multiples of
+    # 2^-16, which the faster rounding of _round_on_grid takes (given noise: the reference's).
     draw = uniform_stream(seed, x.device) if noise is None else None
+    rows = _quantize_rows if draw is None else _round_on_grid
 
     def noise_of(start: int, count: int) -> Tensor:
         if draw is not None:
@@ -123,14 +125,14 @@ def quantize_groups(x: Tensor, bits: int, group_size: int, *, seed: int | None =
         lo, hi = g0 * group_size, g1 * group_size
         h = flat[lo:hi].to(torch.float32).view(g1 - g0, group_size)
         r = noise_of(lo, hi - lo).view(g1 - g0, group_size)
-        codes[g0:g1], scales[g0:g1], zeros[g0:g1] = _quantize_rows(h, r, bits)
+        codes[g0:g1], scales[g0:g1], zeros[g0:g1] = rows(h, r, bits)
         del h, r  # before the next chunk's are made: one chunk's temporaries at a time
     if tail:
         # Pad with the last element so the padding cannot widen the last group's range.
         cut = whole * group_size
         h = torch.cat([flat[cut:], flat[-1:].expand(group_size - tail)]).to(torch.float32)
         r = torch.cat([noise_of(cut, tail), h.new_zeros(group_size - tail)])
-        codes[whole:], scales[whole:], zeros[whole:] = _quantize_rows(
+        codes[whole:], scales[whole:], zeros[whole:] = rows(
             h.view(1, group_size), r.view(1, group_size), bits, valid=tail)
     return codes, scales, zeros
 
@@ -176,6 +178,33 @@ def _quantize_rows(h: Tensor, r: Tensor, bits: int,
     q.add_(r < frac)
     # NaN only arises in non-finite groups (zero is NaN there): they store code 0.
     q = torch.nan_to_num_(q, nan=0.0).clamp_(0, levels)
+    if valid is not None:
+        q[:, valid:] = 0
+    return pack_codes(q, bits), scale, zero
+
+
+def _round_on_grid(h: Tensor, r: Tensor, bits: int,
+                   valid: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    r""":func:`_quantize_rows` for noise on the :math:`2^{-16}` grid (what
+    :func:`~gnnact.quant.rng.seeded_uniform` draws), bit for bit, in fewer passes over memory:
+    one for both ends of each group, and :math:`q = \lceil u - r \rceil` for
+    :math:`\lfloor u \rfloor + [r < u - \lfloor u \rfloor]`. The two are equal for real
+    numbers, and :math:`u - r` is exact in float32 here: with :math:`0 \le u < 2^8`, :math:`r`
+    is a multiple of :math:`u`'s last place, so for :math:`u \ge r` the difference is one with
+    magnitude at most :math:`u`; for :math:`u < r` it lies in :math:`(-1, 0)`, rounded or not,
+    and its ceiling is 0. No clamp is needed: :math:`0 \le u \le B` (:func:`inverse_range`)."""
+    levels = (1 << bits) - 1
+    zero, top = torch.aminmax(h, dim=1)
+    rng = top - zero
+    bad = ~torch.isfinite(rng)
+    nan = torch.full_like(rng, float("nan"))
+    scale = torch.where(bad, nan, rng / torch.full_like(rng, float(levels)))
+    inv = inverse_range(rng, bits)
+    zero = torch.where(bad, nan, zero)
+    q = h - zero[:, None]
+    q.mul_(inv[:, None]).sub_(r).ceil_()
+    if bad.any():
+        q[bad] = 0.0  # (NaN there: non-finite groups store code 0)
     if valid is not None:
         q[:, valid:] = 0
     return pack_codes(q, bits), scale, zero
