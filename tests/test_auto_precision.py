@@ -92,6 +92,30 @@ def test_noise_ratio_pools_outputs_and_subtracts_the_control() -> None:
     assert noise_ratio((torch.ones(1),), (torch.ones(1) + 2,)) == math.inf
 
 
+def test_probe_measures_what_a_broadcast_operand_gets() -> None:
+    # messages * alpha.view(-1, H, 1): the messages' rounding reaches alpha's gradient, which
+    # the node, run directly, returns in the messages' shape and the engine sums to alpha's.
+    # It is measured in alpha's shape (it was skipped, 0, for the shapes' mismatch).
+    class Weigh(nn.Module):
+        def forward(self, messages: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
+            return (messages * 1.0) * alpha.view(-1, 2, 1)
+
+    torch.manual_seed(0)
+    messages = torch.randn(4000, 2, 16, requires_grad=True)
+    alpha = torch.rand(4000, 2, requires_grad=True)
+    probe = NoiseProbe(0)
+    model = Weigh()
+    with probing(probe), gnnact.compress_saved_tensors(gnnact.Config(bits=2), model=model):
+        out = model(messages, alpha)
+    probe.collect(out)
+    probe.arm()
+    out.backward(torch.randn_like(out))
+    # Two bits of a normal's range: noise as large as a good part of the gradient it feeds.
+    assert max(probe.ratios.values()) > 0.05
+    # (Summed to the engine's shape: 1.5 against 1 per row, half the square a variance.)
+    assert noise_ratio((torch.ones(2, 1),), (torch.full((2, 3), 0.5),)) == pytest.approx(1 / 7)
+
+
 def test_probe_measures_the_variance_rounding_adds_to_a_weight_gradient() -> None:
     # y = x W^T: the rounding noise e of x reaches grad W = g^T x_hat as g^T e, whose variance
     # is sum_n ||g_n||^2 sum_j Var[e_nj], with Var[e_nj] = p (1 - p) s^2 for a value p of the

@@ -316,14 +316,16 @@ def noise_ratio(first: tuple, second: tuple, control: tuple | None = None, *,
     kappa = 1.0 if reference else 0.5
     worst: float | None = None
     for k, (g, h) in enumerate(zip(first, second, strict=False)):
-        if not isinstance(g, Tensor) or not isinstance(h, Tensor) or g.shape != h.shape:
+        h = _summed_to(h, g)
+        if h is None:
             continue
         worst = worst or 0.0
         delta = _squared_distance(h, g)
         if not delta:
             continue
-        if control is not None and k < len(control) and isinstance(control[k], Tensor):
-            delta = max(delta - _squared_distance(control[k], g), 0.0)
+        c = _summed_to(control[k], g) if control is not None and k < len(control) else None
+        if c is not None:
+            delta = max(delta - _squared_distance(c, g), 0.0)
         if not delta:
             continue
         noise = kappa * delta
@@ -331,6 +333,21 @@ def noise_ratio(first: tuple, second: tuple, control: tuple | None = None, *,
             _squared_distance(g, None) - noise)
         worst = max(worst, noise / signal if signal > 0 else math.inf)
     return worst
+
+
+def _summed_to(h: Any, g: Any) -> Tensor | None:
+    """A re-run's output ``h`` in the shape of the engine's ``g``, or ``None`` if either is no
+    tensor or they do not match. A node called directly returns the gradient of an input it
+    broadcast (``alpha.view(-1, H, 1)`` times the messages) in the broadcast shape; the engine
+    sums it to the input's shape before the hooks see it, and so is it compared here."""
+    if not isinstance(g, Tensor) or not isinstance(h, Tensor):
+        return None
+    if h.shape == g.shape:
+        return h
+    try:
+        return h.sum_to_size(g.shape)
+    except RuntimeError:
+        return None
 
 
 def _squared_distance(a: Tensor, b: Tensor | None) -> float:
