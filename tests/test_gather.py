@@ -173,3 +173,21 @@ def test_functional_ops_mark_gathers_inside_a_converted_model(call):
     model(x, index).backward()
     src, dim, kept = seen[0]
     assert dim == 0 and kept is index and src.shape == (5, 4)
+
+
+
+def test_a_gather_into_a_given_tensor_runs_as_pytorchs():
+    class Copy(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x, index, buffer):
+            h = self.lin(x)
+            torch.index_select(h.detach(), 0, index, out=buffer)  # (out=: not differentiable)
+            return h.square().sum()
+
+    model = gnnact.convert(Copy(), gnnact.Config(bits=4))
+    x, index, buffer = torch.randn(5, 4), torch.tensor([4, 0, 0]), torch.empty(3, 4)
+    model(x, index, buffer).backward()
+    assert torch.equal(buffer, model.lin(x).detach()[index])

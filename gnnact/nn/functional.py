@@ -160,8 +160,9 @@ def _linear(cfg: Callable[[str], Config], input: Tensor, weight: Tensor,
     return ops.linear(input, weight, bias, cfg("activations"))
 
 
-def _index_select(cfg: Callable[[str], Config], input: Tensor, dim: int, index: Tensor) -> Any:
-    if not _float(input) or torch.compiler.is_compiling():
+def _index_select(cfg: Callable[[str], Config], input: Tensor, dim: int, index: Tensor,
+                  out: Tensor | None = None) -> Any:
+    if out is not None or not _float(input) or torch.compiler.is_compiling():
         return NotImplemented
     out = torch.index_select(input, dim, index)
     mark_gathered(out, input, dim, index)
