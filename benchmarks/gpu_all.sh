@@ -82,6 +82,10 @@
 #   compile    torch.compile (inductor): training step time of gnnact 2 bits against PyG fp32,
 #              eager and compiled, with graph-break counts; arxiv-sized synthetic graph, GCN
 #              and SAGE (the CUDA tests of tests/test_compile.py run in the tests part)
+#   speed      step time beside PyG (bench_speed.py): every fidelity family and GCN on
+#              CiteSeer, Computers, Physics and the arxiv shape, PyG fp32 against
+#              gnnact.convert(model), eager and compiled, variants taking turns. Needs the
+#              fidelity part's data_local/datasets plus amazon and coauthor.
 #   distributed  partitioned training under NCCL, one GPU per rank (k = 1, 2, 4 as far as
 #              the GPUs go; one GPU: k = 1, the NCCL path end to end): per-rank step peak,
 #              exchanged bytes and step time, GCN and SAGE on the full arxiv shape, exchange
@@ -124,7 +128,7 @@ core_checks() {
 }
 parts=("$@")
 [ ${#parts[@]} -gt 0 ] || parts=(tests tune profile train products suite suite-gat generic swap largest peak
-                                 amp compile distributed accuracy fidelity adaptive-dblp
+                                 amp compile distributed accuracy fidelity speed adaptive-dblp
                                  adaptive-computers adaptive-physics)
 
 {
@@ -283,6 +287,15 @@ for part in "${parts[@]}"; do
       if [ -d data_local/datasets ]; then
         GNNACT_DATA="$PWD/data_local/datasets" "$py" benchmarks/bench_fidelity.py \
           --device cuda --seeds 0 1 2 --out "$out/fidelity.jsonl" || status=1
+      else
+        echo "no data_local/datasets: copy ../shared/datasets families there and carry it"
+        status=1
+      fi
+      ;;
+    speed)
+      if [ -d data_local/datasets ]; then
+        GNNACT_DATA="$PWD/data_local/datasets" "$py" benchmarks/bench_speed.py \
+          --device cuda --compile --out "$out/speed.jsonl" || status=1
       else
         echo "no data_local/datasets: copy ../shared/datasets families there and carry it"
         status=1

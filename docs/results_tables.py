@@ -676,6 +676,36 @@ def _fidelity(results: Path) -> list[str]:
     return [*_source(name, best.values()), *_list_table([header, *body])]
 
 
+def _speed(results: Path) -> list[str]:
+    """Step time, PyG fp32 against ``gnnact.convert(model)`` (eager, and compiled where
+    measured), per case (newest run of each device, case, variant and thread count)."""
+    name = "speed.jsonl"
+    best = _newest(_rows(results, name), lambda r: (r["device_name"], r["threads"], r["case"],
+                                                   r["variant"]))
+    cases: dict[tuple, dict] = {}
+    for (device, threads, case, variant), r in best.items():
+        cases.setdefault((device, threads, case), {})[variant] = r
+
+    def ms(r) -> str:
+        if r is None:
+            return "–"
+        return r["error"].split(":")[0] if r.get("error") else f"{r['step_ms']:.1f}"
+
+    body = []
+    for (device, threads, case), by in cases.items():
+        pyg, ours = by.get("pyg"), by.get("gnnact")
+        compiled = by.get("gnnact_compiled")
+        body.append([device, str(threads), case, (pyg or ours)["dataset"], ms(pyg), ms(ours),
+                     _x(ours.get("ratio")) if ours else "–", ms(by.get("pyg_compiled")),
+                     ms(compiled), _x(compiled.get("ratio_compiled")) if compiled else "–"])
+    if not body:
+        return [f"No rows in ``benchmarks/results/{name}`` yet.", ""]
+    header = ["device", "threads", "case", "data", "PyG step (ms)", "gnnact step (ms)",
+              "gnnact / PyG", "PyG compiled (ms)", "gnnact compiled (ms)",
+              "compiled: gnnact / PyG"]
+    return [*_source(name, best.values()), *_list_table([header, *body])]
+
+
 def _graph_cache(results: Path) -> list[str]:
     """Bytes per edge of the graph cache each conv kind keeps, against the caller's int64
     ``edge_index`` (16 bytes per edge), one thread."""
@@ -789,6 +819,7 @@ RESULTS = {
     "largest": _largest,
     "no_twin": _no_twin,
     "fidelity": _fidelity,
+    "speed": _speed,
     "graph_cache": _graph_cache,
     "peak": _peak,
     "distributed": _distributed,

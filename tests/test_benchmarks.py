@@ -585,3 +585,19 @@ def test_profile_kernels_names_bad_input(tmp_path):
     other.write_text("a,b\n1,2\n")
     with pytest.raises(ValueError, match="not ncu's raw page"):
         prof.summarize(other, {}, 1 << 20, 512)
+
+
+def test_speed_rows_pair_each_variant_with_pyg(tmp_path, capsys):
+    bench = _script("bench_speed")
+    out = tmp_path / "speed.jsonl"
+    assert bench.main(["--smoke", "--cases", "hetero", "--out", str(out)]) == 0
+    assert not out.exists()  # smoke runs write nothing
+    assert bench.main(["--cases", "gin", "--rounds", "2", "--steps", "2", "--out", str(out)]) == 0
+    rows = {r["variant"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert set(rows) == {"pyg", "gnnact"}
+    assert rows["pyg"]["ratio"] == 1.0 and rows["gnnact"]["error"] is None
+    # GIN's epoch is several batches: one epoch a round, every step after the first round.
+    assert rows["gnnact"]["steps"] == rows["pyg"]["steps"] >= 2
+    assert rows["gnnact"]["ratio"] == rows["gnnact"]["step_ms"] / rows["pyg"]["step_ms"]
+    with pytest.raises(SystemExit):
+        bench.main(["--rounds", "1"])  # the first round only warms up

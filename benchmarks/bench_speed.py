@@ -1,0 +1,157 @@
+"""Step time at every size: PyG fp32 against ``gnnact.convert(model)``, eager and compiled,
+measured side by side.
+
+Cases: every family of the fidelity suite (:mod:`fidelity_models`: its model, data and
+training recipe as its users write them), and the ``gcn`` family's model (PyG's
+``examples/gcn.py``) on CiteSeer, Amazon Computers, Coauthor Physics and an ogbn-arxiv-shaped
+synthetic graph (the family itself is Cora). Variants:
+
+- ``pyg``: the model as written, fp32;
+- ``gnnact``: ``gnnact.convert(model)`` with the default ``Config()`` (automatic widths);
+- with ``--compile``, ``pyg_compiled`` and ``gnnact_compiled``: the same under
+  ``torch.compile``.
+
+The variants take turns: ``--rounds`` rounds, each a burst of about ``--steps`` training steps
+of every variant in turn, through the family's own loop (forward, loss, backward, optimizer
+step; a step is timed from the model's first call to the end of the optimizer's step, so the
+recipe's evaluation is not), so that a neighbour that slows the machine slows every variant
+alike. The first round is a warm-up (compilation, the first noise probes of the automatic
+widths) and is not counted; a row's ``step_ms`` is the median of the other rounds' steps,
+``ratio`` its quotient by ``pyg``'s (``ratio_compiled``: a compiled variant's by
+``pyg_compiled``'s). Targets (issue "speed parity"): ``gnnact`` / ``pyg`` ≤ 1.1 on the CPU,
+``gnnact_compiled`` / ``pyg_compiled`` ≤ 1.0, ≤ 1.0 on a GPU.
+
+Usage::
+
+    python benchmarks/bench_speed.py [--cases gcn gat gcn-physics] [--compile] [--rounds 4]
+        [--steps 10] [--device cpu] [--threads 2] [--smoke]
+
+Rows are appended to ``benchmarks/results/speed.jsonl`` (or ``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch_geometric import seed_everything
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import RESULTS, data_root, environment, finish
+from bench_fidelity import StepMeter, steps_of
+from fidelity_models import FAMILIES, Family, _named, _planetoid, clone, load
+
+import gnnact
+from gnnact.data import synthetic_like
+
+
+def _arxiv_shape(root: Path, workdir: str, seed: int):
+    return synthetic_like("arxiv", seed=seed)
+
+
+#: The ``gcn`` family's model and recipe on other graphs, from small to the arxiv shape.
+_GCN_ON = {"citeseer": ("CiteSeer", _planetoid("CiteSeer")),
+           "computers": ("Amazon Computers", _named("computers")),
+           "physics": ("Coauthor Physics", _named("physics")),
+           "arxiv": ("ogbn-arxiv shape (synthetic)", _arxiv_shape)}
+
+CASES: dict[str, Family] = {
+    **FAMILIES,
+    **{f"gcn-{key}": dataclasses.replace(FAMILIES["gcn"], name=f"gcn-{key}", load=loader,
+                                         dataset=dataset)
+       for key, (dataset, loader) in _GCN_ON.items()},
+}
+
+VARIANTS = ("pyg", "gnnact", "pyg_compiled", "gnnact_compiled")
+
+
+def make_variant(base: nn.Module, variant: str) -> nn.Module:
+    """A copy of ``base`` (same weights) as ``variant`` runs it."""
+    model = clone(base)
+    if variant.startswith("gnnact"):
+        gnnact.convert(model)
+    return torch.compile(model) if variant.endswith("_compiled") else model
+
+
+def time_case(family: Family, variants: list[str], rounds: int, steps: int, seed: int,
+              root: Path, device: torch.device, workdir: str) -> list[dict]:
+    """One row per variant: the median step time of its rounds after the first."""
+    data = load(family, root, seed, workdir, device)
+    torch.manual_seed(seed)
+    base = family.build(data).to(device)
+    # The family's loop runs epochs: as many as make about `steps` steps (a batched family's
+    # epoch is several).
+    epochs = max(1, round(steps / steps_of(family, data, 1)))
+    models = {v: make_variant(base, v) for v in variants}
+    times: dict[str, list[float]] = {v: [] for v in variants}
+    errors: dict[str, str] = {}
+    for r in range(rounds):
+        for v in variants:
+            if v in errors:
+                continue
+            meter = StepMeter(models[v], -1, data, device)  # (-1: no context measured)
+            seed_everything(1000 + r)
+            try:
+                family.train(models[v], data, epochs, meter)
+            except Exception as error:  # (a variant that fails gets its row)
+                errors[v] = f"{type(error).__name__}: {error}"[:300]
+            finally:
+                meter.close()
+            if r:  # the first round warms up
+                times[v] += [1e3 * t for t in meter.times]
+    median = {v: statistics.median(t) for v, t in times.items() if t}
+    rows = []
+    for v in variants:
+        row = {"case": family.name, "dataset": family.dataset, "variant": v, "seed": seed,
+               "rounds": rounds, "epochs_per_round": epochs, "steps": len(times[v]),
+               "step_ms": median.get(v), "ratio": None, "ratio_compiled": None,
+               "error": errors.get(v), "threads": torch.get_num_threads(),
+               **environment(device)}
+        if v in median and "pyg" in median:
+            row["ratio"] = median[v] / median["pyg"]
+        if v.endswith("_compiled") and v in median and "pyg_compiled" in median:
+            row["ratio_compiled"] = median[v] / median["pyg_compiled"]
+        rows.append(row)
+        step = f"{median[v]:9.2f} ms" if v in median else errors.get(v, "no steps")[:60]
+        ratio = f"{row['ratio']:.2f}x" if row["ratio"] is not None else ""
+        print(f"{family.name:16s} {v:16s} {step}  {ratio}", flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
+    parser.add_argument("--compile", action="store_true", help="the compiled variants too")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=10, help="steps per variant per round")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--out", type=Path, default=RESULTS / "speed.jsonl")
+    parser.add_argument("--smoke", action="store_true",
+                        help="two rounds of one step, no result file")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.rounds < 2:
+        parser.error(f"--rounds must be at least 2 (the first warms up), got {args.rounds}")
+    rounds, steps = (2, 1) if args.smoke else (args.rounds, args.steps)
+    variants = list(VARIANTS if args.compile else VARIANTS[:2])
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory() as workdir:
+        for name in args.cases:
+            rows += time_case(CASES[name], variants, rounds, steps, args.seed, data_root(),
+                              torch.device(args.device), workdir)
+    return finish(args.out, rows, smoke=args.smoke)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
