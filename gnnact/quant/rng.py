@@ -36,7 +36,7 @@ instead, 16 bits a value as the hash gives, four values from each of its 64-bit 
 draw :math:`\lfloor i / 4 \rfloor`. The int64 hash costs about 20× more there (0.63 s vs
 0.03 s for 4M elements on 2 cores), ``torch.rand`` (a draw per value) about 5× more, and no
 CPU kernel needs to match it. On the :math:`2^{-16}` grid, stochastic rounding needs one
-subtraction and one ceiling a value, exactly (:func:`gnnact.quant.reference.quantize_groups`).
+subtraction and one ceiling a value, exactly (``gnnact.quant.reference.quantize_groups``).
 
 **Where the seeds come from.** A direct :func:`gnnact.quantize` call draws its seed from a
 generator (the default CPU one when none is given), as any random torch op does. The forward
