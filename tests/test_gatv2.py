@@ -672,7 +672,9 @@ def test_convert_pyg_gat_v2_model(monkeypatch):
         return breakdown(F.cross_entropy(m(x, ei), y), exclude=[x, ei]).context
 
     fp32, ours, baseline = context(model), context(twin), context(generic)
-    assert baseline >= 3 * ours, (baseline, ours)
+    # (The generic pipeline keeps the lifted x_i, x_j as node rows and an index since
+    # gnnact.compress.gather: at least 3x the twin's before, 2.5x now.)
+    assert baseline >= 2 * ours, (baseline, ours)
     assert fp32 >= 40 * ours, (fp32, ours)
 
 
