@@ -73,11 +73,16 @@ def _lift_and_multiply(src, index, weight, hooks):
         return (out * weight).sum()
 
 
+def _operands(seed: int, nodes: int, edges: int):
+    """A source of ``nodes`` rows and a weight and random index of ``edges``, all seeded."""
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(nodes, 8, generator=g, requires_grad=True),
+            torch.randn(edges, 8, generator=g, requires_grad=True),
+            torch.randint(0, nodes, (edges,), generator=g))
+
+
 def test_kept_exact_the_source_gives_pytorchs_gradient_bit_for_bit():
-    g = torch.Generator().manual_seed(1)
-    src = torch.randn(50, 8, generator=g, requires_grad=True)
-    weight = torch.randn(600, 8, generator=g, requires_grad=True)
-    index = torch.randint(0, 50, (600,), generator=g)
+    src, weight, index = _operands(1, 50, 600)
     exact = compress_saved_tensors(policy=Policy([], default=None))
     loss = _lift_and_multiply(src.clone(), index, weight, exact)
     # The product saves both operands (the weight a leaf, not counted); the gathered one is
@@ -123,18 +128,16 @@ def test_a_selection_of_few_rows_is_kept_as_it_is():
     index = torch.arange(10)
     hooks = compress_saved_tensors(policy=Policy([], default=None))
     with hooks:
-        out = src.clone().index_select(0, index)
-        mark_gathered(out, src, 0, index)
+        source = src.clone()
+        out = source.index_select(0, index)
+        mark_gathered(out, source, 0, index)
         assert gather_source(out, None) is None  # 10 rows of 100, outside message passing
         loss = (out * weight).sum()
     assert saved_bytes(loss, exclude=[index]) == 10 * 8 * 4  # the rows (weight: a leaf)
 
 
 def test_a_source_changed_in_place_is_not_read_again():
-    g = torch.Generator().manual_seed(4)
-    base = torch.randn(30, 8, generator=g, requires_grad=True)
-    weight = torch.randn(300, 8, generator=g, requires_grad=True)
-    index = torch.randint(0, 30, (300,), generator=g)
+    base, weight, index = _operands(4, 30, 300)
     exact = compress_saved_tensors(policy=Policy([], default=None))
     with exact:
         src = base.clone()

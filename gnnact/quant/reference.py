@@ -151,20 +151,26 @@ def inverse_range(rng: Tensor, bits: int) -> Tensor:
     return torch.where(rng > 0, inv, torch.zeros_like(rng))
 
 
+def _group_statistics(low: Tensor, high: Tensor, bits: int
+                      ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(scale, inverse range, zero, non-finite)`` of groups with ends ``low`` and ``high``:
+    :math:`s = R / B`, :math:`B / R` rounded down (:func:`inverse_range`) and :math:`Z`, NaN
+    scale and zero where the range is not finite (flagged in the last)."""
+    rng = high - low
+    bad = ~torch.isfinite(rng)
+    nan = torch.full_like(rng, float("nan"))
+    # Tensor / tensor division: a scalar divisor may be turned into a multiplication by its
+    # reciprocal, which rounds differently from the kernel's division.
+    scale = torch.where(bad, nan, rng / torch.full_like(rng, float((1 << bits) - 1)))
+    return scale, inverse_range(rng, bits), torch.where(bad, nan, low), bad
+
+
 def _quantize_rows(h: Tensor, r: Tensor, bits: int,
                    valid: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """:func:`quantize_groups` of the groups ``h [n_g, G]`` (float32, not written) with noise
     ``r``; codes past column ``valid`` of each group are stored as 0 (padding)."""
     levels = (1 << bits) - 1
-    zero = h.amin(dim=1)
-    rng = h.amax(dim=1) - zero
-    bad = ~torch.isfinite(rng)
-    nan = torch.full_like(rng, float("nan"))
-    # Tensor / tensor division: a scalar divisor may be turned into a multiplication by its
-    # reciprocal, which rounds differently from the kernel's division.
-    scale = torch.where(bad, nan, rng / torch.full_like(rng, float(levels)))
-    inv = inverse_range(rng, bits)
-    zero = torch.where(bad, nan, zero)
+    scale, inv, zero, _ = _group_statistics(h.amin(dim=1), h.amax(dim=1), bits)
 
     # u = (h - Z) * B/R, then q = floor(u) + [r < u - floor(u)]. Comparing with the exact
     # fractional part (Sterbenz: u - floor(u) is exact) rather than flooring the rounded sum
@@ -193,14 +199,7 @@ def _round_on_grid(h: Tensor, r: Tensor, bits: int,
     is a multiple of :math:`u`'s last place, so for :math:`u \ge r` the difference is one with
     magnitude at most :math:`u`; for :math:`u < r` it lies in :math:`(-1, 0)`, rounded or not,
     and its ceiling is 0. No clamp is needed: :math:`0 \le u \le B` (:func:`inverse_range`)."""
-    levels = (1 << bits) - 1
-    zero, top = torch.aminmax(h, dim=1)
-    rng = top - zero
-    bad = ~torch.isfinite(rng)
-    nan = torch.full_like(rng, float("nan"))
-    scale = torch.where(bad, nan, rng / torch.full_like(rng, float(levels)))
-    inv = inverse_range(rng, bits)
-    zero = torch.where(bad, nan, zero)
+    scale, inv, zero, bad = _group_statistics(*torch.aminmax(h, dim=1), bits)
     q = h - zero[:, None]
     q.mul_(inv[:, None]).sub_(r).ceil_()
     if bad.any():
