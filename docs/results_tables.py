@@ -678,7 +678,8 @@ def _fidelity(results: Path) -> list[str]:
 
 def _speed(results: Path) -> list[str]:
     """Step time, PyG fp32 against ``gnnact.convert(model)`` (eager, and compiled where
-    measured), per case (newest run of each device, case, variant and thread count)."""
+    measured; automatic widths against a fixed 2 bits where measured), per case (newest run
+    of each device, case, variant and thread count)."""
     name = "speed.jsonl"
     best = _newest(_rows(results, name), lambda r: (r["device_name"], r["threads"], r["case"],
                                                    r["variant"]))
@@ -695,14 +696,16 @@ def _speed(results: Path) -> list[str]:
     for (device, threads, case), by in cases.items():
         pyg, ours = by.get("pyg"), by.get("gnnact")
         compiled = by.get("gnnact_compiled")
+        fixed = ours.get("ratio_fixed2") if ours else None
         body.append([device, str(threads), case, (pyg or ours)["dataset"], ms(pyg), ms(ours),
                      _x(ours.get("ratio")) if ours else "–", ms(by.get("pyg_compiled")),
-                     ms(compiled), _x(compiled.get("ratio_compiled")) if compiled else "–"])
+                     ms(compiled), _x(compiled.get("ratio_compiled")) if compiled else "–",
+                     _x(fixed) if fixed is not None else "–"])
     if not body:
         return [f"No rows in ``benchmarks/results/{name}`` yet.", ""]
     header = ["device", "threads", "case", "data", "PyG step (ms)", "gnnact step (ms)",
               "gnnact / PyG", "PyG compiled (ms)", "gnnact compiled (ms)",
-              "compiled: gnnact / PyG"]
+              "compiled: gnnact / PyG", "gnnact / gnnact at 2 bits"]
     return [*_source(name, best.values()), *_list_table([header, *body])]
 
 

@@ -599,5 +599,12 @@ def test_speed_rows_pair_each_variant_with_pyg(tmp_path, capsys):
     # GIN's epoch is several batches: one epoch a round, every step after the first round.
     assert rows["gnnact"]["steps"] == rows["pyg"]["steps"] >= 2
     assert rows["gnnact"]["ratio"] == rows["gnnact"]["step_ms"] / rows["pyg"]["step_ms"]
+    out.unlink()
+    assert bench.main(["--cases", "gae", "--fixed2", "--rounds", "2", "--steps", "2",
+                       "--out", str(out)]) == 0
+    rows = {r["variant"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert set(rows) == {"pyg", "gnnact", "gnnact_fixed2"}
+    assert rows["gnnact"]["ratio_fixed2"] == (rows["gnnact"]["step_ms"]
+                                              / rows["gnnact_fixed2"]["step_ms"])
     with pytest.raises(SystemExit):
         bench.main(["--rounds", "1"])  # the first round only warms up
