@@ -50,7 +50,7 @@ from gnnact.ops.context import (
     resident,
 )
 from gnnact.ops.probe import active_probe, restore
-from gnnact.ops.state import ForwardState, forward_pass
+from gnnact.ops.state import ForwardState, forward_pass, own_work
 from gnnact.quant import PackedMask, PackedTensor, pack_mask, unpack_mask
 from gnnact.quant.core import FLOAT_DTYPES
 from gnnact.quant.mixed import MixedPackedTensor
@@ -340,7 +340,7 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         self._token: Token | None = None
         self.bits: dict[str, int] = {}  # tensor name -> width, set by gnnact.Controller
         self.reset_stats()
-        super().__init__(self._pack, self._unpack)
+        super().__init__(self._pack_outside_mode, self._unpack)
 
     def reset_stats(self) -> None:
         """Zero the tallies and forget what was seen, *e.g.* before measuring one forward."""
@@ -439,6 +439,12 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
 
     # ------------------------------------------------------------------ hooks
 
+    def _pack_outside_mode(self, t: Tensor) -> Any:
+        # Autograd calls the hook inside the op that saves: the pack is gnnact's own work, not
+        # the model's calls a converted model's mode routes (gnnact.ops.state.own_work).
+        with own_work():
+            return self._pack(t)
+
     def _pack(self, t: Tensor) -> Any:
         if self.compact_indices and t.dtype in INDEX_DTYPES and self._storable(t):
             saved = self._compact(t, unbroadcast(t), compact)
@@ -446,14 +452,15 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
                 self._pass(t, self._where()[0])
                 return t
             return saved
-        source = gather_source(t, self._where()[1])
+        path, module = self._where()
+        source = gather_source(t, module)
         if source is not None:  # rows gathered to edges: kept as their source and index
             src, dim, index = source
             return Gathered(self._pack(src), self._pack(index), dim)
         core = self._compressible(t)  # (a broadcast tensor's values, once each)
         if core is None:
-            self._pass(t, self._where()[0])
-            if (own_context(t) and self._offloads(self._where()[0])
+            self._pass(t, path)
+            if (own_context(t) and self._offloads(path)
                     and _storage_key(t) not in self._skip):
                 # gnnact ops' context, compressed already: offloaded like the pipeline's own
                 return self._swap(t, (t,), _as_tensor)
@@ -464,7 +471,6 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
             saved = self._compact(t, core, two_valued)
             if saved is not None:
                 return saved
-        path, module = self._where()
         index = self._counts.get(path, 0)
         self._counts[path] = index + 1
         name = f"{path}:{index}"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import io
 import math
+import sys
 import threading
 
 import pytest
@@ -14,6 +15,7 @@ import torch
 import torch.nn.functional as F
 import torch_geometric.nn as pyg_nn
 from torch import nn
+from torch.overrides import TorchFunctionMode
 from torch_geometric.nn import models as pyg_models
 
 import gnnact
@@ -391,6 +393,67 @@ def test_nested_converted_models_run_one_pass():
     outer = gnnact.convert(Outer(), Config(bits=4))
     outer(torch.randn(5, 8)).sum().backward()
     assert scope_of(outer).last is not None and scope_of(inner).last is None
+
+
+def _caller_module(skip: int) -> str:
+    """The module of the first frame ``skip`` frames up that is not PyTorch's own."""
+    frame = sys._getframe(skip)
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("torch."):
+        frame = frame.f_back
+    return frame.f_globals.get("__name__", "") if frame is not None else ""
+
+
+class _Seen(TorchFunctionMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.callers: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.callers.append(_caller_module(2))
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_pass_mode_routes_the_models_calls_not_gnnacts_own_work(monkeypatch):
+    """gnnact's quantization, packing and pack hooks run with the pass's mode off the stack
+    (gnnact.ops.state.own_work): the mode sees the model's calls only. A mode the user enters
+    above it still sees everything."""
+    from gnnact.nn import functional as functional_module
+
+    seen: list[str] = []
+    routed = functional_module.FunctionalOps.__torch_function__
+
+    def counting(self, func, types, args=(), kwargs=None):
+        seen.append(_caller_module(2))
+        return routed(self, func, types, args, kwargs)
+
+    monkeypatch.setattr(functional_module.FunctionalOps, "__torch_function__", counting)
+    user = _Seen()
+
+    class Net(nn.Module):  # a twin (GCNConv), a conv without one, and functional calls
+        def __init__(self):
+            super().__init__()
+            self.conv1 = pyg_nn.GCNConv(12, 16)
+            self.conv2 = pyg_nn.LEConv(16, 16)
+            self.lin = nn.Linear(16, 3)
+
+        def forward(self, x, ei):
+            h = F.dropout(F.relu(self.conv1(x, ei)), 0.5, self.training)
+            h = self.conv2(h, ei).relu()
+            with user:  # above the pass's mode
+                return self.lin(h)
+
+    x, ei = _graph(dtype=torch.float32)
+    model = gnnact.convert(Net(), Config(bits=2))
+    model(x, ei).sum().backward()
+    assert scope_of(model).last.context > 0  # compressed: gnnact's work ran
+    ours = [m for m in seen if m.startswith("gnnact.")]
+    # What the mode sees: the model's calls (this test's, PyG's), and gnnact's code that
+    # runs as the model's (the chunked message passing, a twin's forward and the shape checks
+    # it calls); never the quantizer, the packing, the pack hook or the ops' bookkeeping.
+    assert any(m.startswith("torch_geometric") for m in seen) and __name__ in seen
+    assert not [m for m in ours if m.split(".")[1] in ("quant", "compress", "hooks", "memory")
+                or m in ("gnnact.ops.context", "gnnact.ops.state")], sorted(set(ours))
+    assert any(m.startswith("gnnact.quant") for m in user.callers)  # the Linear's input
 
 
 def test_converted_model_survives_deepcopy_pickle_and_state_dict():

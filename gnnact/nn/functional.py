@@ -54,12 +54,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.overrides import TorchFunctionMode
 
 from gnnact import ops
 from gnnact.compress.gather import mark_gathered
 from gnnact.config import Config
 from gnnact.ops.context import overwritable
+from gnnact.ops.state import PassMode
 
 __all__ = ["EXACT_FUNCTIONS", "FINE_FUNCTIONS", "GATE_FUNCTIONS", "CollectingOps",
            "FunctionalOps", "Marks", "temporary_counts"]
@@ -288,7 +288,7 @@ _MARKS: dict[Callable, str] = {**dict.fromkeys(EXACT_FUNCTIONS, "exact"),
                                **dict.fromkeys(GATE_FUNCTIONS, "gate")}
 
 
-class FunctionalOps(TorchFunctionMode):
+class FunctionalOps(PassMode):
     """Routes the functional calls of :data:`HANDLERS` to gnnact's ops (see the module
     docstring) and marks the calls of :data:`EXACT_FUNCTIONS` and :data:`FINE_FUNCTIONS`.
 

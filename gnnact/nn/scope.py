@@ -58,7 +58,7 @@ from gnnact.memory import argument_tensors, storage_keys
 from gnnact.nn.functional import CollectingOps, FunctionalOps, Marks
 from gnnact.ops.graph import GraphCache, use_graph_cache
 from gnnact.ops.probe import NoiseProbe, probing
-from gnnact.ops.state import eager_op, forward_pass
+from gnnact.ops.state import forward_pass
 from gnnact.quant.rng import PassSeeds
 
 __all__ = ["PassRecord", "Scope", "scope_of"]
@@ -226,9 +226,10 @@ class Scope:
 
     # Module hooks, not a wrapped forward: they see the module they run for (a replica made by
     # DataParallel included) and survive deepcopy and pickling with the model. Under
-    # torch.compile they run eagerly (eager_op): a pass's state is context variables, hooks and
-    # a torch function mode, entered here and left in _post, not a tensor program.
-    @eager_op
+    # torch.compile they run eagerly (not eager_op, which takes the pass's mode off the stack
+    # while it runs: these push and pop it): a pass's state is context variables, hooks and a
+    # torch function mode, entered here and left in _post, not a tensor program.
+    @torch.compiler.disable
     def _pre(self, module: nn.Module, args: tuple, kwargs: dict, *,
              root: nn.Module | None = None) -> None:
         active = _PASS.get()
@@ -241,7 +242,7 @@ class Scope:
             return  # a child recomputed inside backward (reentrant checkpointing): no step
         _Pass(self, module if root is None else root, module, args, kwargs).enter()
 
-    @eager_op
+    @torch.compiler.disable
     def _post(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         active = _PASS.get()
         if active is None:

@@ -23,11 +23,19 @@ Nothing here holds a tensor strongly except :attr:`ForwardState.held`, filled on
 
 Under :func:`torch.compile` every op that reads or writes these registries runs eagerly, as one
 opaque call (:func:`eager_op`): Dynamo compiles the code between gnnact's ops.
+
+A converted model's pass also runs under a torch function mode (a :class:`PassMode`,
+:class:`gnnact.nn.functional.FunctionalOps`) that routes the model's functional calls to
+gnnact's ops. gnnact's own work inside the pass (an op's quantization and packing, a saved
+tensor's pack hook) runs with that mode taken off the stack (:class:`own_work`): the mode has
+nothing to route there, and dispatching each of those calls through a Python mode cost more
+than a small graph's whole step.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from contextvars import ContextVar
@@ -36,10 +44,11 @@ from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
+from torch.overrides import TorchFunctionMode
 
 from gnnact.quant.rng import PassSeeds
 
-__all__ = ["ForwardState", "eager_op", "forward_pass", "forward_state"]
+__all__ = ["ForwardState", "PassMode", "eager_op", "forward_pass", "forward_state", "own_work"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -55,7 +64,41 @@ def eager_op(fn: _F) -> _F:
     the op computes and keeps exactly what it does eagerly (same bits, same noise stream), and
     the model's code between the ops is compiled.
     """
-    return torch.compiler.disable(fn)  # type: ignore[return-value]
+
+    @functools.wraps(fn)
+    def op(*args: Any, **kwargs: Any) -> Any:
+        with own_work():
+            return fn(*args, **kwargs)
+
+    return torch.compiler.disable(op)  # type: ignore[return-value]
+
+
+class PassMode(TorchFunctionMode):
+    """The torch function mode a converted model's pass runs under
+    (:class:`gnnact.nn.functional.FunctionalOps`): what :class:`own_work` takes off the
+    stack."""
+
+
+class own_work:  # (a context manager named as torch.no_grad is)
+    """Inside, the running :class:`PassMode`, when it is the innermost torch function mode,
+    is off the stack: gnnact's own tensor calls go straight to PyTorch. A mode above it (a
+    user's, :class:`torch.device` as a context) stays, and so does the pass's own then.
+
+    A class, not a generator: it is entered for every op and every saved tensor.
+    """
+
+    __slots__ = ("mode",)
+
+    def __enter__(self) -> None:
+        depth = torch._C._len_torch_function_stack()
+        top = torch._C._get_function_stack_at(depth - 1) if depth else None
+        self.mode = (torch._C._pop_torch_function_stack()
+                     if isinstance(top, PassMode) and not torch.compiler.is_compiling()
+                     else None)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.mode is not None:
+            torch._C._push_on_torch_function_stack(self.mode)
 
 
 @dataclass(eq=False)
