@@ -2,20 +2,17 @@
 one to make the default.
 
 Each variant is a set of ``NAME=VALUE`` defines (``CACHED``: octets a lane keeps in registers;
-``MIN_BLOCKS``: blocks per SM the register budget is cut for; ``FLOOR_ROUNDING``: seeded
-noise rounded as given noise is (floor, compare, convert: three conversions a value) instead of
-in integers; ``ALU_CONVERSIONS``: the conversions and floor of that rounding done by integer
-and float arithmetic; ``WIDE_CODE_LOADS``: 3, 5, 6 and 7-bit codes
-read by two aligned 8-byte loads; ``PREFETCH``: a warp loads its next group while it works on
-the current one, on a grid capped at the blocks the device holds at once; ``CODES_FIRST``:
-dequantize loads a group's code words together before restoring any; ``CHUNK_STORES``:
-float32 and float64 dequantized by 16-byte chunks, a warp's store 512 consecutive bytes;
-``SHARED_CODES``: 3 and 5-7-bit codes of whole groups read from a copy in shared memory;
-``NOISE_FIRST``: quantize hashes a lane's noise while its loads are in flight; ``MUL_SHIFTS``:
-the hash's shifts by multiplies; ``LANES``: lanes that share a group, a warp taking
-``32 / LANES`` groups at once (``QUANTIZE_LANES``, ``QUANTIZE_CACHED``,
-``QUANTIZE_MIN_BLOCKS`` and their ``DEQUANTIZE_`` twins: one op's shape); ``WAVES``: the grid
-capped at that many waves of resident blocks, each warp taking groups in turn). Every build
+``MIN_BLOCKS``: blocks per SM the register budget is cut for; ``LANES``: lanes that share a
+group, a warp taking ``32 / LANES`` groups at once (``QUANTIZE_LANES``, ``QUANTIZE_CACHED``,
+``QUANTIZE_MIN_BLOCKS`` and their ``DEQUANTIZE_`` twins: one op's shape;
+``QUANTIZE_HALF_MIN_BLOCKS``: float16 and bfloat16's); ``WORD_STORES`` and
+``HALF_WORD_STORES``: the widths whose whole groups store words gathered across lanes;
+``CODES_FIRST``: dequantize by octets, a lane loading its group's code words together before
+restoring any; ``WAVES``: the grid capped at that many waves of resident blocks, each warp
+taking groups in turn). The variants that lost their timings (``ALU_CONVERSIONS``,
+``FLOOR_ROUNDING``, ``MUL_SHIFTS``, ``NOISE_FIRST``, ``PREFETCH``, ``WIDE_CODE_LOADS``,
+``CHUNK_STORES=0``, ``SHARED_CODES=0``) are no longer in ``cuda/quantize.cu``; git history keeps
+them (last in 6570339), and their rows stay in ``tune_kernels.jsonl``. Every build
 must give the default build's codes, scales, zeros and restored values bit for bit
 (``agrees``); a row, one for each op the build changes (:data:`ONE_OP`), gives the kernel's own
 time (calls queued back to back, :func:`_common.kernel_seconds`) and its share of a copy's
@@ -23,7 +20,7 @@ bandwidth timed the same way, as ``bench_quantize.py`` counts bytes.
 
 Usage::
 
-    python benchmarks/tune_kernels.py [--variants ALU_CONVERSIONS=1 CACHED=1,MIN_BLOCKS=6 ...]
+    python benchmarks/tune_kernels.py [--variants CODES_FIRST=1 CACHED=1,MIN_BLOCKS=6 ...]
         [--bits 1 2 3 4 5 6 7 8] [--dtypes float32 bfloat16] [--numel N]
 
 Rows are appended to ``benchmarks/results/tune_kernels.jsonl`` (or ``--out``) width by width,
@@ -58,18 +55,16 @@ from gnnact.quant import DEFAULT_GROUP_SIZE
 #: 37.2 %), slower at 3, 5 and 6 (3.5-5.6 points), so bfloat16 takes them at 7 bits alone
 #: (HALF_WORD_STORES=128) and float32 at 3, 5, 6 and 7 (WORD_STORES=232); 5 blocks for
 #: float16 and bfloat16 spill. Here the other choices: float32 without word stores and
-#: bfloat16 with them at every width.
+#: bfloat16 with them at every width. The settings that lost were removed from the source
+#: since (git history keeps them); CODES_FIRST stays, 2 points faster for bfloat16 at 4 bits.
 VARIANTS = ("WORD_STORES=0,HALF_WORD_STORES=232",)
 
 
 #: Settings that change one kernel only: a variant made of them is timed on that op alone
 #: (the other op's kernel is the default build's); so do those named QUANTIZE_... and
-#: DEQUANTIZE_... (one op's shape). LANES, CACHED, MIN_BLOCKS and PREFETCH change both.
-ONE_OP = {"NOISE_FIRST": "quantize", "ALU_CONVERSIONS": "quantize",
-          "FLOOR_ROUNDING": "quantize", "MUL_SHIFTS": "quantize", "WORD_STORES": "quantize",
-          "HALF_WORD_STORES": "quantize", "CODES_FIRST": "dequantize",
-          "CHUNK_STORES": "dequantize", "SHARED_CODES": "dequantize",
-          "WIDE_CODE_LOADS": "dequantize"}
+#: DEQUANTIZE_... (one op's shape). LANES, CACHED, MIN_BLOCKS and WAVES change both.
+ONE_OP = {"WORD_STORES": "quantize", "HALF_WORD_STORES": "quantize",
+          "CODES_FIRST": "dequantize"}
 
 
 def _op_of(setting: str) -> str | None:

@@ -21,13 +21,17 @@
 //     widths WORD_STORES names, as aligned 4-byte words gathered across lanes by shuffles.
 //     Groups of the default size read by vectors, all of them but a short last one, take a
 //     path compiled for that size (quantize_group<..., Whole = true>): no length tests.
-//   dequantize: a lane reads its octet's BITS bytes (one load for 1, 2, 4 and 8 bits with
-//     `vec`) and writes 8 values with vector stores.
-// Compile-time settings (CACHED, MIN_BLOCKS, ALU_CONVERSIONS, FLOOR_ROUNDING, WIDE_CODE_LOADS,
-// LANES, PREFETCH, WAVES, CODES_FIRST, CHUNK_STORES, SHARED_CODES, NOISE_FIRST, MUL_SHIFTS,
-// WORD_STORES, HALF_WORD_STORES, one op's QUANTIZE_/DEQUANTIZE_ LANES, CACHED and MIN_BLOCKS,
-// and QUANTIZE_HALF_MIN_BLOCKS; defaults below)
-// change speed, never results: benchmarks/tune_kernels.py times the builds side by side.
+//   dequantize: a lane reads an octet's BITS code bytes (one load for 1, 2, 4 and 8 bits with
+//     `vec`; a whole group's 3, 5, 6 and 7-bit codes from a copy in shared memory) and writes
+//     16-byte chunks, a warp's store 512 consecutive bytes (dequantize_impl).
+// Compile-time settings (LANES, CACHED, MIN_BLOCKS, one op's QUANTIZE_/DEQUANTIZE_ LANES,
+// CACHED and MIN_BLOCKS, QUANTIZE_HALF_MIN_BLOCKS, WORD_STORES, HALF_WORD_STORES and
+// CODES_FIRST; the launcher's WAVES; defaults below, each beside the tuning rows that chose it)
+// change speed, never results: benchmarks/tune_kernels.py times the builds side by side. The
+// variants that lost their timings on every width and element size (ALU_CONVERSIONS,
+// FLOOR_ROUNDING, MUL_SHIFTS, NOISE_FIRST, PREFETCH, WIDE_CODE_LOADS, and the octet stores and
+// global-memory code loads of CHUNK_STORES=0 and SHARED_CODES=0) were removed; git history
+// keeps them (last in 6570339), their rows stay in benchmarks/results/tune_kernels.jsonl.
 // A lane has 32 bytes of float32 in flight per octet, not 4.
 // Every float operation is an explicit round-to-nearest intrinsic so that NVRTC cannot
 // contract a multiply and an add into an FMA, which would round differently from torch.
@@ -46,28 +50,11 @@
 // An octet's 4 pairs share the inner mix32 (octet_hashes): the noise of 8 elements for 4 outer
 // and 1 inner mix32, which are most of the quantize kernel's arithmetic.
 // mix32(x) = mix32_rest(x ^ (x >> 16)): octet_hashes shares the first step between pairs.
-// MUL_SHIFTS=1 builds shift right in mix32_rest by a multiply's high word (IMAD.HI) instead of
-// a shift (SHF): the integer multiply-add pipe takes the work off the ALU pipe, which issues the
-// quantizer's shifts, logic, byte permutes and compares at half the rate of a float add. The
-// same hashes.
-#ifndef MUL_SHIFTS
-#define MUL_SHIFTS 0
-#endif
-
-// x >> 15.
-__device__ __forceinline__ u32 shifted15(u32 x) {
-#if MUL_SHIFTS
-    return __umulhi(x, 1u << 17);
-#else
-    return x >> 15;
-#endif
-}
-
 __device__ __forceinline__ u32 mix32_rest(u32 x) {
     x *= 0x21f0aaadu;
-    x ^= shifted15(x);
+    x ^= x >> 15;
     x *= 0x735a2d97u;
-    x ^= shifted15(x);
+    x ^= x >> 15;
     return x;
 }
 
@@ -86,14 +73,6 @@ __device__ __forceinline__ u32 hash_pair(u64 j, u32 s0, u32 s1) {
     return mix32(octet_key(j >> 2, s0, s1) ^ pair_phi((u32)j & 3u));
 }
 
-// ALU_CONVERSIONS=1 builds do round_code's int/float conversions and floor (given noise, and
-// seeded noise in FLOOR_ROUNDING builds) with integer and float arithmetic instead of conversion
-// instructions, which an SM issues at an eighth of the rate of an add; the results are
-// identical (benchmarks/tune_kernels.py times both).
-#ifndef ALU_CONVERSIONS
-#define ALU_CONVERSIONS 0
-#endif
-
 // The integer word that holds an octet's 8 codes: 32 bits up to 4 bits a code (cheaper shifts
 // and masks), 64 above.
 template <bool Wide>
@@ -109,14 +88,10 @@ struct WordOf<true> {
 // at once, each lane lanes-strided octets of its own group) and the octets a lane keeps in
 // registers (quantize: between the range and the rounding pass, so that a group of up to
 // 8 lanes cached elements is read from memory once; dequantize: the code words it loads before
-// restoring any, CHUNK_STORES). The defaults are the fastest shapes benchmarks/tune_kernels.py
-// timed on an H200 (tune_kernels.jsonl): quantize 16 lanes and 4 octets a lane (a warp's range
-// reductions, scale divisions and stores of scale and zero serve two groups at once), with
-// MIN_BLOCKS 3 (80 registers, no spills): 5-10 points of a copy's bandwidth faster than 32 and 2
-// at every width but 7 bits (float32 7 slower there), and within 1.5 points of 8 lanes and 8
-// octets (4 groups a warp, 0d248a9) at 1, 2, 4 and 8 bits, faster at the others; dequantize
-// 32 lanes and 2 octets. A build's LANES and CACHED (and MIN_BLOCKS, below) set both ops' shape,
-// QUANTIZE_LANES, DEQUANTIZE_CACHED and the like one op's. The results are the same.
+// restoring any, dequantize_impl). The defaults are the fastest shapes
+// benchmarks/tune_kernels.py timed on an H200. A build's LANES and CACHED (and MIN_BLOCKS,
+// below) set both ops' shape, QUANTIZE_LANES, DEQUANTIZE_CACHED and the like one op's. The
+// results are the same.
 #ifdef LANES
 #define QUANTIZE_LANES LANES
 #define DEQUANTIZE_LANES LANES
@@ -125,12 +100,22 @@ struct WordOf<true> {
 #define QUANTIZE_CACHED CACHED
 #define DEQUANTIZE_CACHED CACHED
 #endif
+// Quantize 16 lanes and 4 octets a lane (a warp's range reductions, scale divisions and stores
+// of scale and zero serve two groups at once; MIN_BLOCKS 3, below). Tuning rows:
+// tune_kernels.jsonl, H200, 7116a3f "LANES=16,CACHED=4,MIN_BLOCKS=3" against 32 lanes and 2
+// octets: 5-10 points of a copy faster at every width but 7 bits (float32 7 slower there);
+// 0d248a9 "QUANTIZE_LANES=8,QUANTIZE_CACHED=8,QUANTIZE_MIN_BLOCKS=2" (4 groups a warp): within
+// 1.7 points at 1, 2, 4 and 8 bits, 7-35 slower at the others.
 #ifndef QUANTIZE_LANES
 #define QUANTIZE_LANES 16
 #endif
 #ifndef QUANTIZE_CACHED
 #define QUANTIZE_CACHED 4
 #endif
+// Dequantize 32 lanes and 2 octets a lane. Tuning rows: tune_kernels.jsonl, H200, 7116a3f
+// "SHARED_CODES=1,CHUNK_STORES=1" (this shape; today's dequantizer, the fastest there) against
+// "LANES=16,CACHED=4,MIN_BLOCKS=3" (octet stores: mixed, -9.5 to +9.9 points against the
+// octet-store default); 80d87ec and e4ba981 "CACHED=1" and "CACHED=4": within 0.4 points of 2.
 #ifndef DEQUANTIZE_LANES
 #define DEQUANTIZE_LANES 32
 #endif
@@ -169,60 +154,21 @@ __device__ __forceinline__ float segment_max(float v) {
 // of u + r can push a code past its neighbour.
 __device__ __forceinline__ u32 round_code(float v, float r, float zero, float inv) {
     const float u = __fmul_rn(__fsub_rn(v, zero), inv);
-#if ALU_CONVERSIONS
-    // 0 <= u < 2^23: u + 2^23 rounds u to an integer n exactly representable, and n - 1 when
-    // n > u is floor(u).
-    const float n = __fsub_rn(__fadd_rn(u, 8388608.0f), 8388608.0f);
-    const float fl = n > u ? __fsub_rn(n, 1.0f) : n;
-#else
     const float fl = floorf(u);
-#endif
     const float up = r < __fsub_rn(u, fl) ? 1.0f : 0.0f;
     const float q = __fadd_rn(fl, up);
-#if ALU_CONVERSIONS
-    // q is an integer in [0, 255]: the low bits of 2^23 + q are q.
-    return __float_as_uint(__fadd_rn(q, 8388608.0f)) & 0xffu;
-#else
     return (u32)q;
-#endif
 }
 
-// FLOOR_ROUNDING=1 builds round hashed noise as round_code rounds any noise (r as a float, then
-// floor, compare and convert: three conversion instructions a value, which an SM issues at an
-// eighth of the rate of an add) instead of with round_hashed's integer form below. The results
-// are the same.
-#ifndef FLOOR_ROUNDING
-#define FLOOR_ROUNDING 0
-#endif
-
+// Seeded noise is rounded in integers (round_hashed), not as round_code rounds given noise: r as
+// a float, then floor, compare and convert would be three conversion instructions a value,
+// which an SM issues at an eighth of the rate of an add.
 // round_hashed<BITS> returns a word whose byte HASHED_CODE_AT / 8 is q (packed_codes).
-#if FLOOR_ROUNDING
-typedef float HashNoise;
-#define HASHED_CODE_AT 0
-
-// Hashed noise as round_code takes it: r of element `half` of the pair with hash g.
-__device__ __forceinline__ float hashed_noise(u32 g, int half) {
-    const u32 m = (~g >> (16 * half)) & 0xffffu;  // 65535 - g_i
-#if ALU_CONVERSIONS
-    // 1 + m 2^-16 has m in the top 16 bits of its mantissa; subtracting 1 is exact.
-    return __fsub_rn(__uint_as_float(0x3f800000u | (m << 7)), 1.0f);
-#else
-    return (float)m * 1.52587890625e-05f;  // 2^-16: exact
-#endif
-}
-
-template <int BITS>
-__device__ __forceinline__ u32 round_hashed(float v, float r, float zero, float inv) {
-    return round_code(v, r, zero, inv);
-}
-#else
 #define HASHED_CODE_AT 16
 
 // Hashed noise as round_hashed takes it: the bits of the float 2^23 + g_i (g_i = 65535 - m for
 // r = m 2^-16: the 16 bits of the pair's hash g that element `half` takes). The low half in
 // PTX: one LOP3, where ptxas makes two of its two constants.
-typedef u32 HashNoise;
-
 __device__ __forceinline__ u32 hashed_noise(u32 g, int half) {
     if (half) return 0x4b000000u + (g >> 16);
     u32 d;
@@ -246,7 +192,6 @@ __device__ __forceinline__ u32 round_hashed(float v, u32 word, float zero, float
     const float m = __fsub_rn(__uint_as_float(word), 8388608.0f);  // m', exact
     return __float2uint_ru(__fmaf_ru(u, 65536.0f, m));
 }
-#endif
 
 // x moved d bits up (down when d < 0; a constant once the caller's loop is unrolled).
 template <typename W>
@@ -473,23 +418,6 @@ __device__ __forceinline__ W load_codes(const u8* __restrict__ in, i64 b, i64 li
     return word;
 }
 
-// WIDE_CODE_LOADS=1 builds read an octet's 3, 5, 6 or 7 code bytes at p with two aligned
-// 8-byte loads and a shift instead of byte by byte (where 16 bytes from p lie before `end`, the
-// byte past the codes buffer, which `vec` has 16-byte aligned): the same codes.
-#ifndef WIDE_CODE_LOADS
-#define WIDE_CODE_LOADS 0
-#endif
-
-template <int BITS>
-__device__ __forceinline__ u64 load_codes_wide(const u8* __restrict__ p) {
-    const u64 addr = reinterpret_cast<u64>(p);
-    const u64* a = reinterpret_cast<const u64*>(addr & ~(u64)7);
-    const int off = (int)(addr & 7);
-    u64 word = a[0] >> (8 * off);
-    if (off + BITS > 8) word |= a[1] << (64 - 8 * off);  // off >= 2 here: the shift is < 64
-    return word & (~0ull >> (64 - 8 * BITS));
-}
-
 // Stores an octet's BITS code bytes at byte b of a group's stream of `limit` bytes (bytes
 // past it, which belong to the next group, are not written).
 template <int BITS, typename W>
@@ -522,11 +450,11 @@ __device__ __forceinline__ void store_codes(u8* __restrict__ out, i64 b, i64 lim
 // shuffles (store_slot_words) instead of BITS bytes (three 2-byte words at 6 bits) an octet:
 // a warp's store then writes one contiguous run a group, not each lane's bytes BITS apart.
 // WORD_STORES for float32 and float64, HALF_WORD_STORES for float16 and bfloat16. The defaults
-// are the faster on an H200 (tune_kernels.jsonl, 8254d6c): 3, 5, 6 and 7 bits for float32
-// (232 = 8 + 32 + 64 + 128: 98.8-99.7 % of a copy against 95-98.8 %, and 99.6 % against 69.6 %
-// at 7 bits), 7 bits alone for bfloat16 (128: 75.6 % against 37.2 %; the shuffles cost the
-// quantizer, which is bound by the instructions it issues, 3.5-5.6 points at 3, 5 and 6 bits).
-// The same codes.
+// are the faster on an H200, 8254d6c: 3, 5, 6 and 7 bits for float32 (232 = 8 + 32 + 64 + 128:
+// 98.8-99.7 % of a copy against 95-98.8 %, and 99.6 % against 69.6 % at 7 bits; quantize.jsonl,
+// 8254d6c against 1af29d2), 7 bits alone for bfloat16 (128; tune_kernels.jsonl "WORD_STORES=0"
+// rows: 75.6 % against 37.2 % at 7 bits, while the shuffles cost the quantizer, which is bound
+// by the instructions it issues, 3.5-5.6 points at 3, 5 and 6 bits). The same codes.
 #ifndef WORD_STORES
 #define WORD_STORES 232
 #endif
@@ -601,7 +529,7 @@ __device__ __forceinline__ W pack_octet(const float (&v)[8], const float* __rest
         word = packed_codes<BITS, 0>(q);
     } else {
         // The noise of each element: from one hash a pair (an octet's 4 when it starts on one).
-        HashNoise n[8];
+        u32 n[8];
         if ((at & 1) == 0) {
             u32 h[4];
             if constexpr (Hashed) {
@@ -626,55 +554,18 @@ __device__ __forceinline__ W pack_octet(const float (&v)[8], const float* __rest
     return count < 8 ? word & (((W)1 << (count * BITS)) - 1) : word;
 }
 
-// PREFETCH=1 builds load a warp's next group (its next in the grid-stride loop) while it works
-// on the current one: quantize its cached octets, while the warp reduces and rounds; dequantize
-// its scale, zero and code words, while the warp writes. A warp so keeps bytes in flight
-// through its arithmetic; the launcher then caps the grid so that each warp takes several
-// groups in turn. The results are the same.
-#ifndef PREFETCH
-#define PREFETCH 0
-#endif
-
 // WAVES=k builds are the default kernels on a grid of at most k waves of the blocks the device
 // holds at once (the launcher reads it, gnnact/kernels/quantize.py): each warp takes groups in
 // turn through the grid-stride loops, where the default grid gives each warp one group (a
 // block's place on its SM is then held until its slowest warp ends). The results are the same.
 
-// CODES_FIRST=1 builds dequantize as PREFETCH's first step alone: a lane loads its group's
-// scale, zero and code words together, then restores its octets (the default loads one code
-// word before each octet's stores). The results are the same.
+// CODES_FIRST=1 builds dequantize octet by octet, a lane loading its group's scale, zero and
+// the code words of its first OP_CACHED octets together before it restores any (no chunks, no
+// staged codes). On an H200 (tune_kernels.jsonl, 7116a3f) that was 2 points of a copy faster
+// than the default for bfloat16 at 4 bits (92.6 % against 90.5 %) and slower at every other
+// width and for float32; the default keeps one path for every width. The results are the same.
 #ifndef CODES_FIRST
 #define CODES_FIRST 0
-#endif
-
-// CHUNK_STORES=1 (the default) dequantizes float32 and float64 by 16-byte chunks (4 or 2
-// values) instead of octets: lane l writes chunk l of a warp's 32, so each store instruction
-// of a warp writes 512 consecutive bytes, whole sectors; CHUNK_STORES=0 builds write an
-// octet's 32 bytes (float32) by two stores that each cover every other 16 bytes of 1 KB, half
-// of each sector (the L2 took 1.65 times the sector writes at 1 bit on an H200, Nsight
-// Compute: kernel_profile.jsonl). A lane loads the code words of its chunks in the cache
-// (OP_CACHED octets' worth) before it restores them, as CODES_FIRST does; 16-bit types, whose
-// octet is one chunk, gain that alone. The results are the same.
-#ifndef CHUNK_STORES
-#define CHUNK_STORES 1
-#endif
-
-// SHARED_CODES=1 (the default) dequantizes whole groups of the default size at 3, 5, 6 and
-// 7 bits from a copy of the group's code bytes in shared memory: the lanes of a segment load
-// the group's 64 BITS bytes together by 16-byte vectors (aligned, as `vec` has the buffer and
-// the group's bytes are a multiple of 16), then each lane reads its octets' BITS bytes from the
-// copy with two aligned 8-byte reads, instead of BITS byte loads from global memory each
-// (SHARED_CODES=0 builds; PREFETCH and CODES_FIRST builds do not stage). The results are the
-// same.
-#ifndef SHARED_CODES
-#define SHARED_CODES 1
-#endif
-
-// NOISE_FIRST=1 builds hash the noise of a lane's cached octets (seeded, octets starting on a
-// pair) right after issuing their loads, while the loads are in flight, instead of in the
-// rounding pass after the range reduction. The results are the same.
-#ifndef NOISE_FIRST
-#define NOISE_FIRST 0
 #endif
 
 // A group's first OP_CACHED octets per lane of its segment (those of a short group only), as
@@ -715,8 +606,7 @@ struct QuantizeArgs {
 };
 
 // Quantizes group g (`kept`: the lane's cached octets of it and `range` their range pass, loaded
-// here unless PREFETCH, which loaded them in the previous pass and loads those of group
-// g + stride into `kept` and `range` here).
+// here).
 // Whole = true: g is a group of WHOLE_GROUP elements, all of it in the input, and `vec` holds;
 // its length, octet counts and byte offsets are then constants, and the tests and the loops
 // for octets past the cached ones, for short octets and for the bytes past the last octet
@@ -724,8 +614,7 @@ struct QuantizeArgs {
 // Seeded = true: the noise is hashed (a.noise is null). Compiled apart from the given noise's
 // path, so that neither holds registers for the other's.
 template <typename L, int BITS, bool Whole, bool Seeded>
-__device__ __forceinline__ void quantize_group(const QuantizeArgs<L>& a, i64 g, i64 stride,
-                                               int sub,
+__device__ __forceinline__ void quantize_group(const QuantizeArgs<L>& a, i64 g, int sub,
                                                typename Kept<L>::T (&kept)[OP_CACHED],
                                                Range<L>& range) {
     const float levels = (float)((1 << BITS) - 1);
@@ -739,19 +628,7 @@ __device__ __forceinline__ void quantize_group(const QuantizeArgs<L>& a, i64 g, 
     const i64 len = Whole ? WHOLE_GROUP : group_length(g, a.num_groups, group_size, a.n);
     const i64 octets = (len + 7) >> 3;
 
-#if !PREFETCH
     load_cached<L>(a.x, start, len, sub, vec, kept, range);
-#endif
-#if NOISE_FIRST
-    u32 hashes[OP_CACHED][4];
-#pragma unroll
-    for (int c = 0; c < OP_CACHED; ++c) {
-        const i64 at = start + 8 * (sub + OP_LANES * c);
-        if (Seeded && sub + OP_LANES * c < octets && (at & 1) == 0) {
-            octet_hashes(at, s0, s1, vec, hashes[c]);
-        }
-    }
-#endif
     // Octets past the cached ones (groups larger than WHOLE_GROUP): not unrolled, so that the
     // common group, which has none, pays one test for them.
 #pragma unroll 1
@@ -759,14 +636,6 @@ __device__ __forceinline__ void quantize_group(const QuantizeArgs<L>& a, i64 g, 
         typename Kept<L>::T v;
         load_ranged<L>(a.x, start + 8 * o, (int)min((i64)8, len - 8 * o), vec, v, range);
     }
-#if PREFETCH
-    typename Kept<L>::T next[OP_CACHED];
-    Range<L> next_range;
-    const i64 following = g + stride;
-    load_cached<L>(a.x, following * a.group_size,
-                   group_length(following, a.num_groups, a.group_size, a.n), sub, a.vec, next,
-                   next_range);
-#endif
     const float lo = segment_min(range.low());
     const float hi = segment_max(range.high());
     const float width = __fsub_rn(hi, lo);
@@ -801,13 +670,11 @@ __device__ __forceinline__ void quantize_group(const QuantizeArgs<L>& a, i64 g, 
     // o = sub + OP_LANES c < 2^m: the low word of octet o's index is that of g 2^m with the
     // bits of sub and OP_LANES c set, and its high word is the group's. Their keys' halves
     // (keyed_hashes) are then the lane's own, with OP_LANES c xored in: one instruction an
-    // octet instead of the index's 64-bit arithmetic. (NOISE_FIRST builds hashed already.)
-#if !NOISE_FIRST
+    // octet instead of the index's 64-bit arithmetic.
     constexpr bool Keyed = Whole && ((WHOLE_GROUP / 8) & (WHOLE_GROUP / 8 - 1)) == 0;
     const u64 first_octet = (u64)start >> 3;
     const u32 key_lo = ((u32)first_octet | (u32)sub) ^ s0;
     const u32 key_hi = (u32)(first_octet >> 32) ^ s1;
-#endif
     u8* out = a.codes + g * bytes_per_group;
 #pragma unroll
     for (int c = 0; c < OP_CACHED; ++c) {
@@ -816,16 +683,11 @@ __device__ __forceinline__ void quantize_group(const QuantizeArgs<L>& a, i64 g, 
         // store_slot_words).
         if (Whole || o < octets) {
             const int count = (int)min((i64)8, len - 8 * o);
-            // The octet's hashes, where this pass has them: NOISE_FIRST's, or a whole group's
-            // from its keys; else pack_octet hashes.
-#if NOISE_FIRST
-            constexpr bool Hashed = Seeded;
-            const u32(&h)[4] = hashes[c];
-#else
+            // The octet's hashes, where this pass has them: a whole group's from its keys;
+            // else pack_octet hashes.
             constexpr bool Hashed = Seeded && Keyed;
             u32 h[4];
             if (Hashed) keyed_hashes(key_lo ^ (u32)(OP_LANES * c), key_hi, h);
-#endif
             // With one store an octet (1, 2, 4 and 8 bits) or a whole group's words (at the
             // widths WORD_STORES or HALF_WORD_STORES name), rounded whether or not the group
             // is usable, and then masked: a select an octet rather than a branch around its
@@ -870,11 +732,6 @@ __device__ __forceinline__ void quantize_group(const QuantizeArgs<L>& a, i64 g, 
     if (exists) {
         for (i64 b = octets * BITS + sub; b < bytes_per_group; b += OP_LANES) out[b] = 0;
     }
-#if PREFETCH
-#pragma unroll
-    for (int c = 0; c < OP_CACHED; ++c) kept[c] = next[c];
-    range = next_range;
-#endif
 }
 
 template <typename L, int BITS>
@@ -887,31 +744,22 @@ __device__ __forceinline__ void quantize_impl(const QuantizeArgs<L>& a) {
     // Groups of WHOLE_GROUP elements (the default group size) by vectors: every pass whose
     // groups all lie whole in the input takes the constant-size path.
     const bool whole_groups = a.vec && a.group_size == WHOLE_GROUP;
-#if PREFETCH
-    typename Kept<L>::T kept[OP_CACHED];
-    Range<L> range;
-    load_cached<L>(a.x, (base + segment) * a.group_size,
-                   group_length(base + segment, a.num_groups, a.group_size, a.n), sub, a.vec,
-                   kept, range);
-#endif
     for (; base < a.num_groups; base += stride) {
-#if !PREFETCH
         // A pass's own: nothing is carried to the next.
         typename Kept<L>::T kept[OP_CACHED];
         Range<L> range;
-#endif
         const bool whole = whole_groups && (base + SEGMENTS) * WHOLE_GROUP <= a.n;
         // Seeded and given noise compiled apart (quantize_group's Seeded).
         if (a.noise == nullptr) {
             if (whole) {
-                quantize_group<L, BITS, true, true>(a, base + segment, stride, sub, kept, range);
+                quantize_group<L, BITS, true, true>(a, base + segment, sub, kept, range);
             } else {
-                quantize_group<L, BITS, false, true>(a, base + segment, stride, sub, kept, range);
+                quantize_group<L, BITS, false, true>(a, base + segment, sub, kept, range);
             }
         } else if (whole) {
-            quantize_group<L, BITS, true, false>(a, base + segment, stride, sub, kept, range);
+            quantize_group<L, BITS, true, false>(a, base + segment, sub, kept, range);
         } else {
-            quantize_group<L, BITS, false, false>(a, base + segment, stride, sub, kept, range);
+            quantize_group<L, BITS, false, false>(a, base + segment, sub, kept, range);
         }
     }
 }
@@ -925,15 +773,8 @@ __device__ __forceinline__ void quantize_impl(const QuantizeArgs<L>& a) {
 // An octet's code word, from octet o of the group whose stream starts at `in`.
 template <int BITS, typename W = typename WordOf<(BITS > 4)>::T>
 __device__ __forceinline__ W octet_codes(const u8* __restrict__ in, i64 o, i64 bytes_per_group,
-                                         bool vec, const u8* __restrict__ end) {
-#if WIDE_CODE_LOADS
-    const bool wide = vec && (BITS == 3 || (BITS >= 5 && BITS <= 7))
-                      && in + o * BITS + 16 <= end;
-    return wide ? (W)load_codes_wide<BITS>(in + o * BITS)
-                : load_codes<BITS>(in, o * BITS, bytes_per_group, vec);
-#else
+                                         bool vec) {
     return load_codes<BITS>(in, o * BITS, bytes_per_group, vec);
-#endif
 }
 
 // The E values the codes (word >> k BITS) & mask, k < E, restore to: q scale + zero, each
@@ -958,7 +799,7 @@ __device__ __forceinline__ void restore_octet(W word, float scale, float zero,
     store_octet<L>(out, at, count, vec, v);
 }
 
-// Elements per 16-byte chunk of T (CHUNK_STORES), at most an octet.
+// Elements per 16-byte chunk of T (dequantize_impl), at most an octet.
 template <typename T>
 struct ChunkOf {
     static constexpr int E = 16 / sizeof(T) < 8 ? 16 / sizeof(T) : 8;
@@ -988,8 +829,8 @@ __device__ __forceinline__ void restore_chunk(W word, float scale, float zero,
     }
 }
 
-// A group's scale, zero and the code words of a lane's first OP_CACHED octets (PREFETCH=1 and
-// CODES_FIRST=1 builds).
+// A group's scale, zero and the code words of a lane's first OP_CACHED octets (CODES_FIRST=1
+// builds).
 template <int BITS, typename W>
 struct GroupCodes {
     float scale, zero;
@@ -1000,7 +841,7 @@ template <int BITS, typename W>
 __device__ __forceinline__ void load_group_codes(
     const u8* __restrict__ codes, const float* __restrict__ scales,
     const float* __restrict__ zeros, i64 g, i64 octets, i64 bytes_per_group, int sub,
-    bool vec, const u8* __restrict__ end, GroupCodes<BITS, W>& group) {
+    bool vec, GroupCodes<BITS, W>& group) {
     if (octets == 0) return;  // no group here
     group.scale = scales[g];
     group.zero = zeros[g];
@@ -1008,7 +849,7 @@ __device__ __forceinline__ void load_group_codes(
 #pragma unroll
     for (int c = 0; c < OP_CACHED; ++c) {
         const i64 o = sub + OP_LANES * c;
-        if (o < octets) group.words[c] = octet_codes<BITS>(in, o, bytes_per_group, vec, end);
+        if (o < octets) group.words[c] = octet_codes<BITS>(in, o, bytes_per_group, vec);
     }
 }
 
@@ -1019,7 +860,7 @@ __device__ __forceinline__ void restore_group(const GroupCodes<BITS, W>& group,
                                               const u8* __restrict__ codes,
                                               typename L::T* __restrict__ out, i64 g, i64 len,
                                               i64 group_size, i64 bytes_per_group, int sub,
-                                              bool vec, const u8* __restrict__ end) {
+                                              bool vec) {
     const i64 start = g * group_size;
     const i64 octets = (len + 7) >> 3;
 #pragma unroll
@@ -1032,17 +873,17 @@ __device__ __forceinline__ void restore_group(const GroupCodes<BITS, W>& group,
     }
     const u8* in = codes + g * bytes_per_group;
     for (i64 o = sub + OP_LANES * OP_CACHED; o < octets; o += OP_LANES) {
-        restore_octet<L, BITS>(octet_codes<BITS>(in, o, bytes_per_group, vec, end), group.scale,
+        restore_octet<L, BITS>(octet_codes<BITS>(in, o, bytes_per_group, vec), group.scale,
                                group.zero, out, start + 8 * o, (int)min((i64)8, len - 8 * o),
                                vec);
     }
 }
 
-// SHARED_CODES: whether a kernel of this width stages whole groups' codes in shared memory,
+// Whether a kernel of this width stages whole groups' codes in shared memory (dequantize_impl),
 // and the 16-byte vectors a whole group's code stream takes.
 template <int BITS>
 struct Staged {
-    static constexpr bool used = SHARED_CODES && (BITS == 3 || (BITS >= 5 && BITS <= 7));
+    static constexpr bool used = BITS == 3 || (BITS >= 5 && BITS <= 7);
     static constexpr int vectors = WHOLE_GROUP / 8 * BITS / 16;
 };
 
@@ -1069,8 +910,8 @@ __device__ __forceinline__ u64 staged_codes(const Word16* slice, int o) {
     return word & (~0ull >> (64 - 8 * BITS));
 }
 
-// Restores whole group g from a staged copy of its code stream (SHARED_CODES), E values a
-// store: an octet (E = 8), or a chunk of CHUNK_STORES (E = 4 or 2, PER chunks an octet).
+// Restores whole group g from a staged copy of its code stream, E values a store: an octet
+// (E = 8), or a chunk (E = 4 or 2, PER chunks an octet).
 template <typename L, int BITS, int E>
 __device__ __forceinline__ void restore_staged(const u8* __restrict__ codes,
                                                const float* __restrict__ scales,
@@ -1094,6 +935,18 @@ __device__ __forceinline__ void restore_staged(const u8* __restrict__ codes,
     }
 }
 
+// Dequantizes by 16-byte chunks (4 float32, 2 float64 or 8 16-bit values, ChunkOf): lane l
+// writes chunk l of a warp's 32, so each store instruction of a warp writes 512 consecutive
+// bytes, whole sectors, and a lane loads the code words of its cached chunks (OP_CACHED
+// octets' worth) before it restores them. Whole groups of the default size at 3, 5, 6 and 7
+// bits are restored from a copy of their code bytes in shared memory (Staged): the segment's
+// lanes load the group's 64 BITS bytes together by 16-byte vectors (aligned: `vec` has the
+// buffer, and the group's bytes are a multiple of 16), then each lane reads its octets' BITS
+// bytes from the copy. Tuning rows: tune_kernels.jsonl, H200, 7116a3f
+// "SHARED_CODES=1,CHUNK_STORES=1" against octet stores with codes read from global memory (the
+// default then): float32 +3.6 to +34 points of a copy, bfloat16 +3.3 to +21, at every width
+// (an octet's 32 bytes of float32 by two stores, each half of every sector, had the L2 take
+// 1.65 times the sector writes at 1 bit: kernel_profile.jsonl).
 template <typename L, int BITS>
 __device__ __forceinline__ void dequantize_impl(
     const u8* __restrict__ codes, const float* __restrict__ scales,
@@ -1104,56 +957,33 @@ __device__ __forceinline__ void dequantize_impl(
     const int lane = threadIdx.x & 31;
     const int sub = lane % OP_LANES, segment = lane / OP_LANES;
     const i64 stride = (i64)gridDim.x * (blockDim.x >> 5) * SEGMENTS;
-    const u8* end = codes + num_groups * bytes_per_group;
     i64 base = ((i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * SEGMENTS;
-#if SHARED_CODES && !PREFETCH && !CODES_FIRST  // the loops below that stage whole groups
-    // One slice a segment of the block's 8 warps (256 threads, DEQUANTIZE_BOUNDS).
-    __shared__ Word16 staged[8 * SEGMENTS][Staged<BITS>::used ? Staged<BITS>::vectors : 1];
-    Word16* slice = staged[(threadIdx.x >> 5) * SEGMENTS + segment];
-    const bool staging = Staged<BITS>::used && vec && group_size == WHOLE_GROUP;
-#endif
-#if PREFETCH
-    // The next group's scale, zero and code words are loaded before this group's values are
-    // stored, so a warp has a load in flight while it writes.
-    GroupCodes<BITS, W> group;
-    const auto octets_of = [&](i64 h) {
-        return (group_length(h, num_groups, group_size, n) + 7) >> 3;
-    };
-    load_group_codes<BITS, W>(codes, scales, zeros, base + segment, octets_of(base + segment),
-                              bytes_per_group, sub, vec, end, group);
-    for (; base < num_groups; base += stride) {
-        const i64 g = base + segment;
-        GroupCodes<BITS, W> next;
-        load_group_codes<BITS, W>(codes, scales, zeros, g + stride, octets_of(g + stride),
-                                  bytes_per_group, sub, vec, end, next);
-        restore_group<L, BITS, W>(group, codes, out, g, group_length(g, num_groups, group_size, n),
-                                  group_size, bytes_per_group, sub, vec, end);
-        group = next;
-    }
-#elif CODES_FIRST
+#if CODES_FIRST
     // A lane loads its group's scale, zero and code words together before restoring any
-    // octet, instead of one code word before each octet's stores.
+    // octet.
     for (; base < num_groups; base += stride) {
         const i64 g = base + segment;
         if (g >= num_groups) continue;  // no shuffles below: a segment may skip its pass
         const i64 len = min(group_size, n - g * group_size);
         GroupCodes<BITS, W> group;
         load_group_codes<BITS, W>(codes, scales, zeros, g, (len + 7) >> 3, bytes_per_group, sub,
-                                  vec, end, group);
+                                  vec, group);
         restore_group<L, BITS, W>(group, codes, out, g, len, group_size, bytes_per_group, sub,
-                                  vec, end);
+                                  vec);
     }
-#elif CHUNK_STORES
+#else
+    // One slice a segment of the block's 8 warps (256 threads, DEQUANTIZE_BOUNDS).
+    __shared__ Word16 staged[8 * SEGMENTS][Staged<BITS>::used ? Staged<BITS>::vectors : 1];
+    Word16* slice = staged[(threadIdx.x >> 5) * SEGMENTS + segment];
+    const bool staging = Staged<BITS>::used && vec && group_size == WHOLE_GROUP;
     constexpr int E = ChunkOf<typename L::T>::E;  // values a chunk
     constexpr int PER = 8 / E;                     // chunks an octet
     for (; base < num_groups; base += stride) {
-#if SHARED_CODES
         if (staging && (base + SEGMENTS) * WHOLE_GROUP <= n) {  // the warp's groups are whole
             restore_staged<L, BITS, E>(codes, scales, zeros, out, base + segment,
                                        bytes_per_group, slice, sub);
             continue;
         }
-#endif
         const i64 g = base + segment;
         if (g >= num_groups) continue;  // no shuffles below: a segment may skip its pass
         const i64 start = g * group_size;
@@ -1168,7 +998,7 @@ __device__ __forceinline__ void dequantize_impl(
 #pragma unroll
         for (int c = 0; c < OP_CACHED * PER; ++c) {
             const i64 q = sub + OP_LANES * c;
-            if (q < chunks) words[c] = octet_codes<BITS>(in, q / PER, bytes_per_group, vec, end);
+            if (q < chunks) words[c] = octet_codes<BITS>(in, q / PER, bytes_per_group, vec);
         }
 #pragma unroll
         for (int c = 0; c < OP_CACHED * PER; ++c) {
@@ -1181,32 +1011,8 @@ __device__ __forceinline__ void dequantize_impl(
 #pragma unroll 1
         for (i64 q = sub + OP_LANES * OP_CACHED * PER; q < chunks; q += OP_LANES) {
             restore_chunk<L, BITS, E>(
-                octet_codes<BITS>(in, q / PER, bytes_per_group, vec, end) >> shift, scale, zero,
-                out, start + E * q, (int)min((i64)E, len - E * q), vec);
-        }
-    }
-#else
-    for (; base < num_groups; base += stride) {
-#if SHARED_CODES
-        if (staging && (base + SEGMENTS) * WHOLE_GROUP <= n) {  // the warp's groups are whole
-            restore_staged<L, BITS, 8>(codes, scales, zeros, out, base + segment,
-                                       bytes_per_group, slice, sub);
-            continue;
-        }
-#endif
-        const i64 g = base + segment;
-        if (g >= num_groups) continue;  // no shuffles below: a segment may skip its pass
-        const i64 start = g * group_size;
-        const i64 len = min(group_size, n - start);
-        const i64 octets = (len + 7) >> 3;
-        const float scale = scales[g];
-        const float zero = zeros[g];
-        const u8* in = codes + g * bytes_per_group;
-#pragma unroll 2
-        for (i64 o = sub; o < octets; o += OP_LANES) {
-            restore_octet<L, BITS>(octet_codes<BITS>(in, o, bytes_per_group, vec, end), scale,
-                                   zero, out, start + 8 * o, (int)min((i64)8, len - 8 * o),
-                                   vec);
+                octet_codes<BITS>(in, q / PER, bytes_per_group, vec) >> shift, scale, zero, out,
+                start + E * q, (int)min((i64)E, len - E * q), vec);
         }
     }
 #endif
@@ -1229,15 +1035,23 @@ __device__ __forceinline__ void dequantize_impl(
 #if defined(QUANTIZE_MIN_BLOCKS) && !defined(QUANTIZE_HALF_MIN_BLOCKS)
 #define QUANTIZE_HALF_MIN_BLOCKS QUANTIZE_MIN_BLOCKS
 #endif
+// Tuning rows (tune_kernels.jsonl, H200): 3 timed with the quantize shape, 7116a3f
+// "LANES=16,CACHED=4,MIN_BLOCKS=3".
 #ifndef QUANTIZE_MIN_BLOCKS
 #define QUANTIZE_MIN_BLOCKS 3
 #endif
+// 8254d6c "QUANTIZE_HALF_MIN_BLOCKS=3" (bfloat16): 3-8 points slower than 4 at every width (5
+// blocks spill, benchmarks/tune_kernels.py's notes).
 #ifndef QUANTIZE_HALF_MIN_BLOCKS
 #define QUANTIZE_HALF_MIN_BLOCKS 4
 #endif
+// float64 has no tuning rows: 2 keeps its cached octets, twice float32's registers, without
+// spills (ptxas.jsonl).
 #ifndef QUANTIZE_F64_MIN_BLOCKS
 #define QUANTIZE_F64_MIN_BLOCKS (QUANTIZE_MIN_BLOCKS < 2 ? QUANTIZE_MIN_BLOCKS : 2)
 #endif
+// The bound of the dequantizer 7116a3f timed ("SHARED_CODES=1,CHUNK_STORES=1"); 80d87ec and
+// e4ba981 "MIN_BLOCKS=6": within 0.5 points of 4 for dequantize.
 #ifndef DEQUANTIZE_MIN_BLOCKS
 #define DEQUANTIZE_MIN_BLOCKS 4
 #endif

@@ -88,15 +88,15 @@ KERNEL_LINES = (
     "*reinterpret_cast<u16*>(out + b + 2 * k) = (u16)(word >> (16 * k));",
     "if (b + k < limit) out[b + k] = (u8)(word >> (8 * k));",
     "for (i64 b = octets * BITS + sub; b < bytes_per_group; b += OP_LANES) out[b] = 0;",
-    # dequantize: by 16-byte chunks (CHUNK_STORES, the default)
-    "#define CHUNK_STORES 1",
+    # dequantize: by 16-byte chunks
+    "constexpr int E = ChunkOf<typename L::T>::E;  // values a chunk",
     "static constexpr int E = 16 / sizeof(T) < 8 ? 16 / sizeof(T) : 8;",
     "constexpr int PER = 8 / E;",
     "const i64 chunks = (len + E - 1) / E;",
     "const int shift = (sub % PER) * E * BITS;",
     "for (int c = 0; c < OP_CACHED * PER; ++c) {",
     "const i64 q = sub + OP_LANES * c;",
-    "if (q < chunks) words[c] = octet_codes<BITS>(in, q / PER, bytes_per_group, vec, end);",
+    "if (q < chunks) words[c] = octet_codes<BITS>(in, q / PER, bytes_per_group, vec);",
     "restore_chunk<L, BITS, E>(words[c] >> shift, scale, zero, out, start + E * q,",
     "(int)min((i64)E, len - E * q), vec);",
     "for (i64 q = sub + OP_LANES * OP_CACHED * PER; q < chunks; q += OP_LANES) {",

@@ -354,8 +354,8 @@ def test_a_kernel_that_disagrees_or_fails_is_named_and_left_unused():
                                      for v in _script("tune_kernels").VARIANTS], ids=",".join)
 def test_builds_tune_kernels_times_equal_the_reference_on_the_gpu(defines):
     """The builds benchmarks/tune_kernels.py compares, on the device (their grids from the
-    kernel's own registers where PREFETCH caps them): the reference's results, with given
-    noise and seeded."""
+    kernel's own registers where WAVES caps them): the reference's results, with given noise
+    and seeded."""
     from gnnact.kernels import quantize as kernels
     from gnnact.kernels._cupy import resident_blocks
 

@@ -77,17 +77,15 @@ def _zero_and_inv(v: torch.Tensor, bits: int) -> tuple[float, float]:
 
 
 def _hashed_codes(v: torch.Tensor, noise_bits: torch.Tensor, bits: int, zero: float,
-                  inv: float, defines: tuple[str, ...] = ()) -> torch.Tensor:
+                  inv: float) -> torch.Tensor:
     """``round_hashed`` of the kernel source on ``v``, element i taking ``noise_bits[i]``."""
     pad = noise_bits.numel() % 2
     halves = torch.cat([noise_bits, noise_bits.new_zeros(pad)]).view(-1, 2)
-    return host_kernels.round_hashed(v, halves[:, 0] | (halves[:, 1] << 16), bits, zero, inv,
-                                     defines)
+    return host_kernels.round_hashed(v, halves[:, 0] | (halves[:, 1] << 16), bits, zero, inv)
 
 
-@pytest.mark.parametrize("defines", [(), ("FLOOR_ROUNDING=1",)], ids=["default", "floor"])
 @pytest.mark.parametrize("bits", QUANT_BITS)
-def test_hashed_rounding_equals_the_reference_on_every_boundary(bits, defines):
+def test_hashed_rounding_equals_the_reference_on_every_boundary(bits):
     """The seeded kernels round in integers (a float's bits, no conversion below 8 bits): on
     the boundaries of the reference's q = floor(u) + [r < frac(u)] — frac(u) equal to r, one
     float either side, codes at 0 and at the top level, u at the top level and a float
@@ -112,7 +110,7 @@ def test_hashed_rounding_equals_the_reference_on_every_boundary(bits, defines):
             noise_bits.append(n_bits)
     v = torch.tensor(values, dtype=torch.float32).clamp_(0, levels)
     n_bits = torch.tensor(noise_bits, dtype=torch.int64)
-    assert torch.equal(_hashed_codes(v, n_bits, bits, 0.0, 1.0, defines),
+    assert torch.equal(_hashed_codes(v, n_bits, bits, 0.0, 1.0),
                        _rounded_as_reference(v, n_bits, bits, 0.0, 1.0))
 
     # Groups as the reference quantizes them (its zero and inv), every noise value.
@@ -123,31 +121,24 @@ def test_hashed_rounding_equals_the_reference_on_every_boundary(bits, defines):
         v[:4] = torch.tensor([low, low + width, low + width, low])
         zero, inv = _zero_and_inv(v, bits)
         n_bits = torch.arange(65536).repeat(2)
-        assert torch.equal(_hashed_codes(v, n_bits, bits, zero, inv, defines),
+        assert torch.equal(_hashed_codes(v, n_bits, bits, zero, inv),
                            _rounded_as_reference(v, n_bits, bits, zero, inv))
 
 
 #: Builds with other compile-time settings (benchmarks/tune_kernels.py times them): the
 #: same results.
-VARIANTS = [("ALU_CONVERSIONS=1",), ("FLOOR_ROUNDING=1",),
-            ("FLOOR_ROUNDING=1", "ALU_CONVERSIONS=1"), ("CACHED=1",), ("CACHED=4", "MIN_BLOCKS=6"),
-            ("WIDE_CODE_LOADS=1", "CHUNK_STORES=0", "SHARED_CODES=0"), ("PREFETCH=1",),
-            ("PREFETCH=1", "CACHED=1"), ("LANES=16", "CACHED=4"), ("LANES=8", "CACHED=8"),
-            ("LANES=16", "CACHED=1"), ("LANES=32", "CACHED=2", "MIN_BLOCKS=4"),
-            ("CODES_FIRST=1",), ("CODES_FIRST=1", "LANES=16", "CACHED=4"), ("NOISE_FIRST=1",),
-            ("NOISE_FIRST=1", "LANES=32", "CACHED=2"), ("SHARED_CODES=0",),
-            ("SHARED_CODES=0", "LANES=16", "CACHED=4"), ("SHARED_CODES=0", "CACHED=1"),
-            ("SHARED_CODES=0", "WIDE_CODE_LOADS=1"), ("CHUNK_STORES=0",),
-            ("CHUNK_STORES=0", "SHARED_CODES=0"), ("CHUNK_STORES=0", "LANES=16", "CACHED=4"),
-            ("MUL_SHIFTS=1",), ("QUANTIZE_LANES=8", "QUANTIZE_CACHED=8", "QUANTIZE_MIN_BLOCKS=2"),
+VARIANTS = [("CACHED=1",), ("CACHED=4", "MIN_BLOCKS=6"), ("LANES=16", "CACHED=4"),
+            ("LANES=8", "CACHED=8"), ("LANES=16", "CACHED=1"),
+            ("LANES=32", "CACHED=2", "MIN_BLOCKS=4"), ("CODES_FIRST=1",),
+            ("CODES_FIRST=1", "LANES=16", "CACHED=4"),
+            ("QUANTIZE_LANES=8", "QUANTIZE_CACHED=8", "QUANTIZE_MIN_BLOCKS=2"),
             ("QUANTIZE_LANES=32", "QUANTIZE_CACHED=2", "DEQUANTIZE_LANES=16",
              "DEQUANTIZE_CACHED=4"),
             ("WORD_STORES=0", "HALF_WORD_STORES=232"),
             ("WORD_STORES=0", "HALF_WORD_STORES=232", "LANES=8", "CACHED=8"),
             # every setting off its default at once: the build CI compiles with NVRTC
-            ("ALU_CONVERSIONS=1", "FLOOR_ROUNDING=1", "WIDE_CODE_LOADS=1", "LANES=8",
-             "CACHED=8", "PREFETCH=1", "NOISE_FIRST=1", "MIN_BLOCKS=2", "MUL_SHIFTS=1",
-             "WORD_STORES=0", "HALF_WORD_STORES=232")]
+            ("LANES=8", "CACHED=8", "MIN_BLOCKS=2", "WORD_STORES=0", "HALF_WORD_STORES=232",
+             "CODES_FIRST=1")]
 
 
 @pytest.mark.parametrize("defines", VARIANTS, ids=",".join)
@@ -172,17 +163,16 @@ def test_builds_with_other_settings_equal_the_reference(defines, bits, dtype):
                 *want, bits, group_size, n, dtype), rtol=0, atol=0, equal_nan=True)
 
 
-@pytest.mark.parametrize("defines", [(), ("SHARED_CODES=0",), ("CHUNK_STORES=0",),
-                                     ("CHUNK_STORES=0", "SHARED_CODES=0")],
+@pytest.mark.parametrize("defines", [(), ("CODES_FIRST=1",)],
                          ids=lambda d: ",".join(d) or "default")
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("bits", [1, 2, 3, 5, 6, 7, 8])
 def test_dequantize_builds_restore_every_dtype_as_the_reference(bits, dtype, defines):
-    """The default build dequantizes by 16-byte chunks (CHUNK_STORES): 4 float32 or 2 float64
-    values, a part of an octet's code word (8 for 16-bit types), and reads the 3 and 5-7-bit
-    codes of whole groups from a copy in shared memory (SHARED_CODES); builds with either off,
-    or both. Whole groups (several a warp on a grid of one block), short last chunks, groups
-    past the cached chunks, groups not on an octet (element by element)."""
+    """The default build dequantizes by 16-byte chunks: 4 float32 or 2 float64 values, a part
+    of an octet's code word (8 for 16-bit types), and reads the 3 and 5-7-bit codes of whole
+    groups from a copy in shared memory; a CODES_FIRST=1 build by octets, each lane's code
+    words loaded first. Whole groups (several a warp on a grid of one block), short last
+    chunks, groups past the cached chunks, groups not on an octet (element by element)."""
     for n, group_size in [(40 * 512 + 13, 512), (1000, 40), (2 * 1024 + 13, 1024), (999, 13)]:
         x = _input(n, dtype, bits * 7 + n)
         codes = reference.quantize_groups(x, bits, group_size, noise=hash_uniform(5, 0, n))
@@ -193,15 +183,13 @@ def test_dequantize_builds_restore_every_dtype_as_the_reference(bits, dtype, def
             assert torch.equal(got, want), f"n={n}, group_size={group_size}, vec={vec}"
 
 
-@pytest.mark.parametrize("defines", [("PREFETCH=1",), ("PREFETCH=1", "CACHED=1"),
-                                     ("PREFETCH=1", "LANES=16", "CACHED=4"), ("LANES=16",),
-                                     ("CODES_FIRST=1", "CACHED=1")],
-                         ids=",".join)
+@pytest.mark.parametrize("defines", [(), ("LANES=16",), ("CODES_FIRST=1", "CACHED=1")],
+                         ids=lambda d: ",".join(d) or "default")
 @pytest.mark.parametrize("bits", [2, 5])
-def test_prefetching_builds_equal_the_reference_with_several_groups_a_warp(defines, bits):
-    """PREFETCH=1 loads a warp's next group while it rounds (quantize) or writes (dequantize)
-    the current one: on one block of 8 warps, each takes 5 or more groups in turn (the last
-    one short), of the size kept in registers and of a larger one read twice."""
+def test_builds_equal_the_reference_with_several_groups_a_warp(defines, bits):
+    """On one block of 8 warps, each warp takes 5 or more groups in turn through the
+    grid-stride loops (the last one short), of the size kept in registers and of a larger one
+    read twice."""
     for n, group_size in [(40 * 512 + 77, 512), (17 * 1024 + 13, 1024)]:
         x = _input(n, torch.float32, bits + n)
         want = reference.quantize_groups(x, bits, group_size, noise=hash_uniform(3, 0, n))
@@ -319,13 +307,13 @@ def test_launchers_drive_the_kernels_as_on_a_gpu(launchers_on_host, dtype, bits)
         assert torch.equal(kernels.dequantize_groups(*args), reference.dequantize_groups(*args))
 
 
-@pytest.mark.parametrize("defines", [("LANES=16", "CACHED=4"), ("PREFETCH=1",),
-                                     ("PREFETCH=1", "LANES=8", "CACHED=8"), ("WAVES=1",),
+@pytest.mark.parametrize("defines", [("LANES=16", "CACHED=4"), ("WAVES=1",),
+                                     ("WAVES=2", "LANES=8", "CACHED=8"),
                                      ("WAVES=1", "LANES=16", "CACHED=4")], ids=",".join)
 def test_launchers_size_the_grid_for_other_builds(launchers_on_host, defines):
-    """A LANES=16 build's warp takes two groups at once (half the blocks); a PREFETCH=1 or
-    WAVES=k build's grid is capped (on the host at 2 blocks): the launchers' grids cover every
-    group, with the reference's results."""
+    """A LANES=16 build's warp takes two groups at once (half the blocks); a WAVES=k build's
+    grid is capped (on the host at 2 blocks): the launchers' grids cover every group, with the
+    reference's results."""
     kernels = launchers_on_host
     cpu = torch.device("cpu")
     assert kernels._grid(100, "quantize_f32_2", cpu, ("LANES=16",)) == 7
@@ -333,7 +321,6 @@ def test_launchers_size_the_grid_for_other_builds(launchers_on_host, defines):
     assert kernels._grid(1000, "quantize_f32_2", cpu, ()) == 63  # 16 lanes by default
     assert kernels._grid(1000, "dequantize_f32_2", cpu, ()) == 125  # 32 lanes by default
     assert kernels._grid(1000, "quantize_f32_2", cpu, ("LANES=32",)) == 125
-    assert kernels._grid(1000, "quantize_f32_2", cpu, ("PREFETCH=1",)) == 2
     assert kernels._grid(1000, "quantize_f32_2", cpu, ("WAVES=3",)) == 2
     assert kernels._grid(1000, "dequantize_f32_2", cpu, ("WAVES=0",)) == 125
     with pytest.raises(ValueError, match="WAVES must be >= 0"):

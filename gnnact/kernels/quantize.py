@@ -84,25 +84,22 @@ def _cached(op: str, defines: tuple[str, ...]) -> int:
 def _grid(num_groups: int, kernel: str, device: torch.device,
           defines: tuple[str, ...]) -> int:
     """Blocks for ``num_groups`` groups: a warp of ``kernel`` takes ``32 / LANES`` groups at
-    once (2 to quantize and 1 to dequantize by default: :data:`_LANES`); a PREFETCH=1 build
-    gets at most the blocks of ``kernel`` that ``device`` holds at once (2 on the CPU, where
-    tests run the kernels on the host), so that each warp takes several groups in turn, has a
-    next one to load, and no second wave of blocks runs on a part of the device; a WAVES=k
-    build at most k times those blocks (its warps then take groups in turn without loading
-    ahead: no block waits on its slowest warp to free its place, and the kernel's set-up is
-    paid once for many groups)."""
+    once (2 to quantize and 1 to dequantize by default: :data:`_LANES`); a WAVES=k build gets
+    at most k times the blocks of ``kernel`` that ``device`` holds at once (2 on the CPU, where
+    tests run the kernels on the host), so that each warp takes several groups in turn: no
+    block waits on its slowest warp to free its place, and the kernel's set-up is paid once
+    for many groups."""
     op = kernel.partition("_")[0]
     segments = 32 // _lanes(op, defines)
     grid = _group_grid(-(-num_groups // segments))
     waves = _define(defines, "WAVES", 0)
     if waves < 0:
         raise ValueError(f"WAVES must be >= 0 (0: a block for every 8 warps' groups), got {waves}")
-    if not waves and not _define(defines, "PREFETCH", 0):
+    if not waves:
         return grid
     if device.type != "cuda":
         return min(grid, 2)
-    return min(grid, max(1, waves) * resident_blocks("quantize.cu", kernel, device, _THREADS,
-                                                     defines))
+    return min(grid, waves * resident_blocks("quantize.cu", kernel, device, _THREADS, defines))
 
 
 def vector_ok(group_size: int, *tensors: Tensor | None) -> bool:
