@@ -85,10 +85,11 @@ def timed_ops(defines: tuple[str, ...]) -> tuple[str, ...]:
 
 def parse_variant(text: str) -> tuple[str, ...]:
     """``"A=1,B=2"`` -> ``("A=1", "B=2")`` (``""``: the default build)."""
-    from gnnact.kernels._cupy import compile_options
+    from gnnact.kernels._cupy import compile_options, kernel_source
 
     defines = tuple(d.strip() for d in text.split(",") if d.strip())
-    compile_options(defines)  # raises on a malformed define
+    # raises on a malformed define, or a name quantize.cu does not read
+    compile_options(defines, (kernel_source("quantize.cu"),))
     return defines
 
 

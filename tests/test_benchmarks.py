@@ -480,6 +480,10 @@ def test_tune_kernels_reads_variants_and_refuses_a_cpu(capsys):
                                                                              "dequantize")
     with pytest.raises(ValueError, match="NAME=VALUE"):
         tune.parse_variant("CACHED")
+    # A removed variant's name (or a typo) would build the default and time it against itself.
+    assert tune.parse_variant("WAVES=2, HALF_WORD_STORES=0") == ("WAVES=2", "HALF_WORD_STORES=0")
+    with pytest.raises(ValueError, match=r"\['PREFETCH'\] are not settings"):
+        tune.parse_variant("PREFETCH=1,LANES=8")
     with pytest.raises(SystemExit):
         tune.main(["--variants", "cached=1"])
     assert "--variants: defines must be NAME=VALUE" in capsys.readouterr().err

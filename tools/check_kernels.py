@@ -187,17 +187,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="a compile-time setting of the sources (repeatable), as "
                              "benchmarks/tune_kernels.py builds them")
     args = parser.parse_args(argv)
+    sources = sorted(args.cuda_dir.glob("*.cu"))
+    if not sources:
+        print(f"no .cu files under {args.cuda_dir}")
+        return 1
     try:
-        options = compile_options(tuple(args.define))
+        options = compile_options(tuple(args.define), tuple(
+            kernel_source(s.name, s.parent) for s in sources))
     except ValueError as error:
         parser.error(f"--define: {error}")
 
     nvrtc = Nvrtc()
     print(f"NVRTC {nvrtc.version[0]}.{nvrtc.version[1]}")
-    sources = sorted(args.cuda_dir.glob("*.cu"))
-    if not sources:
-        print(f"no .cu files under {args.cuda_dir}")
-        return 1
     failures = 0
     for src in sources:
         code = kernel_source(src.name, src.parent)  # its #include "x.cuh" in place

@@ -27,8 +27,9 @@ import torch
 
 from gnnact.env import cuda_index
 
-__all__ = ["compile_options", "cupy_available", "device_ptr", "get_function", "kernel_source",
-           "kernel_source_dir", "launch", "require_cupy"]
+__all__ = ["LAUNCHER_SETTINGS", "compile_options", "cupy_available", "device_ptr",
+           "get_function", "kernel_source", "kernel_source_dir", "launch", "require_cupy",
+           "settings_of"]
 
 #: NVRTC options for every module (CuPy appends ``-ftz=true`` itself).
 COMPILE_OPTIONS: tuple[str, ...] = ("--std=c++17",)
@@ -79,11 +80,33 @@ def kernel_source(filename: str, folder: Path | None = None) -> str:
     return _INCLUDE.sub(lambda m: kernel_source(m.group(1), folder), text)
 
 
-def compile_options(defines: tuple[str, ...] = ()) -> tuple[str, ...]:
-    """NVRTC's options for a build with ``defines`` (each ``NAME=VALUE``)."""
+#: Settings a launcher reads from a build's defines, not the sources
+#: (:mod:`gnnact.kernels.quantize`'s grid cap).
+LAUNCHER_SETTINGS = frozenset({"WAVES"})
+
+_SETTING = re.compile(r"#\s*ifn?def\s+([A-Z_][A-Z0-9_]*)|defined\s*\(\s*([A-Z_][A-Z0-9_]*)\s*\)")
+
+
+def settings_of(*sources: str) -> set[str]:
+    """The compile-time settings ``sources`` read: the names their ``#ifdef``, ``#ifndef``
+    and ``defined()`` test, and :data:`LAUNCHER_SETTINGS`."""
+    return {a or b for source in sources for a, b in _SETTING.findall(source)} | LAUNCHER_SETTINGS
+
+
+def compile_options(defines: tuple[str, ...] = (), sources: tuple[str, ...] = ()
+                    ) -> tuple[str, ...]:
+    """NVRTC's options for a build with ``defines`` (each ``NAME=VALUE``); with ``sources``,
+    each ``NAME`` must be a setting they read (:func:`settings_of`): a removed variant's name
+    would otherwise build the default, and time it against itself."""
     for define in defines:
         if not re.fullmatch(r"[A-Z_][A-Z0-9_]*=\w+", define):
             raise ValueError(f"defines must be NAME=VALUE, got {define!r}")
+    if sources:
+        known = settings_of(*sources)
+        unknown = sorted({d.partition("=")[0] for d in defines} - known)
+        if unknown:
+            raise ValueError(f"defines {unknown} are not settings of the kernel sources "
+                             f"(they read {sorted(known)})")
     return (*COMPILE_OPTIONS, *(f"-D{d}" for d in defines))
 
 
@@ -92,7 +115,7 @@ def _module(filename: str, device_index: int, defines: tuple[str, ...] = ()) -> 
     cupy = require_cupy()
     source = kernel_source(filename)
     with cupy.cuda.Device(device_index):
-        return cupy.RawModule(code=source, options=compile_options(defines))
+        return cupy.RawModule(code=source, options=compile_options(defines, (source,)))
 
 
 @functools.cache
