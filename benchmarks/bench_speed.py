@@ -19,7 +19,8 @@ of every variant in turn, through the family's own loop (forward, loss, backward
 step; a step is timed from the model's first call to the end of the optimizer's step, so the
 recipe's evaluation is not), so that a neighbour that slows the machine slows every variant
 alike. The first round is a warm-up (compilation, the first noise probes of the automatic
-widths) and is not counted; a row's ``step_ms`` is the median of the other rounds' steps,
+widths: it runs at least :data:`WARMUP_STEPS` steps, whatever ``--steps`` is) and is not
+counted; a row's ``step_ms`` is the median of the other rounds' steps,
 ``ratio`` its quotient by ``pyg``'s (``ratio_compiled``: a compiled variant's by
 ``pyg_compiled``'s; ``ratio_fixed2``: ``gnnact``'s by ``gnnact_fixed2``'s). Targets (issue
 "speed parity"): ``gnnact`` / ``pyg`` ≤ 1.1 on the CPU, ``gnnact_compiled`` /
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import statistics
 import sys
 import tempfile
@@ -77,6 +79,12 @@ CASES: dict[str, Family] = {
 VARIANTS = ("pyg", "gnnact", "pyg_compiled", "gnnact_compiled", "gnnact_fixed2")
 FIXED2 = gnnact.Config(bits=2, self_check=False)
 
+#: Steps of the warm-up round at least: through the probe at step 16 of the automatic widths'
+#: doubling schedule (steps 1, 2, 4, 8, 16: :meth:`gnnact.adaptive.auto.AutoPrecision.schedule`),
+#: after which a probe comes once in 16 steps or fewer. Counted, five probes in ten steps
+#: would time the probes, not the steady step.
+WARMUP_STEPS = 17
+
 
 def make_variant(base: nn.Module, variant: str) -> nn.Module:
     """A copy of ``base`` (same weights) as ``variant`` runs it."""
@@ -94,7 +102,9 @@ def time_case(family: Family, variants: list[str], rounds: int, steps: int, seed
     base = family.build(data).to(device)
     # The family's loop runs epochs: as many as make about `steps` steps (a batched family's
     # epoch is several).
-    epochs = max(1, round(steps / steps_of(family, data, 1)))
+    per_epoch = steps_of(family, data, 1)
+    epochs = max(1, round(steps / per_epoch))
+    warmup = max(epochs, math.ceil(WARMUP_STEPS / per_epoch))
     models = {v: make_variant(base, v) for v in variants}
     times: dict[str, list[float]] = {v: [] for v in variants}
     errors: dict[str, str] = {}
@@ -105,7 +115,7 @@ def time_case(family: Family, variants: list[str], rounds: int, steps: int, seed
             meter = StepMeter(models[v], -1, data, device)  # (-1: no context measured)
             seed_everything(1000 + r)
             try:
-                family.train(models[v], data, epochs, meter)
+                family.train(models[v], data, epochs if r else warmup, meter)
             except Exception as error:  # (a variant that fails gets its row)
                 errors[v] = f"{type(error).__name__}: {error}"[:300]
             finally:
@@ -116,7 +126,8 @@ def time_case(family: Family, variants: list[str], rounds: int, steps: int, seed
     rows = []
     for v in variants:
         row = {"case": family.name, "dataset": family.dataset, "variant": v, "seed": seed,
-               "rounds": rounds, "epochs_per_round": epochs, "steps": len(times[v]),
+               "rounds": rounds, "epochs_per_round": epochs, "warmup_epochs": warmup,
+               "steps": len(times[v]),
                "step_ms": median.get(v), "ratio": None, "ratio_compiled": None,
                "ratio_fixed2": None,
                "error": errors.get(v), "threads": torch.get_num_threads(),

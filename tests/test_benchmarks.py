@@ -608,6 +608,8 @@ def test_speed_rows_pair_each_variant_with_pyg(tmp_path, capsys):
                        "--out", str(out)]) == 0
     rows = {r["variant"]: r for r in map(json.loads, out.read_text().splitlines())}
     assert set(rows) == {"pyg", "gnnact", "gnnact_fixed2"}
+    # The warm-up round runs through the automatic widths' first probes (one step an epoch).
+    assert rows["gnnact"]["warmup_epochs"] == bench.WARMUP_STEPS and rows["gnnact"]["steps"] == 2
     assert rows["gnnact"]["ratio_fixed2"] == (rows["gnnact"]["step_ms"]
                                               / rows["gnnact_fixed2"]["step_ms"])
     with pytest.raises(SystemExit):
