@@ -51,7 +51,7 @@ from torch_geometric import seed_everything
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RESULTS, data_root, environment, finish
+from _common import RESULTS, append_rows, data_root, environment
 from bench_fidelity import StepMeter, steps_of
 from fidelity_models import FAMILIES, Family, _named, _planetoid, clone, load
 
@@ -168,12 +168,17 @@ def main(argv: list[str] | None = None) -> int:
     variants = list(VARIANTS[:4] if args.compile else VARIANTS[:2])
     if args.fixed2:
         variants.append("gnnact_fixed2")
-    rows: list[dict] = []
+    count = 0
     with tempfile.TemporaryDirectory() as workdir:
         for name in args.cases:
-            rows += time_case(CASES[name], variants, rounds, steps, args.seed, data_root(),
-                              torch.device(args.device), workdir)
-    return finish(args.out, rows, smoke=args.smoke)
+            rows = time_case(CASES[name], variants, rounds, steps, args.seed, data_root(),
+                             torch.device(args.device), workdir)
+            if not args.smoke:  # case by case: a long run cut short keeps what it measured
+                append_rows(args.out, rows)
+            count += len(rows)
+    if not args.smoke:
+        print(f"{count} rows -> {args.out}")
+    return 0
 
 
 if __name__ == "__main__":
