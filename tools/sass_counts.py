@@ -75,7 +75,7 @@ probe_whole_group(QuantizeArgs<{L}> a) {{
                   + segment;
     typename Kept<{L}>::T kept[OP_CACHED];
     Range<{L}> range;
-    quantize_group<{L}, {bits}, true, true>(a, g, 0, sub, kept, range);
+    quantize_group<{L}, {bits}, true, true>(a, g, {stride}sub, kept, range);
 }}
 """
 
@@ -126,8 +126,10 @@ def probe_counts(dtype: str, bits: int, defines: tuple[str, ...], nvcc: str, cuo
                  arch: int = 90, folder: Path | None = None) -> dict[str, int]:
     """:func:`count_sass` of the probe for ``dtype`` and ``bits`` in the build ``defines``
     (sources in ``folder``, else this checkout's)."""
-    source = kernel_source("quantize.cu", folder) + PROBE.format(L=_TYPES[dtype], bits=bits,
-                                                              blocks=_MIN_BLOCKS[dtype])
+    source = kernel_source("quantize.cu", folder)
+    # Sources with the PREFETCH variant (before 7b11822) take a stride of groups, 0 here.
+    stride = "0, " if "quantize_group(const QuantizeArgs<L>& a, i64 g, i64 stride" in source else ""
+    source += PROBE.format(L=_TYPES[dtype], bits=bits, blocks=_MIN_BLOCKS[dtype], stride=stride)
     env = dict(os.environ)
     env["PATH"] = f"{Path(cuobjdump).parent}{os.pathsep}{env.get('PATH', '')}"  # nvdisasm
     with tempfile.TemporaryDirectory() as tmp:
