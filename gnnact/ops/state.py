@@ -62,7 +62,8 @@ def eager_op(fn: _F) -> _F:
     None of that is a tensor program Dynamo can trace (it would break the graph inside the op
     and compile the op's internals frame by frame, once per dtype and shape). As an opaque call
     the op computes and keeps exactly what it does eagerly (same bits, same noise stream), and
-    the model's code between the ops is compiled.
+    the model's code between the ops is compiled. Eager or compiled, the op runs as
+    :class:`own_work`: the pass's mode does not see its calls.
     """
 
     @functools.wraps(fn)
