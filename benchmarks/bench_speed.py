@@ -95,7 +95,8 @@ def make_variant(base: nn.Module, variant: str) -> nn.Module:
 
 
 def time_case(family: Family, variants: list[str], rounds: int, steps: int, seed: int,
-              root: Path, device: torch.device, workdir: str) -> list[dict]:
+              root: Path, device: torch.device, workdir: str,
+              warmup_steps: int = WARMUP_STEPS) -> list[dict]:
     """One row per variant: the median step time of its rounds after the first."""
     data = load(family, root, seed, workdir, device)
     torch.manual_seed(seed)
@@ -104,7 +105,7 @@ def time_case(family: Family, variants: list[str], rounds: int, steps: int, seed
     # epoch is several).
     per_epoch = steps_of(family, data, 1)
     epochs = max(1, round(steps / per_epoch))
-    warmup = max(epochs, math.ceil(WARMUP_STEPS / per_epoch))
+    warmup = max(epochs, math.ceil(warmup_steps / per_epoch))
     models = {v: make_variant(base, v) for v in variants}
     times: dict[str, list[float]] = {v: [] for v in variants}
     errors: dict[str, str] = {}
@@ -172,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as workdir:
         for name in args.cases:
             rows = time_case(CASES[name], variants, rounds, steps, args.seed, data_root(),
-                             torch.device(args.device), workdir)
+                             torch.device(args.device), workdir,
+                             warmup_steps=0 if args.smoke else WARMUP_STEPS)
             if not args.smoke:  # case by case: a long run cut short keeps what it measured
                 append_rows(args.out, rows)
             count += len(rows)
