@@ -191,17 +191,17 @@ def main(argv: list[str] | None = None) -> int:
     if not sources:
         print(f"no .cu files under {args.cuda_dir}")
         return 1
+    # Each source with its #include "x.cuh" in place, read once: checked for the defines, built.
+    codes = {src: kernel_source(src.name, src.parent) for src in sources}
     try:
-        options = compile_options(tuple(args.define), tuple(
-            kernel_source(s.name, s.parent) for s in sources))
+        options = compile_options(tuple(args.define), tuple(codes.values()))
     except ValueError as error:
         parser.error(f"--define: {error}")
 
     nvrtc = Nvrtc()
     print(f"NVRTC {nvrtc.version[0]}.{nvrtc.version[1]}")
     failures = 0
-    for src in sources:
-        code = kernel_source(src.name, src.parent)  # its #include "x.cuh" in place
+    for src, code in codes.items():
         expected = KERNEL_NAMES.get(src.name, ())
         for arch in args.arch:
             base = [*options, "-ftz=true"]
