@@ -627,13 +627,20 @@ def _no_twin(results: Path) -> list[str]:
 def _fidelity(results: Path) -> list[str]:
     """Accuracy at the default: per family (newest run of each device, family, seed and
     configuration), fp32 and ``gnnact.convert(model)`` with no config on paired seeds, the
-    fixed 2 bits beside them, context and step time."""
+    fixed 2 bits beside them, the fixed 8 bits control where run (what a perturbation alone
+    moves the metric by on those seeds), context and step time (of these runs, and of
+    ``bench_speed.py --fixed2``, which takes turns with fixed 2 bits)."""
     name = "fidelity.jsonl"
     best = _newest(_rows(results, name), lambda r: (r["device_name"], r["family"], r["seed"],
                                                    r["config"]))
     groups: dict[tuple, dict] = {}
     for (device, family, seed, config), r in best.items():
         groups.setdefault((device, family), {}).setdefault(config, {})[seed] = r
+    # Steps of runs one after the other swing with the load on the cores; bench_speed's
+    # --fixed2 takes turns with fixed 2 bits in the same rounds (newest such row per family).
+    turns = {k: r["ratio_fixed2"] for k, r in _newest(
+        [r for r in _rows(results, "speed.jsonl") if r.get("ratio_fixed2")],
+        lambda r: (r["device_name"], r["case"])).items()}
     body = []
     for (device, family), by in groups.items():
         fp32 = by.get("pyg", {})
@@ -662,17 +669,20 @@ def _fidelity(results: Path) -> list[str]:
         body.append([
             device, family, first["dataset"], first["metric"], str(first["epochs"]),
             str(len(seeds)), f"{100 * statistics.fmean(fp32[s]['value'] for s in seeds):.2f}",
-            paired("auto"), paired("fixed2"),
+            paired("auto"), paired("fixed2"), paired("fixed8"),
             _x1(statistics.fmean(ratios)) if ratios else "–",
             f"{statistics.fmean(bits):.2f}" if bits else "–",
             # (two decimals: the targets are 1.15x and 1.5x)
             f"{statistics.fmean(steady):.2f}×" if steady else "–",
+            f"{turns[device, family]:.2f}×" if (device, family) in turns else "–",
             f"{statistics.fmean(firsts):.2f}×" if firsts else "–"])
     if not body:
         return [f"No rows in ``benchmarks/results/{name}`` yet.", ""]
     header = ["device", "family", "data", "metric", "epochs", "seeds", "fp32 (%)",
-              "default convert − fp32 (points)", "fixed 2 bits − fp32", "context below fp32",
-              "bits per value", "steady step / fixed 2 bits", "first step / fixed 2 bits"]
+              "default convert − fp32 (points)", "fixed 2 bits − fp32",
+              "fixed 8 bits − fp32 (control)", "context below fp32",
+              "bits per value", "steady step / fixed 2 bits",
+              "step / fixed 2 bits, taking turns", "first step / fixed 2 bits"]
     return [*_source(name, best.values()), *_list_table([header, *body])]
 
 

@@ -126,7 +126,9 @@ def quantize_groups(x: Tensor, bits: int, group_size: int, *, seed: int | None =
     buffers = None
     if draw is not None and whole:
         span = min(whole, step) * group_size
-        buffers = [torch.empty(span, dtype=torch.float32, device=x.device) for _ in range(3)]
+        # (noise, codes as floats, and the input as float32 when it is not)
+        buffers = [torch.empty(span, dtype=torch.float32, device=x.device)
+                   for _ in range(2 + (x.dtype != torch.float32))]
     for g0 in range(0, whole, step):
         g1 = min(whole, g0 + step)
         lo, hi = g0 * group_size, g1 * group_size
@@ -136,10 +138,10 @@ def quantize_groups(x: Tensor, bits: int, group_size: int, *, seed: int | None =
             codes[g0:g1], scales[g0:g1], zeros[g0:g1] = _quantize_rows(h, r, bits)
             del h, r  # before the next chunk's are made: one chunk's temporaries at a time
             continue
-        h_buf, r_buf, q_buf = (b[:hi - lo].view(g1 - g0, group_size) for b in buffers)
+        r_buf, q_buf, *h_buf = (b[:hi - lo].view(g1 - g0, group_size) for b in buffers)
         h = flat[lo:hi].view(g1 - g0, group_size)
-        if h.dtype != torch.float32:
-            h = h_buf.copy_(h)
+        if h_buf:
+            h = h_buf[0].copy_(h)
         r = draw(lo, hi - lo, out=r_buf.view(-1)).view(g1 - g0, group_size)
         codes[g0:g1], scales[g0:g1], zeros[g0:g1] = _round_on_grid(h, r, bits, out=q_buf)
     if tail:
