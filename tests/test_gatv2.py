@@ -572,11 +572,11 @@ def test_saved_bytes_exact_and_no_edge_tensors():
 # ------------------------------------------------------------------------ unbiasedness
 
 
-def _z_scores(share_weights: bool, names: tuple[str, ...],
-              n: int = 200) -> tuple[Tensor, float]:
+def _z_scores(share_weights: bool, names: tuple[str, ...], n: int = 200,
+              first: int = 0) -> tuple[Tensor, float]:
     r""":math:`z_k = (\bar g_k - g^*_k)\sqrt n/\hat\sigma_k` of the gradients ``names`` over
-    ``n`` seeded 2-bit passes against the exact ones (eval mode: no dropout noise), and the
-    error of their mean relative to that of one pass."""
+    ``n`` seeded 2-bit passes (seeds ``first`` to ``first + n - 1``) against the exact ones
+    (eval mode: no dropout noise), and the error of their mean relative to that of one pass."""
     n_nodes = 24
     x, ei = _feats(n_nodes, 6), _edges(n_src=n_nodes, n_dst=n_nodes, e=96)
     ea = _feats(96, 2, seed=8)
@@ -594,7 +594,7 @@ def _z_scores(share_weights: bool, names: tuple[str, ...],
         return torch.cat([params[k].grad.flatten() for k in names])
 
     exact = grads(EXACT, 0)
-    samples = torch.stack([grads(Config(bits=2), s) for s in range(n)])
+    samples = torch.stack([grads(Config(bits=2), s) for s in range(first, first + n)])
     mean, std = samples.mean(0), samples.std(0)
     assert (std > 0).all()  # every element is noisy: the test has power everywhere
     shrink = float((mean - exact).norm()) / float((samples[0] - exact).norm())
@@ -615,10 +615,16 @@ def test_gradients_unbiased_at_2_bits(share_weights):
     standard error everywhere would give 1.25 + noise) and :math:`\max|z_k| < 5`
     (:math:`P(|t| > 5) \approx 10^{-6}`). The known bias, :math:`\hat\alpha` entering the
     softmax backward twice, is of order :math:`(1/255)^2` relative, far below the standard
-    error.
+    error. The :math:`z_k` of one batch share its passes' noise and are correlated, so one
+    batch's mean of :math:`z_k^2` spreads widely (0.66-1.58 in four runs with other seeds and
+    shared weights): the bound holds the mean over four independent batches (spread about
+    half as wide).
     """
     names = ("att", "lin_l.weight", "lin_r.weight", "lin_edge.weight")
-    z, shrink = _z_scores(share_weights, names if not share_weights else names[:2] + names[3:])
+    names = names if not share_weights else names[:2] + names[3:]
+    batches = [_z_scores(share_weights, names, first=200 * b) for b in range(4)]
+    z = torch.stack([z for z, _ in batches])
+    shrink = batches[0][1]
     assert float(z.pow(2).mean()) < 1.5
     assert float(z.abs().max()) < 5.0
     # The error of the mean is the single-sample error shrunk by ~sqrt(n) (here ~14x).

@@ -407,10 +407,15 @@ def pack_mask_bits(mask: Tensor) -> Tensor:
     if pad or flat.storage_offset() % 8:  # (an int64 view needs whole, aligned words)
         flat = torch.cat([flat, flat.new_zeros(pad)])
     if sys.byteorder == "little":
-        # Each byte of the packed mask is the top byte of one int64 product: three passes
-        # over an eighth of the elements, ~8x faster on the CPU than seven shift-and-or
-        # passes over the bytes.
-        return ((flat.view(torch.int64) * _GATHER_BITS) >> 56).to(torch.uint8)
+        # Each byte of the packed mask is the top byte of one int64 product: ~8x faster on
+        # the CPU than seven shift-and-or passes over the bytes. By blocks, so that the int64
+        # products (as many bytes as the mask) never exist whole.
+        words = flat.view(torch.int64)
+        out = torch.empty(words.numel(), dtype=torch.uint8, device=words.device)
+        step = max(1, block_elements(flat.numel()) // 8)
+        for lo in range(0, words.numel(), step):
+            out[lo:lo + step] = (words[lo:lo + step] * _GATHER_BITS).bitwise_right_shift_(56)
+        return out
     columns = flat.view(-1, 8)
     out = columns[:, 0].clone()
     for k in range(1, 8):
