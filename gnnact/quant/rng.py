@@ -153,7 +153,7 @@ def uniform_stream(seed: int, device: torch.device | str = "cpu") -> Callable[[i
             have = torch.cat([have, fresh]) if have.numel() else fresh
         left[0] = have[count:]
         if out is None:
-            return have[:count].to(torch.float32).mul_(2.0**-16)
+            out = torch.empty(count, dtype=torch.float32, device=device)
         return out.copy_(have[:count]).mul_(2.0**-16)
 
     return draw
