@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from gnnact.quant.core import _BACKENDS, DEFAULT_GROUP_SIZE, _check_int
+from gnnact.quant.backends import BACKENDS
+from gnnact.quant.core import DEFAULT_GROUP_SIZE, _check_int
 from gnnact.quant.packed import SUPPORTED_BITS
 
 __all__ = ["AUTO_START", "Config"]
@@ -162,8 +163,8 @@ class Config:
                 kind = "a str or None" if name == "tag" else "a str"
                 raise TypeError(f"Config.{name} must be {kind}, got {value!r} "
                                 f"({type(value).__name__})")
-        if self.backend not in _BACKENDS:
-            raise ValueError(f"Config.backend must be one of {_BACKENDS}, got {self.backend!r}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"Config.backend must be one of {BACKENDS}, got {self.backend!r}")
 
     @property
     def automatic(self) -> bool:

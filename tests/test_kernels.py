@@ -121,7 +121,7 @@ def test_straddling_width_kernels_equal_reference(bits, dtype, n, group_size):
 def test_auto_dispatches_each_width_to_its_checked_kernel(bits):
     """backend="auto" checks each width's kernel once against the reference, then sends that
     width to it: the same codes as the torch path, from the kernel."""
-    from gnnact.quant.core import _backend, kernel_agrees
+    from gnnact.quant.backends import kernel_agrees, select
 
     device = torch.device("cuda")
     with warnings.catch_warnings():
@@ -129,7 +129,7 @@ def test_auto_dispatches_each_width_to_its_checked_kernel(bits):
         assert kernel_agrees(torch.cuda.current_device(), bits)
     from gnnact.kernels import quantize as kernels
 
-    assert _backend("auto", device, bits) is kernels
+    assert select("auto", device, bits) is kernels
     x = torch.randn(10_000, device=device)
     seed = torch.Generator(device="cuda").manual_seed(3)
     auto = gnnact.quantize(x, bits, generator=seed)
@@ -293,7 +293,7 @@ def test_mask_kernels_equal_the_torch_path(dtype, n, inplace):
     them)."""
     from gnnact.kernels import quantize as kernels
     from gnnact.quant import reference as ref
-    from gnnact.quant.core import mask_kernels_agree
+    from gnnact.quant.backends import mask_kernels_agree
 
     assert mask_kernels_agree(0)
     x = specials(n, dtype, "cuda")
@@ -315,10 +315,10 @@ def test_mask_kernels_equal_the_torch_path(dtype, n, inplace):
 def test_mask_ops_on_a_gpu_take_the_kernels_and_equal_pytorch():
     """ReLU, LeakyReLU and dropout on a GPU: "auto" sends them to the fused kernels, and the
     results and gradients are PyTorch's (dropout with its own mask)."""
-    from gnnact.quant import core
+    from gnnact.quant import backends
 
     x = torch.randn(4096, 64, device="cuda", requires_grad=True)
-    assert core.mask_backend(x.detach()) is not core.reference
+    assert backends.mask_backend(x.detach()) is not backends.reference
     for op in (gnnact.ops.relu, lambda t: gnnact.ops.leaky_relu(t, 0.2)):
         g = torch.randn(4096, 64, device="cuda")
         ours = op(x * 1.0)
@@ -334,7 +334,7 @@ def test_mask_ops_on_a_gpu_take_the_kernels_and_equal_pytorch():
 def test_a_kernel_that_disagrees_or_fails_is_named_and_left_unused():
     """The self-check behind kernel_agrees and mask_kernels_agree: a kernel that differs from
     the torch path, or fails to compile or launch, is not used, with a warning saying why."""
-    from gnnact.quant.core import _self_check
+    from gnnact.quant.backends import _self_check
 
     assert _self_check(lambda: True, "unused", "instead")
     with pytest.warns(RuntimeWarning, match="gnnact: k is not used: its results differ from "

@@ -371,7 +371,7 @@ def test_the_self_checks_pass_kernels_that_agree(launchers_on_host):
     """What backend="auto" runs before it takes a kernel (kernel_agrees, mask_kernels_agree),
     with the host kernels: every width agrees, the seeded hash included, and the mask kernels
     agree on every dtype and mode."""
-    from gnnact.quant.core import kernel_matches, mask_kernels_match
+    from gnnact.quant.backends import kernel_matches, mask_kernels_match
 
     cpu = torch.device("cpu")
     assert all(kernel_matches(launchers_on_host, cpu, bits) for bits in QUANT_BITS)

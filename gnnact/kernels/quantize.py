@@ -25,7 +25,7 @@ _DTYPE_NAMES = {torch.float32: "f32", torch.float64: "f64", torch.float16: "f16"
 KERNEL_DTYPES = tuple(_DTYPE_NAMES)
 
 #: The widths ``cuda/quantize.cu`` implements: all of them. ``backend="cupy"`` sends every
-#: width here; ``"auto"`` sends a width here once :func:`gnnact.quant.core.kernel_agrees` has
+#: width here; ``"auto"`` sends a width here once :func:`gnnact.quant.backends.kernel_agrees` has
 #: found its kernel equal to the reference on the device (``tests/test_kernels.py`` checks
 #: every width when a GPU is there).
 KERNEL_BITS = QUANT_BITS

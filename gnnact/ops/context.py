@@ -59,7 +59,7 @@ from gnnact.config import Config
 from gnnact.ops.probe import active_probe, restore
 from gnnact.ops.state import ForwardState, forward_state
 from gnnact.quant import PackedMask, PackedTensor, pack_mask, quantize, unpack_mask
-from gnnact.quant.core import mask_backend
+from gnnact.quant.backends import mask_backend
 from gnnact.quant.mixed import MixedPackedTensor, allocate_rows, quantize_rows
 from gnnact.quant.packed import QUANT_BITS
 from gnnact.quant.reference import MASK_MUL, MASK_SELECT, MASK_ZERO, combine_mask
@@ -631,7 +631,7 @@ def sign_masked(x: Tensor, slope: float, out: Tensor | None = None
                 ) -> tuple[PackedMask, Tensor]:
     """``[x > 0]`` packed, and ReLU's (``slope`` 0) or LeakyReLU's output into ``out`` (a new
     tensor by default; ``x`` itself writes over it): one pass on a GPU
-    (:func:`gnnact.quant.core.mask_backend`), block by block on the torch path, so the whole
+    (:func:`gnnact.quant.backends.mask_backend`), block by block on the torch path, so the whole
     boolean mask never exists beside the output."""
     mode, s = mask_mode(1.0, slope, x.dtype)
     if not x.is_contiguous():
@@ -647,7 +647,7 @@ def masked_by_blocks(x: Tensor, packed: PackedMask, divisor: float, slope: float
     """:func:`apply_mask` of a packed mask to ``x`` (with ``backward``, its gradient's
     formula, ``x`` the incoming gradient) into ``out`` (a new tensor by default; ``out=x``
     writes over ``x``, which nothing else may read): one pass on a GPU
-    (:func:`gnnact.quant.core.mask_backend`), block by block on the torch path, without the
+    (:func:`gnnact.quant.backends.mask_backend`), block by block on the torch path, without the
     whole boolean mask."""
     mode, s = mask_mode(divisor, slope, x.dtype, backward=backward)
     if not x.is_contiguous():

@@ -116,7 +116,7 @@ def fused_draws_agree(device_index: int) -> bool:
     process, on sizes below and above the launch's grid cap (one pass and several), with the
     generator's state put back afterwards. Where it does not (or the kernel does not build),
     a warning says so and the masks are drawn through ``native_dropout``: the same masks."""
-    from gnnact.quant.core import _self_check
+    from gnnact.quant.backends import _self_check
 
     return _self_check(lambda: _draws_match(device_index),
                        f"dropout_keep_bits is not used on cuda:{device_index}",

@@ -37,8 +37,11 @@ from torch import Tensor
 
 from gnnact.names import BYTE_ALIGNED_BITS, QUANT_BITS, SUPPORTED_BITS
 
-__all__ = ["BYTE_ALIGNED_BITS", "QUANT_BITS", "SUPPORTED_BITS", "PackedMask", "PackedTensor",
-           "packed_code_bytes", "packed_nbytes"]
+__all__ = ["BYTE_ALIGNED_BITS", "DEFAULT_GROUP_SIZE", "QUANT_BITS", "SUPPORTED_BITS", "PackedMask",
+           "PackedTensor", "packed_code_bytes", "packed_nbytes"]
+
+#: Default elements per group: float32 scale + zero cost 64 / 512 = 0.125 bit per value.
+DEFAULT_GROUP_SIZE = 512
 
 
 def packed_code_bytes(group_size: int, bits: int) -> int:

@@ -59,8 +59,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["PassSeeds", "draw_seed", "hash_uniform", "seeded_uniform", "split_seed",
-           "uniform_stream"]
+__all__ = ["PassSeeds", "draw_seed", "draw_seed_tensor", "hash_uniform", "seeded_uniform",
+           "split_seed", "uniform_stream"]
 
 _MASK32 = 0xFFFFFFFF
 _MUL1 = 0x21F0AAAD
@@ -89,8 +89,15 @@ def draw_seed(generator: torch.Generator | None = None) -> int:
 
     A CUDA generator works too, at the cost of one device-to-host sync to read the seed.
     """
+    return int(draw_seed_tensor(generator).item())
+
+
+def draw_seed_tensor(generator: torch.Generator | None = None) -> Tensor:
+    """:func:`draw_seed`'s seed as an ``int64 [1]`` tensor on ``generator``'s device (the
+    same draw): what the quantizer's custom operator takes, read on the host only when it
+    runs, so a compiled graph draws it without a sync and without recompiling for each seed."""
     device = generator.device if generator is not None else torch.device("cpu")
-    return int(torch.randint(0, 2**63 - 1, (1,), generator=generator, device=device).item())
+    return torch.randint(0, 2**63 - 1, (1,), generator=generator, device=device)
 
 
 def hash_uniform(seed: int, start: int, count: int, device: torch.device | str = "cpu") -> Tensor:

@@ -1,0 +1,195 @@
+r"""Which implementation runs a quantizer or mask primitive: the torch reference
+(:mod:`gnnact.quant.reference`, any device) or the CuPy kernels (:mod:`gnnact.kernels.quantize`,
+CUDA tensors), each kernel checked once per device against the reference before ``"auto"``
+takes it.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Callable
+from types import ModuleType
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from gnnact.env import cuda_index
+from gnnact.quant import reference
+from gnnact.quant.packed import DEFAULT_GROUP_SIZE, QUANT_BITS
+from gnnact.quant.rng import hash_uniform
+
+__all__ = ["BACKENDS", "Backend", "kernel_agrees", "kernel_matches", "mask_backend",
+           "mask_kernels_agree", "mask_kernels_match", "select"]
+
+Backend = Literal["auto", "torch", "cupy"]
+
+#: What ``backend=`` takes.
+BACKENDS = ("auto", "torch", "cupy")
+
+
+def select(backend: str, device: torch.device, bits: int | None = None) -> ModuleType:
+    """The module implementing ``quantize_groups`` & co. for ``backend`` on ``device`` (and
+    ``bits``). ``"auto"`` takes the kernels on a CUDA device with CuPy, for each width once
+    :func:`kernel_agrees` has checked it there."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "torch" or (backend == "auto" and device.type != "cuda"):
+        return reference
+    from gnnact.kernels import cupy_available
+
+    if backend == "cupy":
+        if device.type != "cuda":
+            raise ValueError(f"backend='cupy' needs a CUDA tensor, got a tensor on {device}")
+        from gnnact.kernels._cupy import require_cupy
+
+        require_cupy()
+    # 16 and 32 bits keep the tensor as it is: no kernel to check.
+    elif not cupy_available() or (bits in QUANT_BITS
+                                  and not kernel_agrees(cuda_index(device), bits)):
+        return reference
+    from gnnact.kernels import quantize as kernels
+
+    return kernels
+
+
+@functools.cache
+def kernel_agrees(device_index: int, bits: int) -> bool:
+    """Whether the CUDA kernels for ``bits`` reproduce the torch reference
+    (``gnnact.quant.reference``) on GPU ``device_index``, bit for bit: checked once per device
+    and width in a process: quantize and dequantize of 1,061 float32 values in groups of 64 and
+    of 512 (the default size, which the kernels take by a path compiled for it), the last one
+    short, with fixed noise and with the seeded hash, in groups of 13, which the kernels
+    take element by element rather than by 16-byte vectors, and of the same values in
+    bfloat16 and float16.
+    ``backend="auto"`` sends a width to the kernels only when they agree; otherwise it warns,
+    naming the width, and keeps it on the torch path (the same format, slower).
+    ``backend="cupy"`` calls the kernels unchecked.
+
+    Example:
+        >>> from gnnact.quant.backends import kernel_agrees
+        >>> kernel_agrees(0, 3)  # doctest: +SKIP
+        True
+    """
+    from gnnact.kernels import quantize as kernels
+
+    device = torch.device("cuda", device_index)
+    return _self_check(lambda: kernel_matches(kernels, device, bits),
+                       f"the {bits}-bit CUDA kernel is not used on cuda:{device_index}",
+                       f"{bits}-bit quantization runs on the torch path there (same format, "
+                       f"slower)")
+
+
+def kernel_matches(kernels: ModuleType, device: torch.device, bits: int) -> bool:
+    """:func:`kernel_agrees`'s check of the launchers in ``kernels`` on ``device`` against the
+    reference on the CPU (its seeded noise being the hash the kernels compute, as the
+    reference draws it on CUDA)."""
+    generator = torch.Generator().manual_seed(0)
+    values = torch.randn(2 * DEFAULT_GROUP_SIZE + 37, generator=generator)
+    fixed = torch.rand(values.numel(), generator=generator)
+
+    def agree(group_size: int, noise: Tensor | None, seed: int | None,
+              dtype: torch.dtype = torch.float32) -> bool:
+        x = values.to(dtype)
+        reference_noise = noise if noise is not None else hash_uniform(seed, 0, x.numel())
+        want = reference.quantize_groups(x, bits, group_size, noise=reference_noise)
+        got = kernels.quantize_groups(x.to(device), bits, group_size, seed=seed,
+                                      noise=None if noise is None else noise.to(device))
+        back = kernels.dequantize_groups(*got, bits, group_size, x.numel(), dtype)
+        return (all(torch.equal(a, b.cpu()) for a, b in zip(want, got, strict=True))
+                and torch.equal(back.cpu(), reference.dequantize_groups(
+                    *want, bits, group_size, x.numel(), dtype)))
+
+    # float16 and bfloat16 too: the kernels take their range pass on packed pairs.
+    return (agree(64, fixed, None) and agree(64, None, 7) and agree(13, fixed, None)
+            and agree(DEFAULT_GROUP_SIZE, fixed, None) and agree(DEFAULT_GROUP_SIZE, None, 7)
+            and agree(DEFAULT_GROUP_SIZE, None, 7, torch.bfloat16)
+            and agree(DEFAULT_GROUP_SIZE, None, 7, torch.float16))
+
+
+def _self_check(check: Callable[[], bool], unused: str, instead: str) -> bool:
+    """``check()``'s verdict on a kernel; when it disagrees or fails (a kernel that does not
+    compile or launch), a warning saying ``unused``, why, and what runs ``instead``."""
+    try:
+        agree = check()
+        why = "its results differ from the torch path"
+    except Exception as e:  # say so, keep going on the torch path
+        agree, why = False, f"it failed: {type(e).__name__}: {e}"
+    if not agree:
+        warnings.warn(f"gnnact: {unused}: {why}; {instead}", RuntimeWarning, stacklevel=4)
+    return agree
+
+
+def mask_backend(x: Tensor) -> ModuleType:
+    """The module implementing ``sign_mask`` and ``apply_packed_mask`` for ``x``: the CUDA
+    kernels (one pass each) on a GPU with CuPy once :func:`mask_kernels_agree` has checked them
+    there, else the torch path (``gnnact.quant.reference``, block by block)."""
+    from gnnact.kernels import cupy_available
+
+    if x.device.type != "cuda" or not cupy_available():
+        return reference
+    from gnnact.kernels import quantize as kernels
+
+    if x.dtype not in kernels.KERNEL_DTYPES or not mask_kernels_agree(cuda_index(x.device)):
+        return reference
+    return kernels
+
+
+def _same_values(a: Tensor, b: Tensor) -> bool:
+    """Equal values, the sign of zeros included, and NaN where NaN."""
+    nan = a.isnan()
+    return (torch.equal(nan, b.isnan()) and torch.equal(a[~nan], b[~nan])
+            and torch.equal(a[~nan].signbit(), b[~nan].signbit()))
+
+
+@functools.cache
+def mask_kernels_agree(device_index: int) -> bool:
+    """Whether the fused mask kernels (``cuda/mask.cu``: ``sign_mask``, ``apply_packed_mask``)
+    reproduce the torch path on GPU ``device_index`` for every dtype and mode, in place and
+    not (values with NaN, infinities, signed zeros and subnormals, a length that is no
+    multiple of 32):
+    checked once per device in a process. Where they do not, the mask ops stay on the torch
+    path there, with a warning naming why.
+
+    Example:
+        >>> from gnnact.quant.backends import mask_kernels_agree
+        >>> mask_kernels_agree(0)  # doctest: +SKIP
+        True
+    """
+    from gnnact.kernels import quantize as kernels
+
+    device = torch.device("cuda", device_index)
+    return _self_check(lambda: mask_kernels_match(kernels, device),
+                       f"the fused mask kernels are not used on cuda:{device_index}",
+                       "ReLU, LeakyReLU and dropout run on the torch path there (same results, "
+                       "more passes)")
+
+
+def mask_kernels_match(kernels: ModuleType, device: torch.device) -> bool:
+    """:func:`mask_kernels_agree`'s check of the mask launchers in ``kernels`` against the
+    torch path, both on ``device``."""
+    base = torch.randn(1000 + 37, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    # Subnormals of float32 and bfloat16 (1e-40) and of float16 (1e-5 after rounding), which
+    # a kernel compiled with -ftz=true would flush.
+    base[:10] = torch.tensor([float("nan"), 0.0, -0.0, float("inf"), -float("inf"), 1.0,
+                              1e-40, -1e-40, 1e-5 / 2**5, -1e-5 / 2**5], dtype=torch.float64)
+    modes = ((reference.MASK_MUL, 1.0), (reference.MASK_MUL, 2.0),
+             (reference.MASK_ZERO, 1.0), (reference.MASK_SELECT, 0.2))
+    for dtype in kernels.KERNEL_DTYPES:
+        x = base.to(device, dtype)
+        for mode, s in modes:
+            want = torch.empty_like(x)
+            want_bits = reference.sign_mask(x, want, mode, s)
+            got = torch.empty_like(x)
+            got_bits = kernels.sign_mask(x, got, mode, s)
+            in_place = x.clone()
+            kernels.sign_mask(in_place, in_place, mode, s)
+            applied = kernels.apply_packed_mask(x, want_bits, torch.empty_like(x), mode, s)
+            want_applied = reference.apply_packed_mask(x, want_bits, torch.empty_like(x),
+                                                       mode, s)
+            if not (torch.equal(got_bits, want_bits) and all(
+                    _same_values(a, b) for a, b in ((got, want), (in_place, want),
+                                                    (applied, want_applied)))):
+                return False
+    return True
