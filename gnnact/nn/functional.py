@@ -304,6 +304,12 @@ class FunctionalOps(PassMode):
         self.marks = marks
         self.probe: _Probe | None = None  # set by temporary_counts only
 
+    # Never compiled as a frame of its own: under torch.compile, Dynamo compiled this
+    # dispatcher for the functions it routed, recompiled it for each new one, and a converted
+    # GCN compiled on CiteSeer after one on Cora in the same process then failed in ``x.dim()``
+    # (RuntimeError: Boolean value of Tensor with more than one value; bench_speed.py, the
+    # Physics and arxiv-shape cases after Computers alike). It routes calls: nothing to compile.
+    @torch.compiler.disable
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
         # Counted before anything here refers to the input (temporary_counts counts here too).
@@ -343,6 +349,7 @@ class CollectingOps(FunctionalOps):
         super().__init__(config_for, marks)
         self.collect = collect
 
+    @torch.compiler.disable  # (as FunctionalOps')
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
         out = super().__torch_function__(func, types, args, kwargs)
