@@ -172,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     count = 0
     with tempfile.TemporaryDirectory() as workdir:
         for name in args.cases:
+            # Each case compiles afresh: the families share model classes, and guards of an
+            # earlier case's graphs would count against Dynamo's recompilation limit here.
+            torch._dynamo.reset()
             rows = time_case(CASES[name], variants, rounds, steps, args.seed, data_root(),
                              torch.device(args.device), workdir,
                              warmup_steps=0 if args.smoke else WARMUP_STEPS)
