@@ -1,5 +1,5 @@
 r"""Which implementation runs a quantizer or mask primitive: the torch reference
-(:mod:`gnnact.quant.reference`, any device) or the CuPy kernels (:mod:`gnnact.kernels.quantize`,
+(``gnnact.quant.reference``, any device) or the CuPy kernels (``gnnact.kernels.quantize``,
 CUDA tensors), each kernel checked once per device against the reference before ``"auto"``
 takes it.
 """
@@ -23,6 +23,7 @@ from gnnact.quant.rng import hash_uniform
 __all__ = ["BACKENDS", "Backend", "kernel_agrees", "kernel_matches", "mask_backend",
            "mask_kernels_agree", "mask_kernels_match", "select"]
 
+#: The type of a ``backend=`` argument.
 Backend = Literal["auto", "torch", "cupy"]
 
 #: What ``backend=`` takes.
