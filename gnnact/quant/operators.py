@@ -19,7 +19,8 @@ the same seed or noise a compiled call computes the same bits as an eager one.
 The public API (:func:`gnnact.quantize`, :func:`gnnact.dequantize`, :func:`gnnact.pack_mask`,
 :func:`gnnact.unpack_mask`) calls the functions below: under :func:`torch.compile` they call
 the operators, eagerly the same implementations directly (an operator's dispatch costs about
-35 µs a call on the CPU, more than quantizing a small tensor does).
+35 µs a call on the CPU, a tenth of what the torch path takes to quantize a few thousand values,
+and a small graph's step makes dozens of such calls).
 """
 
 from __future__ import annotations
