@@ -36,6 +36,15 @@ def _one_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.fixture
+def fresh_dynamo():
+    """Compiled code is cached per code object and guarded on the model: a test that compiles
+    starts without the previous one's, and leaves none behind."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if HAS_CUDA:
         return

@@ -47,13 +47,7 @@ MODELS: dict[str, Callable[[], nn.Module]] = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    # Compiled code is cached per code object and guarded on the model: each test starts
-    # without the previous one's, and leaves none behind.
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def _data(device: str = "cpu"):

@@ -14,12 +14,7 @@ import torch
 import gnnact
 from gnnact.quant import PackedTensor, operators
 
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def _x(n: int = 1037, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -20,7 +20,7 @@ from gnnact.quant import reference
 from gnnact.quant.packed import DEFAULT_GROUP_SIZE, QUANT_BITS
 from gnnact.quant.rng import hash_uniform
 
-__all__ = ["BACKENDS", "Backend", "kernel_agrees", "kernel_matches", "mask_backend",
+__all__ = ["BACKENDS", "Backend", "check_name", "kernel_agrees", "kernel_matches", "mask_backend",
            "mask_kernels_agree", "mask_kernels_match", "select"]
 
 #: The type of a ``backend=`` argument.
@@ -30,12 +30,17 @@ Backend = Literal["auto", "torch", "cupy"]
 BACKENDS = ("auto", "torch", "cupy")
 
 
+def check_name(backend: str) -> None:
+    """Raise a ``ValueError`` naming ``backend`` unless it is one of :data:`BACKENDS`."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+
+
 def select(backend: str, device: torch.device, bits: int | None = None) -> ModuleType:
     """The module implementing ``quantize_groups`` & co. for ``backend`` on ``device`` (and
     ``bits``). ``"auto"`` takes the kernels on a CUDA device with CuPy, for each width once
     :func:`kernel_agrees` has checked it there."""
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    check_name(backend)
     if backend == "torch" or (backend == "auto" and device.type != "cuda"):
         return reference
     from gnnact.kernels import cupy_available

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from gnnact.quant import operators
-from gnnact.quant.backends import BACKENDS, Backend, select
+from gnnact.quant.backends import Backend, check_name, select
 from gnnact.quant.packed import (
     DEFAULT_GROUP_SIZE,
     SUPPORTED_BITS,
@@ -38,8 +38,8 @@ def _check_backend(backend: str, device: torch.device, bits: int | None = None) 
     runs (a selection checks kernels once per device: host work, not part of a graph)."""
     if not torch.compiler.is_compiling():
         select(backend, device, bits)
-    elif backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    else:
+        check_name(backend)
 
 
 def _check_int(name: str, value: object) -> int:
