@@ -127,9 +127,11 @@ def test_inverse_range_is_rounded_down_so_no_u_passes_the_top_level(bits):
     levels = (1 << bits) - 1
     gen = torch.Generator().manual_seed(bits)
     rng = torch.cat([torch.rand(20000, generator=gen) * 10.0 ** torch.randint(
-        -30, 30, (20000,), generator=gen), torch.tensor([1e-38, 3e-38, 1.0, 3.0, 0.0,
-                                                         float("nan")])]).to(torch.float32)
+        -30, 30, (20000,), generator=gen), torch.tensor([1e-45, 1e-40, 1e-38, 3e-38, 1.0, 3.0,
+                                                         3.4e38, 0.0, float("nan")])]
+                    ).to(torch.float32)
     inv = reference.inverse_range(rng, bits)
+    assert reference.inverse_range(torch.tensor([float("inf")]), bits).item() == 0.0
     positive = rng > 0
     assert torch.equal(inv[~positive], torch.zeros_like(inv[~positive]))
     r, i = rng[positive].double(), inv[positive]

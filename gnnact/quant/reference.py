@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from gnnact.quant.packed import packed_code_bytes
-from gnnact.quant.rng import uniform_stream
+from gnnact.quant.rng import word_stream
 
 __all__ = [
     "BLOCKS",
@@ -98,60 +98,67 @@ def quantize_groups(x: Tensor, bits: int, group_size: int, *, seed: int | None =
         ``(codes, scales, zeros)``: ``uint8 [n_g, ceil(G b / 8)]``, ``float32 [n_g]`` twice.
     """
     n = x.numel()
-    whole, tail = divmod(n, group_size)
-    num_groups = whole + (tail > 0)
+    num_groups = -(-n // group_size)
+    last = n - (num_groups - 1) * group_size  # elements of the last group
     flat = x.reshape(-1)
-    if noise is not None:
+    # Drawn chunk by chunk, in order: seeded_uniform(seed, n) as integers k = 2^16 r, which the
+    # faster rounding of _round_on_grid takes (given noise: the reference's).
+    if noise is None:
+        draw, rows = word_stream(seed, x.device), _round_on_grid
+    else:
         noise = noise.reshape(-1)
-    # Drawn chunk by chunk, in order: the same values as seeded_uniform(seed, n), multiples of
-    # 2^-16, which the faster rounding of _round_on_grid takes (given noise: the reference's).
-    draw = uniform_stream(seed, x.device) if noise is None else None
-    rows = _quantize_rows if draw is None else _round_on_grid
-
-    def noise_of(start: int, count: int) -> Tensor:
-        if draw is not None:
-            return draw(start, count)
-        return noise[start:start + count].to(torch.float32)
+        draw, rows = (lambda start, count: noise[start:start + count]), _quantize_rows
+    step = max(1, block_elements(n) // group_size)  # groups per chunk
+    if num_groups <= step:
+        # One chunk (every tensor of up to 64Ki elements): all groups at once, the last padded
+        # to a whole group. A few dozen small ops, the fixed cost of quantizing a small tensor.
+        return rows(*_padded(flat, draw(0, n), num_groups * group_size, group_size), bits,
+                    valid=last)
 
     codes = torch.empty(num_groups, packed_code_bytes(group_size, bits), dtype=torch.uint8,
                         device=x.device)
     scales = torch.empty(num_groups, dtype=torch.float32, device=x.device)
     zeros = torch.empty_like(scales)
-    # Whole groups in chunks of about block_elements(n): the float32 temporaries (the noise, u,
-    # its fractional part) stay a few MiB however large x is, so quantizing a tensor needs
-    # little beyond its packed result. The seeded path keeps them in buffers made once: on the
-    # CPU a fresh megabyte a chunk cost a page fault a page (the allocator hands large blocks
-    # back to the system), often more than the arithmetic.
-    step = max(1, block_elements(n) // group_size)
+    # Whole groups in chunks of about block_elements(n): the float32 temporaries (u and its
+    # fractional part, the input as float32) stay a few MiB however large x is, so quantizing
+    # a tensor needs little beyond its packed result. The seeded path keeps them in buffers
+    # made once: on the CPU a fresh megabyte a chunk cost a page fault a page (the allocator
+    # hands large blocks back to the system), often more than the arithmetic.
+    whole = num_groups - (last < group_size)
     buffers = None
-    if draw is not None and whole:
+    if noise is None:
         span = min(whole, step) * group_size
-        # (noise, codes as floats, and the input as float32 when it is not)
+        # (codes as floats, and the input as float32 when it is not)
         buffers = [torch.empty(span, dtype=torch.float32, device=x.device)
-                   for _ in range(2 + (x.dtype != torch.float32))]
+                   for _ in range(1 + (x.dtype != torch.float32))]
     for g0 in range(0, whole, step):
         g1 = min(whole, g0 + step)
         lo, hi = g0 * group_size, g1 * group_size
-        if buffers is None:
-            h = flat[lo:hi].to(torch.float32).view(g1 - g0, group_size)
-            r = noise_of(lo, hi - lo).view(g1 - g0, group_size)
-            codes[g0:g1], scales[g0:g1], zeros[g0:g1] = _quantize_rows(h, r, bits)
-            del h, r  # before the next chunk's are made: one chunk's temporaries at a time
-            continue
-        r_buf, q_buf, *h_buf = (b[:hi - lo].view(g1 - g0, group_size) for b in buffers)
         h = flat[lo:hi].view(g1 - g0, group_size)
+        r = draw(lo, hi - lo).view(g1 - g0, group_size)
+        if buffers is None:
+            codes[g0:g1], scales[g0:g1], zeros[g0:g1] = rows(h.to(torch.float32), r, bits)
+            continue
+        q_buf, *h_buf = (b[:hi - lo].view(g1 - g0, group_size) for b in buffers)
         if h_buf:
             h = h_buf[0].copy_(h)
-        r = draw(lo, hi - lo, out=r_buf.view(-1)).view(g1 - g0, group_size)
-        codes[g0:g1], scales[g0:g1], zeros[g0:g1] = _round_on_grid(h, r, bits, out=q_buf)
-    if tail:
-        # Pad with the last element so the padding cannot widen the last group's range.
+        codes[g0:g1], scales[g0:g1], zeros[g0:g1] = rows(h, r, bits, out=q_buf)
+    if whole < num_groups:
         cut = whole * group_size
-        h = torch.cat([flat[cut:], flat[-1:].expand(group_size - tail)]).to(torch.float32)
-        r = torch.cat([noise_of(cut, tail), h.new_zeros(group_size - tail)])
-        codes[whole:], scales[whole:], zeros[whole:] = rows(
-            h.view(1, group_size), r.view(1, group_size), bits, valid=tail)
+        h, r = _padded(flat[cut:], draw(cut, n - cut), group_size, group_size)
+        codes[whole:], scales[whole:], zeros[whole:] = rows(h, r, bits, valid=last)
     return codes, scales, zeros
+
+
+def _padded(h: Tensor, r: Tensor, size: int, group_size: int) -> tuple[Tensor, Tensor]:
+    """Values ``h`` (float32) and their noise ``r`` padded to ``size`` elements, as
+    ``[size / G, G]``: values with the last one, so the padding cannot widen the last
+    group's range, and noise with zeros."""
+    pad = size - h.numel()
+    if pad:
+        h = torch.cat([h, h[-1:].expand(pad)])
+        r = torch.cat([r, r.new_zeros(pad)])
+    return h.to(torch.float32).view(-1, group_size), r.view(-1, group_size)
 
 
 def inverse_range(rng: Tensor, bits: int) -> Tensor:
@@ -159,74 +166,91 @@ def inverse_range(rng: Tensor, bits: int) -> Tensor:
     is 0 or NaN). Rounded down, no :math:`u_j = (h_j - Z) B / R` of a group exceeds :math:`B`
     (rounded to nearest, one could by a rounding), so no code needs a clamp, and the kernels
     have none."""
-    levels = float((1 << bits) - 1)
-    inv = torch.full_like(rng, levels) / rng  # tensor / tensor: see _quantize_rows
-    # Where that quotient, rounded to nearest, rounded up, the float below it is the quotient
-    # rounded down; the float64 product of two floats is exact, and tells.
-    over = inv.double() * rng.double() > levels
-    inv = torch.where(over, torch.nextafter(inv, torch.zeros_like(inv)), inv)
-    return torch.where(rng > 0, inv, torch.zeros_like(rng))
+    rng64 = rng.double()
+    exact = torch.full_like(rng64, float((1 << bits) - 1)) / rng64
+    inv = exact.float()  # rounded to nearest
+    # The float64 quotient tells whether that rounded up: B (8 bits) over R (24 bits) is
+    # either a float32 or at least 2^-48 (relative) from every float32, far beyond float64's
+    # rounding. Where it did, the float below is the quotient rounded down: one less in the
+    # bits of a positive float32 (FLT_MAX below infinity). (R = 0 gives an infinite quotient,
+    # NaN a NaN: both stored as 0.)
+    inv.view(torch.int32).sub_((inv > exact).to(torch.int32))
+    return inv.nan_to_num_(nan=0.0, posinf=0.0)
 
 
-def _group_statistics(low: Tensor, high: Tensor, bits: int
-                      ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``(scale, inverse range, zero, non-finite)`` of groups with ends ``low`` and ``high``:
+def _group_statistics(low: Tensor, high: Tensor, bits: int) -> tuple[Tensor, Tensor, Tensor]:
+    """``(scale, inverse range, zero)`` of groups with ends ``low`` and ``high``:
     :math:`s = R / B`, :math:`B / R` rounded down (:func:`inverse_range`) and :math:`Z`, NaN
-    scale and zero where the range is not finite (flagged in the last)."""
+    scale and zero where the range is not finite."""
     rng = high - low
-    bad = ~torch.isfinite(rng)
-    nan = torch.full_like(rng, float("nan"))
+    # R - R: +0 where R is finite, NaN where it is not. Subtracting a +0 changes no float (a
+    # -0 stays -0), so it only puts the NaN where it belongs; tensor-tensor ops only (an op
+    # with a Python scalar costs a few microseconds more, on a few elements).
+    nan_unless_finite = rng - rng
     # Tensor / tensor division: a scalar divisor may be turned into a multiplication by its
     # reciprocal, which rounds differently from the kernel's division.
-    scale = torch.where(bad, nan, rng / torch.full_like(rng, float((1 << bits) - 1)))
-    return scale, inverse_range(rng, bits), torch.where(bad, nan, low), bad
+    scale = (rng / torch.full_like(rng, float((1 << bits) - 1))).sub_(nan_unless_finite)
+    return scale, inverse_range(rng, bits), low - nan_unless_finite
 
 
-def _quantize_rows(h: Tensor, r: Tensor, bits: int,
-                   valid: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
+def _quantize_rows(h: Tensor, r: Tensor, bits: int, valid: int | None = None,
+                   out: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """:func:`quantize_groups` of the groups ``h [n_g, G]`` (float32, not written) with noise
-    ``r``; codes past column ``valid`` of each group are stored as 0 (padding)."""
+    ``r``; codes past column ``valid`` of the last group are stored as 0 (padding). ``out``
+    (float32, ``h``'s shape), if given, holds the codes as floats."""
     levels = (1 << bits) - 1
-    scale, inv, zero, _ = _group_statistics(h.amin(dim=1), h.amax(dim=1), bits)
+    scale, inv, zero = _group_statistics(h.amin(dim=1), h.amax(dim=1), bits)
 
     # u = (h - Z) * B/R, then q = floor(u) + [r < u - floor(u)]. Comparing with the exact
     # fractional part (Sterbenz: u - floor(u) is exact) rather than flooring the rounded sum
     # u + r keeps codes on the grid exact and P[round up] = frac(u) to within 2^-24.
     # u >= 0, so frac(u) = u - trunc(u) = u - floor(u), and u - frac(u) = floor(u), both exact
     # (torch.floor has a ~15 ms fixed cost per call on some CPU builds; frac has none).
-    u = h - zero[:, None]
+    u = torch.sub(h, zero[:, None], out=out)
     u.mul_(inv[:, None])
     frac = torch.frac(u)
     q = u.sub_(frac)
     q.add_(r < frac)
     # NaN only arises in non-finite groups (zero is NaN there): they store code 0.
     q = torch.nan_to_num_(q, nan=0.0).clamp_(0, levels)
-    if valid is not None:
-        q[:, valid:] = 0
-    return pack_codes(q, bits), scale, zero
+    return _packed(q, bits, valid), scale, zero
 
 
-def _round_on_grid(h: Tensor, r: Tensor, bits: int, valid: int | None = None,
+def _round_on_grid(h: Tensor, k: Tensor, bits: int, valid: int | None = None,
                    out: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    r""":func:`_quantize_rows` for noise on the :math:`2^{-16}` grid (what
-    :func:`~gnnact.quant.rng.seeded_uniform` draws), bit for bit, in fewer passes over memory:
-    a reduction for each end of each group, and :math:`q = \lceil u - r \rceil` for
-    :math:`\lfloor u \rfloor + [r < u - \lfloor u \rfloor]`. The two are equal for real
+    r""":func:`_quantize_rows` for noise on the :math:`2^{-16}` grid, given as the integers
+    :math:`k = 2^{16} r` (:func:`~gnnact.quant.rng.word_stream`), bit for bit, in fewer passes
+    over memory: a reduction for each end of each group, and :math:`q = \lceil u - r \rceil`
+    for :math:`\lfloor u \rfloor + [r < u - \lfloor u \rfloor]`. The two are equal for real
     numbers, and :math:`u - r` is exact in float32 here: with :math:`0 \le u < 2^8`, :math:`r`
     is a multiple of :math:`u`'s last place, so for :math:`u \ge r` the difference is one with
     magnitude at most :math:`u`; for :math:`u < r` it lies in :math:`(-1, 0)`, rounded or not,
     and its ceiling is 0. No clamp is needed: :math:`0 \le u \le B` (:func:`inverse_range`).
-    The codes are computed in ``out`` (float32, ``h``'s shape) if given."""
+    :math:`r = 2^{-16} k` is exact too, fused into the subtraction or not."""
     # (Two reductions, not torch.aminmax: along rows of a group, CPU aminmax runs about ten
     # times slower than amin and amax together.)
-    scale, inv, zero, bad = _group_statistics(h.amin(dim=1), h.amax(dim=1), bits)
+    scale, inv, zero = _group_statistics(h.amin(dim=1), h.amax(dim=1), bits)
     q = torch.sub(h, zero[:, None], out=out)
-    q.mul_(inv[:, None]).sub_(r).ceil_()
+    q.mul_(inv[:, None]).sub_(k, alpha=2.0**-16).ceil_()
+    bad = scale.isnan()
     if bad.any():
         q[bad] = 0.0  # (NaN there: non-finite groups store code 0)
-    if valid is not None:
-        q[:, valid:] = 0
-    return pack_codes(q, bits), scale, zero
+    return _packed(q, bits, valid), scale, zero
+
+
+def _packed(q: Tensor, bits: int, valid: int | None) -> Tensor:
+    """:func:`pack_codes` of ``q`` with the codes past column ``valid`` of its last row (the
+    padding of a short last group) set to 0 first."""
+    if valid is not None and valid < q.shape[1]:
+        q[-1, valid:] = 0
+    return pack_codes(q, bits)
+
+
+@functools.cache
+def _places(count: int, shift: int, device: torch.device) -> Tensor:
+    r"""``float32 [count]``: :math:`2^{k \cdot \mathrm{shift}}`, the places of ``count``
+    codes of ``shift`` bits in a word, lowest first (read only)."""
+    return torch.exp2(torch.arange(count, dtype=torch.float32, device=device) * shift)
 
 
 def pack_codes(q: Tensor, bits: int) -> Tensor:
@@ -245,9 +269,21 @@ def pack_codes(q: Tensor, bits: int) -> Tensor:
     if bits != 8:
         # byte = sum_k q_k 2^(k b): a float32 mat-vec with powers of two is exact (integers
         # below 256, exact even in TF32) and runs on every device, unlike integer matmul.
-        weights = torch.exp2(_bit_shifts(bits, q.device).to(torch.float32))
-        q = q.reshape(num_groups * bytes_per_group, per_byte) @ weights
-    return q.reshape(num_groups, bytes_per_group).to(torch.uint8)
+        q = q.reshape(num_groups * bytes_per_group, per_byte) @ _places(per_byte, bits, q.device)
+    return _to_bytes(q.reshape(num_groups, bytes_per_group))
+
+
+#: Values from which :func:`_to_bytes` converts through int32 on the CPU.
+_LONG_CONVERSION = 1 << 15
+
+
+def _to_bytes(v: Tensor) -> Tensor:
+    """Integral float32 values in [0, 255] as ``uint8``. On the CPU a long tensor goes through
+    int32: float32 to uint8 has no vectorised path there, and the two conversions take half
+    its time (a small tensor converts directly: one op less)."""
+    if v.device.type == "cpu" and v.numel() >= _LONG_CONVERSION:
+        v = v.to(torch.int32)
+    return v.to(torch.uint8)
 
 
 def dequantize_groups(codes: Tensor, scales: Tensor, zeros: Tensor, bits: int, group_size: int,
@@ -264,10 +300,13 @@ def dequantize_groups(codes: Tensor, scales: Tensor, zeros: Tensor, bits: int, g
         dtype (torch.dtype): dtype of the result.
     """
     num_groups = codes.shape[0]
+    step = max(1, block_elements(numel) // group_size)
+    if num_groups <= step and numel == num_groups * group_size and dtype == torch.float32:
+        # One chunk of whole groups (a small tensor): the values are the result.
+        return _dequantize_rows(codes, scales, zeros, bits, group_size).reshape(-1)
     out = torch.empty(numel, dtype=dtype, device=codes.device)
     # In chunks of about block_elements(numel), written into the result: the unpacked codes (int64
     # for the widths that straddle bytes) never exist for the whole tensor at once.
-    step = max(1, block_elements(numel) // group_size)
     for g0 in range(0, num_groups, step):
         g1 = min(num_groups, g0 + step)
         values = _dequantize_rows(codes[g0:g1], scales[g0:g1], zeros[g0:g1], bits, group_size)
@@ -276,6 +315,12 @@ def dequantize_groups(codes: Tensor, scales: Tensor, zeros: Tensor, bits: int, g
         out[lo:hi] = values.reshape(-1)[:hi - lo]
         del values  # before the next chunk's are made
     return out
+
+
+#: Packed code bytes below which :func:`_dequantize_rows` unpacks two and four codes a byte
+#: with one gather from a table (a few ops) rather than a shift-and-mask per code (faster per
+#: byte on long rows, more ops).
+GATHER_BYTES = 1 << 12
 
 
 def _dequantize_rows(codes: Tensor, scales: Tensor, zeros: Tensor, bits: int,
@@ -289,14 +334,15 @@ def _dequantize_rows(codes: Tensor, scales: Tensor, zeros: Tensor, bits: int,
             q = _unpack_blocks(codes, bits, group_size)
         else:
             q = _unpack_stream(codes, bits, group_size).to(torch.float32)
-    elif bits == 1:
-        # One gather from a 256-entry table of each byte's eight bits, as float32: half the
-        # time of eight shifts.
+    elif bits == 1 or codes.numel() <= GATHER_BYTES:
+        # One gather from a 256-entry table of each byte's codes, as float32: half the time of
+        # eight shifts for one bit.
         table = _byte_codes(bits, codes.device)
         q = table.index_select(0, codes.reshape(-1).to(torch.int32)).view(num_groups, -1)
     else:
-        # Two or four codes a byte: one shift-and-mask of the bytes per code, written as
-        # float32 into its column (2-4x faster than the table's gather of such short rows).
+        # Two or four codes a byte on long rows: one shift-and-mask of the bytes per code,
+        # written as float32 into its column (2-4x faster than the table's gather of such
+        # short rows).
         flat = codes.reshape(-1)
         per_byte, mask = 8 // bits, (1 << bits) - 1
         q = torch.empty(flat.numel(), per_byte, dtype=torch.float32, device=codes.device)
@@ -325,8 +371,7 @@ def _sum_of_shifted(columns: Tensor, shift: int) -> Tensor:
     conversion to float64, cost about ten times as much on the CPU.)"""
     per_piece = max(1, 24 // shift)
     dtype = torch.int32 if columns.shape[1] * shift <= 31 else torch.int64
-    weights = torch.exp2(torch.arange(min(per_piece, columns.shape[1]), dtype=torch.float32,
-                                      device=columns.device) * shift)
+    weights = _places(min(per_piece, columns.shape[1]), shift, columns.device)
     total = None
     for k in range(0, columns.shape[1], per_piece):
         piece = columns[:, k:k + per_piece]
@@ -381,8 +426,8 @@ def _pack_stream(q: Tensor, bits: int, bytes_per_group: int) -> Tensor:
     pad = bytes_per_group * 8 - stream.shape[1]
     if pad:
         stream = torch.cat([stream, stream.new_zeros(num_groups, pad)], dim=1)
-    weights = torch.exp2(_bit_shifts(1, q.device).to(torch.float32))
-    return (stream.view(-1, 8).to(torch.float32) @ weights).view(num_groups, -1).to(torch.uint8)
+    return _to_bytes((stream.view(-1, 8).to(torch.float32) @ _places(8, 1, q.device)
+                      ).view(num_groups, -1))
 
 
 def _unpack_stream(codes: Tensor, bits: int, group_size: int) -> Tensor:

@@ -59,8 +59,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["PassSeeds", "draw_seed", "draw_seed_tensor", "hash_uniform", "seeded_uniform",
-           "split_seed", "uniform_stream"]
+__all__ = ["PassSeeds", "draw_seed", "draw_seed_tensor", "hash_uniform", "hash_words",
+           "seeded_uniform", "split_seed", "word_stream"]
 
 _MASK32 = 0xFFFFFFFF
 _MUL1 = 0x21F0AAAD
@@ -100,38 +100,41 @@ def draw_seed_tensor(generator: torch.Generator | None = None) -> Tensor:
     return torch.randint(0, 2**63 - 1, (1,), generator=generator, device=device)
 
 
-def hash_uniform(seed: int, start: int, count: int, device: torch.device | str = "cpu") -> Tensor:
-    r"""Noise :math:`r_i` for flat indices ``start … start + count - 1`` as float32 in [0, 1):
-    16 bits each, the two elements of a pair :math:`\lfloor i / 2 \rfloor` from one hash."""
+def hash_words(seed: int, start: int, count: int, device: torch.device | str = "cpu") -> Tensor:
+    r""":func:`hash_uniform`'s noise as the integers :math:`2^{16} r_i \in [0, 2^{16})`
+    (``int64``)."""
     s0, s1 = split_seed(seed)
     i = torch.arange(start, start + count, dtype=torch.int64, device=device)
     pair = i >> 1
     octet = i >> 3
     h = _mix32((octet & _MASK32) ^ s0)
     h = _mix32(h ^ (octet >> 32) ^ s1 ^ (((pair & 3) * _PHI) & _MASK32))
-    return (0xFFFF - ((h >> ((i & 1) << 4)) & 0xFFFF)).to(torch.float32) * (2.0**-16)
+    return 0xFFFF - ((h >> ((i & 1) << 4)) & 0xFFFF)
+
+
+def hash_uniform(seed: int, start: int, count: int, device: torch.device | str = "cpu") -> Tensor:
+    r"""Noise :math:`r_i` for flat indices ``start … start + count - 1`` as float32 in [0, 1):
+    16 bits each, the two elements of a pair :math:`\lfloor i / 2 \rfloor` from one hash."""
+    return hash_words(seed, start, count, device).to(torch.float32).mul_(2.0**-16)
 
 
 def seeded_uniform(seed: int, count: int, device: torch.device | str = "cpu") -> Tensor:
     """The rounding noise the torch path uses for ``seed``: :func:`hash_uniform` on CUDA (what
     the kernels compute), 16-bit words of a generator seeded with ``seed`` on the CPU (see the
     module docstring). Float32 multiples of :math:`2^{-16}` in [0, 1) either way."""
-    return uniform_stream(seed, device)(0, count)
+    return word_stream(seed, device)(0, count).to(torch.float32).mul_(2.0**-16)
 
 
-def uniform_stream(seed: int, device: torch.device | str = "cpu") -> Callable[[int, int], Tensor]:
-    """:func:`seeded_uniform`'s noise piece by piece: ``draw(start, count, out=None)`` gives
-    elements ``start … start + count - 1`` of it (written into the float32 ``out`` if given), for
-    consecutive pieces drawn in order (on the CPU the generator's stream continues; one draw of
-    :math:`n` equals any split of it)."""
+def word_stream(seed: int, device: torch.device | str = "cpu") -> Callable[[int, int], Tensor]:
+    r""":func:`seeded_uniform`'s noise piece by piece, as the integers :math:`2^{16} r_i`:
+    ``draw(start, count)`` gives those of elements ``start … start + count - 1`` (``uint16``
+    words of the generator on the CPU, :func:`hash_words` on CUDA), for consecutive pieces
+    drawn in order (on the CPU the generator's stream continues; one draw of :math:`n` equals
+    any split of it). The quantizer subtracts them scaled by :math:`2^{-16}`
+    (``q.sub_(k, alpha=2**-16)``: exact, and no float32 copy of the noise is made)."""
     device = torch.device(device)
     if device.type == "cuda":
-
-        def hashed(start: int, count: int, out: Tensor | None = None) -> Tensor:
-            noise = hash_uniform(seed, start, count, device)
-            return noise if out is None else out.copy_(noise)
-
-        return hashed
+        return lambda start, count: hash_words(seed, start, count, device)
     if device.type != "cpu":  # (no NumPy there: the device's own generator)
         generator = torch.Generator(device=device).manual_seed(seed)
 
@@ -145,23 +148,22 @@ def uniform_stream(seed: int, device: torch.device | str = "cpu") -> Callable[[i
 
         def words(count: int) -> Tensor:
             return torch.from_numpy(bits.random_raw(count).view(np.int64))
-    drawn = [0]
-    left = [torch.empty(0, dtype=torch.uint16, device=device)]  # words of the last draw
+    drawn = 0
+    left: Tensor | None = None  # words of the last draw not yet handed out
 
-    def draw(start: int, count: int, out: Tensor | None = None) -> Tensor:
-        if start != drawn[0]:
-            raise ValueError(f"uniform_stream: pieces are drawn in order; expected start "
-                             f"{drawn[0]}, got {start}")
-        drawn[0] += count
-        have = left[0]
-        need = count - have.numel()
+    def draw(start: int, count: int) -> Tensor:
+        nonlocal drawn, left
+        if start != drawn:
+            raise ValueError(f"word_stream: pieces are drawn in order; expected start "
+                             f"{drawn}, got {start}")
+        drawn += count
+        have = left
+        need = count - (0 if have is None else have.numel())
         if need > 0:
             fresh = words(-(-need // 4)).view(torch.uint16)
-            have = torch.cat([have, fresh]) if have.numel() else fresh
-        left[0] = have[count:]
-        if out is None:
-            out = torch.empty(count, dtype=torch.float32, device=device)
-        return out.copy_(have[:count]).mul_(2.0**-16)
+            have = fresh if have is None or not have.numel() else torch.cat([have, fresh])
+        left = have[count:]
+        return have[:count]
 
     return draw
 
