@@ -85,7 +85,9 @@
 #   speed      step time beside PyG (bench_speed.py): every fidelity family and GCN on
 #              CiteSeer, Computers, Physics and the arxiv shape, PyG fp32 against
 #              gnnact.convert(model), eager and compiled, variants taking turns. Needs the
-#              fidelity part's data_local/datasets plus amazon and coauthor.
+#              fidelity part's data_local/datasets plus amazon and coauthor. Then message
+#              passing in pieces against whole by message size (bench_chunks.py: the price
+#              behind chunked.MIN_MESSAGE_BYTES).
 #   distributed  partitioned training under NCCL, one GPU per rank (k = 1, 2, 4 as far as
 #              the GPUs go; one GPU: k = 1, the NCCL path end to end): per-rank step peak,
 #              exchanged bytes and step time, GCN and SAGE on the full arxiv shape, exchange
@@ -300,6 +302,7 @@ for part in "${parts[@]}"; do
         echo "no data_local/datasets: copy ../shared/datasets families there and carry it"
         status=1
       fi
+      "$py" benchmarks/bench_chunks.py --device cuda --out "$out/chunks.jsonl" || status=1
       ;;
     adaptive-*)
       if [ -d data_local/datasets ]; then

@@ -63,7 +63,9 @@ class Config:
             copies in ahead of the one it reads. (default: :obj:`1`)
         chunk_messages (bool, optional): :func:`gnnact.convert` runs the message passing of
             PyG convs without a twin in chunks, so that their :math:`E \times F` messages never
-            exist whole (:mod:`gnnact.nn.chunked`): by feature columns (``GINConv``,
+            exist whole where they are large (from
+            :data:`gnnact.nn.chunked.MIN_MESSAGE_BYTES`, 64 MiB; smaller ones are made whole,
+            as pieces cost time): by feature columns (``GINConv``,
             ``GraphConv``, ``ChebConv``, …; outputs and gradients are PyG's bit for bit) or by
             blocks of targets (``TransformerConv``, ``GINEConv``, ``PNAConv``, ``NNConv``,
             …: :data:`gnnact.nn.chunked.BY_TARGET`; equal to PyG's up to float rounding).

@@ -45,6 +45,15 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
+@pytest.fixture
+def small_messages_in_pieces(monkeypatch):
+    """Convs run their message passing in pieces however small the messages (the tests'
+    graphs are small; by default messages under ``MIN_MESSAGE_BYTES`` run whole)."""
+    from gnnact.nn import chunked
+
+    monkeypatch.setattr(chunked, "MIN_MESSAGE_BYTES", 0)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if HAS_CUDA:
         return

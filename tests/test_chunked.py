@@ -1,6 +1,9 @@
 """Message passing in chunks (gnnact.nn.chunked), by feature columns (PyG's results bit for
 bit) and by blocks of targets (up to float rounding): messages never whole, installed and
-removed by convert, kept by deepcopy and pickle."""
+removed by convert, kept by deepcopy and pickle; small messages whole by default.
+
+The graphs here are small, so every test but the default's own lowers the floor under which
+calls run whole (``MIN_MESSAGE_BYTES``) to 0."""
 
 from __future__ import annotations
 
@@ -13,10 +16,17 @@ import torch_geometric.nn as pyg_nn
 from torch import nn
 
 import gnnact
+from gnnact.nn import chunked as chunked_module
 from gnnact.nn.chunked import BY_TARGET, DECOMPOSABLE, FeatureChunks, TargetChunks, chunk_messages
 from gnnact.peak import PeakMeter
 
 N, F, E = 300, 24, 2400  # 8 edges per node: 8 column blocks of 3
+
+
+@pytest.fixture(autouse=True)
+def chunk_small_messages(request):
+    if request.function is not test_small_messages_run_whole_by_default:
+        request.getfixturevalue("small_messages_in_pieces")
 
 
 def make(cls: type) -> nn.Module:
@@ -401,3 +411,23 @@ def test_summary_says_how_messages_were_made():
     rows = {r.path: r.messages for r in gnnact.summary(model).rows}
     assert (rows["gcn"], rows["gin"], rows["supergat"]) == ("fused", "8 pieces", "whole")
     assert rows["gin.nn"] == "" and "messages" in str(gnnact.summary(model)).splitlines()[0]
+
+
+@pytest.mark.parametrize("cls", [pyg_nn.GINConv, pyg_nn.TransformerConv])
+def test_small_messages_run_whole_by_default(cls):
+    """Under MIN_MESSAGE_BYTES of messages (E rows of the widest argument row) a call runs
+    whole, with PyG's result; at or above an instance's min_bytes, in pieces; the summary
+    says which."""
+    x, edge_index = inputs(cls)[:2]
+    pyg = make(cls)
+    want = pyg(x, edge_index)
+    ours = gnnact.convert(copy.deepcopy(pyg), gnnact.Config(bits=32))
+    chunks = ours.propagate
+    assert chunks.min_bytes == chunked_module.MIN_MESSAGE_BYTES >= 1 << 20
+    assert torch.equal(ours(x, edge_index), want) and chunks.last_chunks == 1
+    assert "whole" in str(gnnact.summary(ours))
+    size = chunks.message_bytes(edge_index, {"x": x})
+    assert size == E * F * 4
+    chunks.min_bytes = size
+    assert torch.allclose(ours(x, edge_index), want, atol=1e-6) and chunks.last_chunks == 8
+    assert "8 pieces" in str(gnnact.summary(ours))

@@ -374,6 +374,7 @@ def _step(model: nn.Module, x, edge_index, y):
 
 
 @pytest.mark.parametrize("cls", [Cheb, Transformer, GIN])
+@pytest.mark.usefixtures("small_messages_in_pieces")
 def test_converted_models_keep_less_and_compute_the_same(cls) -> None:
     torch.manual_seed(0)
     # TransformerConv's blocks of targets have about one edge per node (5,000 indices each:
@@ -402,6 +403,7 @@ def test_converted_models_keep_less_and_compute_the_same(cls) -> None:
     assert kept_off / kept_on > (1.3 if cls is Cheb else 1.03)
 
 
+@pytest.mark.usefixtures("small_messages_in_pieces")
 def test_chunked_feature_blocks_share_one_copy() -> None:
     # ChebConv runs its propagation in feature blocks (gnnact.nn.chunked), each saving the
     # same targets broadcast to its width: one copy serves them all.

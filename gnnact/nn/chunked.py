@@ -35,6 +35,14 @@ returns and the gradients equal PyG's up to float rounding.
 :func:`gnnact.convert` installs the one that fits as the ``propagate`` of every conv of those
 exact classes (``Config.chunk_messages``). Sparse adjacencies (``adj_t``) take PyG's fused
 path, which makes no messages, and are left alone.
+
+**Only where the messages are large.** Pieces are not free: each one runs PyG's gather and
+scatter over every edge, on narrower rows, and on the CPU a ``GINConv`` (64 features, 8 edges a
+node) stepped 2.3-2.7× slower in 8 column pieces than whole at every size from 1 to 62 MiB of
+messages (``benchmarks/bench_chunks.py``). A call whose messages (:math:`E` times the
+widest per-node row of its arguments) are under :data:`MIN_MESSAGE_BYTES` runs whole: it adds
+at most that much to the step's peak, a fraction of a percent of any accelerator's memory.
+``gnnact.summary`` reports each conv's last call as ``whole`` or in pieces.
 """
 
 from __future__ import annotations
@@ -52,8 +60,11 @@ from torch_geometric.nn import MessagePassing
 from gnnact.nn.conv import GCNConv, SAGEConv
 from gnnact.nn.conv.base import MESSAGE_PASSING_HOOKS
 
-__all__ = ["BY_TARGET", "CHUNKED", "DECOMPOSABLE", "PER_COLUMN_AGGREGATIONS", "TWINS",
-           "FeatureChunks", "TargetChunks", "chunk_messages"]
+__all__ = ["BY_TARGET", "CHUNKED", "DECOMPOSABLE", "MIN_MESSAGE_BYTES",
+           "PER_COLUMN_AGGREGATIONS", "TWINS", "FeatureChunks", "TargetChunks", "chunk_messages"]
+
+#: Message bytes below which a call runs whole (the default of :attr:`_Chunks.min_bytes`).
+MIN_MESSAGE_BYTES = 64 << 20
 
 
 def _classes(*names: str) -> tuple[type[MessagePassing], ...]:
@@ -108,6 +119,7 @@ class _Chunks:
                             f"{type(conv).__name__}")
         self.conv = conv
         self.last_chunks: int | None = None  # no call yet
+        self.min_bytes = MIN_MESSAGE_BYTES
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({type(self.conv).__name__})"
@@ -119,15 +131,27 @@ class _Chunks:
         return sorted({a[:-2] for a in conv.inspector.get_param_names(
             "message", exclude=conv.special_args) if a.endswith(suffix)})
 
-    def _whole(self, edge_index: Any) -> bool:
+    def _whole(self, edge_index: Any, kwargs: dict[str, Any]) -> bool:
         """Whether a call runs whole: a sparse adjacency (PyG's fused path makes no
-        messages), explain mode, a registered message-passing hook (so that it sees what PyG
-        would show it), or tracing by torch.compile."""
+        messages), messages under ``min_bytes`` (:meth:`message_bytes`), explain mode, a
+        registered message-passing hook (so that it sees what PyG would show it), or tracing
+        by torch.compile."""
         conv = self.conv
         return (not isinstance(edge_index, Tensor) or edge_index.layout != torch.strided
+                or self.message_bytes(edge_index, kwargs) < self.min_bytes
                 or bool(conv.explain)
                 or any(getattr(conv, h, None) for h in MESSAGE_PASSING_HOOKS)
                 or torch.compiler.is_compiling())
+
+    def message_bytes(self, edge_index: Tensor, kwargs: dict[str, Any]) -> int:
+        """The size of a call's messages, as :math:`E` rows of its widest argument row (a
+        node's or an edge's values): what PyG makes at once when the call runs whole."""
+        row = 0
+        for value in kwargs.values():
+            for t in value if isinstance(value, (tuple, list)) else (value,):
+                if isinstance(t, Tensor) and t.dim() > 1:
+                    row = max(row, t[0].numel() * t.element_size())
+        return edge_index.size(1) * row
 
     def _propagate(self, edge_index: Any, size: Any, kwargs: dict[str, Any]) -> Any:
         # PyG's propagate as the class defines it (the instance's is this object).
@@ -144,6 +168,8 @@ class FeatureChunks(_Chunks):
     Attributes:
         last_chunks (int or None): blocks of the last call (1: run whole; ``None``: no call
             yet).
+        min_bytes (int): messages below this many bytes run whole
+            (default: :data:`MIN_MESSAGE_BYTES`).
 
     Example:
         >>> from torch_geometric.nn import GINConv
@@ -152,6 +178,7 @@ class FeatureChunks(_Chunks):
         >>> x, edge_index = torch.randn(100, 16), torch.randint(0, 100, (2, 800))
         >>> want = conv(x, edge_index)
         >>> chunk_messages(conv)
+        >>> conv.propagate.min_bytes = 0  # (51 KiB of messages: whole by default)
         >>> torch.equal(conv(x, edge_index), want), conv.propagate.last_chunks
         (True, 8)
     """
@@ -162,7 +189,7 @@ class FeatureChunks(_Chunks):
         """How many column blocks a call with these arguments runs in: 1 (whole) for a sparse
         adjacency, an aggregation that mixes columns (LSTM, attention, several aggregations
         concatenated), no source tensor, or fewer edges than source nodes."""
-        if (self._whole(edge_index)
+        if (self._whole(edge_index, kwargs)
                 or type(getattr(self.conv, "aggr_module", None)) not in PER_COLUMN_AGGREGATIONS):
             return 1
         widths, rows = set(), 0
@@ -208,6 +235,8 @@ class TargetChunks(_Chunks):
     Attributes:
         last_chunks (int or None): blocks of the last call (1: run whole; ``None``: no call
             yet).
+        min_bytes (int): messages below this many bytes run whole
+            (default: :data:`MIN_MESSAGE_BYTES`).
 
     Example:
         >>> from torch_geometric.nn import TransformerConv
@@ -216,6 +245,7 @@ class TargetChunks(_Chunks):
         >>> x, edge_index = torch.randn(100, 16), torch.randint(0, 100, (2, 800))
         >>> want = conv(x, edge_index)
         >>> chunk_messages(conv)
+        >>> conv.propagate.min_bytes = 0  # (small messages: whole by default)
         >>> torch.allclose(conv(x, edge_index), want), conv.propagate.last_chunks
         (True, 8)
     """
@@ -225,10 +255,11 @@ class TargetChunks(_Chunks):
     def blocks(self, edge_index: Any, kwargs: dict[str, Any], size: Any = None) -> int:
         """How many target blocks a call with these arguments runs in: 1 (whole) for a sparse
         adjacency, the reverse flow, or fewer edges than targets."""
-        return self._blocks(edge_index, self._targets(kwargs, size))
+        return self._blocks(edge_index, self._targets(kwargs, size), kwargs)
 
-    def _blocks(self, edge_index: Any, targets: int | None) -> int:
-        if self._whole(edge_index) or self.conv.flow != "source_to_target" or not targets:
+    def _blocks(self, edge_index: Any, targets: int | None, kwargs: dict[str, Any]) -> int:
+        if (self._whole(edge_index, kwargs) or self.conv.flow != "source_to_target"
+                or not targets):
             return 1
         return max(1, min(targets, math.ceil(edge_index.size(1) / targets)))
 
@@ -246,7 +277,7 @@ class TargetChunks(_Chunks):
     def __call__(self, edge_index: Any, size: Any = None, **kwargs: Any) -> Any:
         conv = self.conv
         targets = self._targets(kwargs, size)
-        k = self._blocks(edge_index, targets)
+        k = self._blocks(edge_index, targets, kwargs)
         self.last_chunks = k
         if k == 1:
             return self._propagate(edge_index, size, kwargs)

@@ -165,7 +165,7 @@ def summary(model: nn.Module) -> Summary:
         conv1              GCNConv         twin         2               0 B  fused
         conv1.aggr_module  SumAggregation  none         2               0 B
         conv1.lin          Linear          none         2               0 B
-        conv2              GraphConv       none         2               0 B  4 pieces
+        conv2              GraphConv       none         2               0 B  whole
         conv2.aggr_module  SumAggregation  none         2               0 B
         conv2.lin_rel      Linear          generic      2             952 B
         conv2.lin_root     Linear          generic      2             952 B
