@@ -79,14 +79,14 @@ def bench(nodes: int, device: torch.device, rounds: int) -> dict:
             "pieces_peak_mib": round(peaks["pieces"] / 2**20, 2)}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--smoke", action="store_true", help="one small graph, no result file")
     parser.add_argument("--out", type=Path, default=RESULTS / "chunks.jsonl")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     sizes = [500] if args.smoke else [500, 2000, 8000, 32000]
@@ -97,8 +97,8 @@ def main() -> None:
         print(f"{row['message_mib']:8.2f} MiB  whole {row['whole_ms']:9.2f} ms  "
               f"{row['pieces']} pieces {row['pieces_ms']:9.2f} ms  ({row['pieces_over_whole']}x)  "
               f"peak {row['whole_peak_mib']} -> {row['pieces_peak_mib']} MiB", flush=True)
-    sys.exit(finish(args.out, rows, smoke=args.smoke))
+    return finish(args.out, rows, smoke=args.smoke)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

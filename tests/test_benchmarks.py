@@ -614,3 +614,26 @@ def test_speed_rows_pair_each_variant_with_pyg(tmp_path, capsys):
                                               / rows["gnnact_fixed2"]["step_ms"])
     with pytest.raises(SystemExit):
         bench.main(["--rounds", "1"])  # the first round only warms up
+
+
+def test_chunk_rows_time_pieces_against_whole(tmp_path):
+    import torch
+
+    bench = _script("bench_chunks")
+    out = tmp_path / "chunks.jsonl"
+    assert bench.main(["--smoke", "--out", str(out)]) == 0 and not out.exists()
+    row = bench.bench(300, torch.device("cpu"), 2)
+    assert row["pieces"] == 8 and row["message_mib"] == round(2400 * 64 * 4 / 2**20, 2)
+    assert row["pieces_peak_mib"] < row["whole_peak_mib"]  # what the pieces are for
+    assert row["pieces_over_whole"] > 0 and row["whole_ms"] > 0
+
+
+def test_quantizer_ab_checks_both_give_the_same_codes(tmp_path):
+    ab = _script("ab_quantize")
+    root = BENCH.parent
+    out = tmp_path / "ab.jsonl"
+    assert ab.main(["--base", str(root), "--sizes", "1000", "--bits", "2", "3",
+                    "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["numel"], r["bits"]) for r in rows] == [(1000, 2), (1000, 3)]
+    assert all(r["quantize_base_us"] > 0 and r["dequantize_head_us"] > 0 for r in rows)
