@@ -381,6 +381,7 @@ def test_neighbor_loader_rows(tmp_path, capsys):
     assert ours["saved_ratio_vs_pyg"] > 4 and ours["graph_cache_counted"]
 
 
+@pytest.mark.usefixtures("small_messages_in_pieces")  # (1,500 nodes: small messages)
 def test_no_twin_rows(tmp_path, capsys):
     """Models written as PyG's examples write them, with convs that have no twin: rows per
     method, and the messages in chunks lower the step's peak below the whole-message run."""

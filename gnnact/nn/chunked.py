@@ -187,8 +187,9 @@ class FeatureChunks(_Chunks):
 
     def blocks(self, edge_index: Any, kwargs: dict[str, Any]) -> int:
         """How many column blocks a call with these arguments runs in: 1 (whole) for a sparse
-        adjacency, an aggregation that mixes columns (LSTM, attention, several aggregations
-        concatenated), no source tensor, or fewer edges than source nodes."""
+        adjacency, messages under ``min_bytes``, an aggregation that mixes columns (LSTM,
+        attention, several aggregations concatenated), no source tensor, or fewer edges than
+        source nodes."""
         if (self._whole(edge_index, kwargs)
                 or type(getattr(self.conv, "aggr_module", None)) not in PER_COLUMN_AGGREGATIONS):
             return 1
@@ -254,7 +255,8 @@ class TargetChunks(_Chunks):
 
     def blocks(self, edge_index: Any, kwargs: dict[str, Any], size: Any = None) -> int:
         """How many target blocks a call with these arguments runs in: 1 (whole) for a sparse
-        adjacency, the reverse flow, or fewer edges than targets."""
+        adjacency, messages under ``min_bytes``, the reverse flow, or fewer edges than
+        targets."""
         return self._blocks(edge_index, self._targets(kwargs, size), kwargs)
 
     def _blocks(self, edge_index: Any, targets: int | None, kwargs: dict[str, Any]) -> int:
