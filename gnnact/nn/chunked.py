@@ -38,7 +38,7 @@ path, which makes no messages, and are left alone.
 
 **Only where the messages are large.** Pieces are not free: each one runs PyG's gather and
 scatter over every edge, on narrower rows, and on the CPU a ``GINConv`` (64 features, 8 edges a
-node) stepped 2.3-2.7× slower in 8 column pieces than whole at every size from 1 to 62 MiB of
+node) stepped 2.1-3.2× slower in 8 column pieces than whole at every size from 1 to 62 MiB of
 messages (``benchmarks/bench_chunks.py``). A call whose messages (:math:`E` times the
 widest per-node row of its arguments) are under :data:`MIN_MESSAGE_BYTES` runs whole: it adds
 at most that much to the step's peak, a fraction of a percent of any accelerator's memory.
