@@ -19,7 +19,6 @@ import argparse
 import copy
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -28,7 +27,7 @@ from torch_geometric.nn import GINConv
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RESULTS, environment, finish
+from _common import RESULTS, environment, finish, median_time
 
 from gnnact.nn import chunked
 from gnnact.peak import PeakMeter
@@ -38,16 +37,6 @@ FEATURES, DEGREE = 64, 8
 
 def _step(conv: torch.nn.Module, x: torch.Tensor, edge_index: torch.Tensor) -> None:
     conv(x, edge_index).sum().backward()
-
-
-def _seconds(fn, device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    start = time.perf_counter()
-    fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter() - start
 
 
 def bench(nodes: int, device: torch.device, rounds: int) -> dict:
@@ -67,7 +56,8 @@ def bench(nodes: int, device: torch.device, rounds: int) -> dict:
         peaks[name] = meter.peak_bytes
     for _ in range(rounds):
         for name, conv in (("whole", whole), ("pieces", pieces)):
-            times[name].append(_seconds(lambda c=conv: _step(c, x, edge_index), device))
+            times[name].append(median_time(lambda c=conv: _step(c, x, edge_index), device,
+                                           repeats=1, warmup=0))
     w, p = statistics.median(times["whole"]), statistics.median(times["pieces"])
     messages = edge_index.size(1) * FEATURES * 4
     return {"bench": "chunks", **environment(device), "conv": "GINConv", "nodes": nodes,

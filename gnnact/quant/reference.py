@@ -151,8 +151,8 @@ def quantize_groups(x: Tensor, bits: int, group_size: int, *, seed: int | None =
 
 
 def _padded(h: Tensor, r: Tensor, size: int, group_size: int) -> tuple[Tensor, Tensor]:
-    """Values ``h`` (float32) and their noise ``r`` padded to ``size`` elements, as
-    ``[size / G, G]``: values with the last one, so the padding cannot widen the last
+    """Values ``h`` and their noise ``r`` padded to ``size`` elements, as ``[size / G, G]``,
+    the values in float32: values with the last one, so the padding cannot widen the last
     group's range, and noise with zeros."""
     pad = size - h.numel()
     if pad:

@@ -115,14 +115,19 @@ def hash_words(seed: int, start: int, count: int, device: torch.device | str = "
 def hash_uniform(seed: int, start: int, count: int, device: torch.device | str = "cpu") -> Tensor:
     r"""Noise :math:`r_i` for flat indices ``start … start + count - 1`` as float32 in [0, 1):
     16 bits each, the two elements of a pair :math:`\lfloor i / 2 \rfloor` from one hash."""
-    return hash_words(seed, start, count, device).to(torch.float32).mul_(2.0**-16)
+    return _uniform(hash_words(seed, start, count, device))
 
 
 def seeded_uniform(seed: int, count: int, device: torch.device | str = "cpu") -> Tensor:
     """The rounding noise the torch path uses for ``seed``: :func:`hash_uniform` on CUDA (what
     the kernels compute), 16-bit words of a generator seeded with ``seed`` on the CPU (see the
     module docstring). Float32 multiples of :math:`2^{-16}` in [0, 1) either way."""
-    return word_stream(seed, device)(0, count).to(torch.float32).mul_(2.0**-16)
+    return _uniform(word_stream(seed, device)(0, count))
+
+
+def _uniform(words: Tensor) -> Tensor:
+    r""":math:`r = 2^{-16} k` of noise words ``k``, as float32 (exact)."""
+    return words.to(torch.float32).mul_(2.0**-16)
 
 
 def word_stream(seed: int, device: torch.device | str = "cpu") -> Callable[[int, int], Tensor]:
