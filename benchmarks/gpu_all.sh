@@ -87,7 +87,8 @@
 #              gnnact.convert(model), eager and compiled, variants taking turns. Needs the
 #              fidelity part's data_local/datasets plus amazon and coauthor. Then message
 #              passing in pieces against whole by message size (bench_chunks.py: the price
-#              behind chunked.MIN_MESSAGE_BYTES).
+#              behind chunked.MIN_MESSAGE_BYTES), and what compressing one tensor costs by
+#              its size (bench_floor.py: the measurement behind config.MIN_BYTES).
 #   distributed  partitioned training under NCCL, one GPU per rank (k = 1, 2, 4 as far as
 #              the GPUs go; one GPU: k = 1, the NCCL path end to end): per-rank step peak,
 #              exchanged bytes and step time, GCN and SAGE on the full arxiv shape, exchange
@@ -303,6 +304,8 @@ for part in "${parts[@]}"; do
         status=1
       fi
       "$py" benchmarks/bench_chunks.py --device cuda --out "$out/chunks.jsonl" || status=1
+      "$py" benchmarks/bench_floor.py --device cuda --sizes 65536 1048576 16777216 67108864 \
+        --out "$out/floor.jsonl" || status=1
       ;;
     adaptive-*)
       if [ -d data_local/datasets ]; then

@@ -5,15 +5,25 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from torch import Tensor
+
 from gnnact.quant.backends import BACKENDS
 from gnnact.quant.core import DEFAULT_GROUP_SIZE, _check_int
 from gnnact.quant.packed import SUPPORTED_BITS
 
-__all__ = ["AUTO_START", "Config"]
+__all__ = ["AUTO_START", "MIN_BYTES", "Config"]
 
 #: The width every tensor starts at with automatic widths (``bits=None``), until the first
 #: probe; also the width of a layer used on its own with such a config.
 AUTO_START = 2
+
+#: Bytes below which a tensor is kept as it is (``Config.min_bytes=None``): 256 KiB, 64Ki
+#: float32 values. Compressing a tensor costs a fixed time (a dozen ops and their
+#: bookkeeping, ~0.7 ms on a CPU core) plus a time per value (~12 ns); below 55–60K values
+#: (215–240 kB) the fixed part is the larger (``benchmarks/bench_floor.py``, rows
+#: ``floor.jsonl``: 256 KiB is the power of two above), and the bytes at stake, at most 256
+#: KiB a tensor, are negligible beside any device's memory.
+MIN_BYTES = 256 << 10
 
 
 @dataclass(frozen=True)
@@ -89,6 +99,12 @@ class Config:
             broadcast, in the narrowest integer dtype that holds them, booleans at one bit
             (:mod:`gnnact.compress.lossless`). Backward computes the same. Not with ``bits``
             of 32, which keeps everything as it is. (default: :obj:`True`)
+        min_bytes (int, optional): a tensor of fewer bytes is kept as it is, and the op that
+            saves it runs as PyTorch's: its compressed copy would save next to nothing and
+            cost time (the quantizer's fixed cost outweighs its per-value cost below about
+            220 kB on a CPU). :func:`gnnact.summary` reports how many tensors a step kept
+            so, and their bytes. :obj:`0` compresses every tensor. (default: :obj:`None`:
+            :data:`MIN_BYTES`, 256 KiB)
 
     Raises:
         TypeError: if a field has the wrong type (``per_row="yes"``, ``bits=2.0``, a
@@ -125,6 +141,7 @@ class Config:
     max_noise: float = 0.25
     adapt_interval: int = 100
     self_check: bool = True
+    min_bytes: int | None = None
 
     def __post_init__(self) -> None:
         # Every field, at construction: a wrong value fails here, naming the field, not deep
@@ -153,6 +170,9 @@ class Config:
         if _check_int("Config.prefetch_depth", self.prefetch_depth) < 0:
             raise ValueError(f"Config.prefetch_depth must be a non-negative int, got "
                              f"{self.prefetch_depth!r}")
+        if self.min_bytes is not None and _check_int("Config.min_bytes", self.min_bytes) < 0:
+            raise ValueError(f"Config.min_bytes must be a non-negative int or None, got "
+                             f"{self.min_bytes!r}")
         for name in ("per_row", "resident_inputs", "per_node", "offload", "chunk_messages",
                      "compact_indices", "self_check"):
             value = getattr(self, name)
@@ -185,6 +205,15 @@ class Config:
         if self.attention_bits is not None:
             return self.attention_bits
         return 8 if self.width <= 8 else self.width
+
+    @property
+    def floor(self) -> int:
+        """Bytes below which a tensor is kept as it is: ``min_bytes``, or :data:`MIN_BYTES`."""
+        return MIN_BYTES if self.min_bytes is None else self.min_bytes
+
+    def keeps(self, x: Tensor) -> bool:
+        """Whether ``x`` is below :attr:`floor`: kept as it is, its op run as PyTorch's."""
+        return x.numel() * x.element_size() < self.floor
 
     @property
     def exact(self) -> bool:

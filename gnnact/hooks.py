@@ -173,9 +173,11 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
     These pass through as they are (the hook returns the tensor itself):
 
     * sparse tensors, tensor subclasses, 0-d tensors, integer and boolean tensors
-      other than those below, and tensors of fewer than :obj:`min_numel` elements (an
+      other than those below, and floating-point tensors of fewer than
+      :obj:`min_numel` elements or ``config.floor`` bytes (:attr:`Config.min_bytes
+      <gnnact.Config>`; counted in :attr:`num_small` and :attr:`small_bytes`), an
       integer or boolean one only if its storage holds fewer than :obj:`min_numel` float32
-      values' bytes too), a
+      values' bytes, a
       broadcast tensor counting the values it holds once (per-channel
       statistics such as BatchNorm's mean and :math:`1/\sigma`: their error reaches every
       gradient of the layer, and compressing them saves little);
@@ -230,7 +232,12 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
     context included, without those of :obj:`skip`, :obj:`model` and parameters: the set
     :func:`gnnact.memory.saved_bytes` counts with ``exclude=skip``), :attr:`num_packed`,
     :attr:`num_shared` (saves served by an existing copy), :attr:`num_compact` (saves of
-    those kept exactly in fewer bytes, new or shared), :attr:`bytes_by_kind`,
+    those kept exactly in fewer bytes, new or shared), :attr:`num_small` and
+    :attr:`small_bytes` (distinct storages of floating-point tensors kept as they are for
+    their size, and their bytes, part of :attr:`passthrough_bytes`), :attr:`over_floor`
+    (whether anything saved other than parameters and skipped storages had ``config.floor``
+    bytes or more, or was compressed context of gnnact's ops, or was no plain strided
+    tensor), :attr:`bytes_by_kind`,
     :attr:`bytes_by_module` (the same bytes by the module path that saved them first: what
     :func:`gnnact.summary` reports) and :attr:`offloaded_bytes`.
 
@@ -321,6 +328,7 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         self.model = model
         self.policy = policy if policy is not None else Policy.default_for(config, model)
         self.min_numel = min_numel
+        self._floor = config.floor
         self.offload_paths = tuple(offload_paths)
         # Exact mode stays exact to the bit: no masks either.
         self.relu_masks = relu_masks and config.width != 32
@@ -330,8 +338,15 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         self._offloaders: dict[torch.device, Offloader] = {}
         # cache key -> (weakref to the owner, its version, weakref to the Swapped item)
         self._swapped: dict[tuple, tuple] = {}
-        self._skip = storage_keys([*skip, *([model] if model is not None else [])])
-        self._paths = {} if model is None else {id(m): p for p, m in model.named_modules()}
+        # One walk of the model for its paths and its tensors (a pass makes a pipeline: each
+        # walk cost ~0.1 ms a GIN step, storage_keys(model) walking twice more).
+        self._paths: dict[int, str] = {}
+        own: list[Tensor] = []
+        for path, module in model.named_modules() if model is not None else ():
+            self._paths[id(module)] = path
+            own.extend(t for t in (*module._parameters.values(), *module._buffers.values())
+                       if t is not None)
+        self._skip = storage_keys([*skip, *own])
         self._stack: list[nn.Module] = []
         self._inputs: set[tuple] = set()
         self._handles: list[Any] = []
@@ -349,6 +364,9 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         self.num_packed = 0
         self.num_shared = 0
         self.num_compact = 0
+        self.num_small = 0
+        self.small_bytes = 0
+        self.over_floor = False
         self.offloaded_bytes = 0
         self.bytes_by_kind: dict[str, int] = {}
         self.bytes_by_module: dict[str, int] = {}
@@ -452,12 +470,28 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
                 self._pass(t, self._where()[0])
                 return t
             return saved
+        if type(t) is Tensor and t.layout == torch.strided:
+            storage = t.untyped_storage()
+            nbytes = storage.nbytes()
+            if nbytes < self._floor and t.dtype in FLOAT_DTYPES:
+                # Below the floor with all its storage: kept as is, whatever else holds (the
+                # common case of a small graph, so checked first and cheaply).
+                self._pass_small(t, storage, nbytes)
+                return t
+            if not self.over_floor and (nbytes >= self._floor
+                                        or (t.dtype not in FLOAT_DTYPES and own_context(t))):
+                self.over_floor = _owned_by_pass(self, t, storage)
+        elif type(t) is not nn.Parameter:  # (a sparse tensor, a subclass: not told apart)
+            self.over_floor = True
         path, module = self._where()
         source = gather_source(t, module)
         if source is not None:  # rows gathered to edges: kept as their source and index
             src, dim, index = source
             return Gathered(self._pack(src), self._pack(index), dim)
         core = self._compressible(t)  # (a broadcast tensor's values, once each)
+        if core is _SMALL:
+            self._pass(t, path, small=True)
+            return t
         if core is None:
             self._pass(t, path)
             if (own_context(t) and self._offloads(path)
@@ -639,14 +673,16 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         return (self.relu_masks and bool(self._stack) and isinstance(self._stack[-1], nn.ReLU)
                 and t.grad_fn is not None and t.grad_fn.name() == "ReluBackward0")
 
-    def _compressible(self, t: Tensor) -> Tensor | None:
-        """The values of ``t`` to compress, once each (:func:`unbroadcast`), or ``None`` when
-        ``t`` may not be compressed at all (see the class docstring): a broadcast tensor
-        counts the values it holds."""
+    def _compressible(self, t: Tensor) -> Tensor | object | None:
+        """The values of ``t`` to compress, once each (:func:`unbroadcast`); ``None`` when
+        ``t`` may not be compressed at all (see the class docstring), :data:`_SMALL` when it
+        is too small to (a broadcast tensor counts the values it holds)."""
         if t.dtype not in FLOAT_DTYPES or not self._storable(t):
             return None
         core = unbroadcast(t)
-        return core if core.numel() >= self.min_numel else None
+        if core.numel() < self.min_numel or self.config.keeps(core):
+            return _SMALL
+        return core
 
     def _storable(self, t: Tensor) -> bool:
         """Whether the pipeline may store ``t`` in another form: a strided tensor of the
@@ -661,17 +697,41 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
     def _tally(self, path: str, nbytes: int) -> None:
         self.bytes_by_module[path] = self.bytes_by_module.get(path, 0) + nbytes
 
-    def _pass(self, t: Tensor, path: str) -> None:
-        """Tally the storages of a tensor that is saved as is (saved in module ``path``)."""
+    def _pass(self, t: Tensor, path: str, small: bool = False) -> None:
+        """Tally the storages of a tensor that is saved as is (saved in module ``path``;
+        ``small``: for its size, :meth:`_pass_small` for the common case)."""
         if _is_parameter(t):  # saved_bytes leaves graph leaves out too
             return
         for _, _, nbytes, key in tensor_storages(t, "saved"):
-            if key not in self._skip and key not in self._passed:
-                self._passed.add(key)
-                self.passthrough_bytes += nbytes
-                self._tally(path, nbytes)
-                if t.dtype in FLOAT_DTYPES:
-                    self.bytes_by_kind["exact"] = self.bytes_by_kind.get("exact", 0) + nbytes
+            if self._count_passed(key, nbytes, path, t.dtype in FLOAT_DTYPES) and small:
+                self.num_small += 1
+                self.small_bytes += nbytes
+
+    def _pass_small(self, t: Tensor, storage: torch.UntypedStorage, nbytes: int) -> None:
+        """:meth:`_pass` for a plain strided float tensor kept for its size (``storage``: its
+        own, of ``nbytes``), counted in :attr:`num_small` unless it is other context of
+        gnnact's ops (statistics: an input a twin keeps as is needs a gradient)."""
+        if nbytes == 0 or _is_parameter(t):
+            return
+        device = storage.device
+        key = (device.type, device.index, storage.data_ptr())
+        if (self._count_passed(key, nbytes, None, True)
+                and (t.requires_grad or not own_context(t))):
+            self.num_small += 1
+            self.small_bytes += nbytes
+
+    def _count_passed(self, key: tuple, nbytes: int, path: str | None, exact: bool) -> bool:
+        """Tally one storage kept as is (``path``: the module that saved it, ``None`` for
+        the running one; ``exact``: floating-point values); ``False`` if it was counted
+        already or is skipped."""
+        if key in self._skip or key in self._passed:
+            return False
+        self._passed.add(key)
+        self.passthrough_bytes += nbytes
+        self._tally(self._where()[0] if path is None else path, nbytes)
+        if exact:
+            self.bytes_by_kind["exact"] = self.bytes_by_kind.get("exact", 0) + nbytes
+        return True
 
     def _record(self, name: str, kind: str, t: Tensor, bits: int | None, nbytes: int,
                 adaptive: bool) -> None:
@@ -679,6 +739,19 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
                                         t.numel() * t.element_size())
         if nbytes:
             self.bytes_by_kind[kind] = self.bytes_by_kind.get(kind, 0) + nbytes
+
+
+# What _compressible returns for a tensor kept as is for its size.
+_SMALL = object()
+
+
+def _owned_by_pass(hooks: compress_saved_tensors, t: Tensor,
+                   storage: torch.UntypedStorage) -> bool:
+    """Whether ``t`` (saved, at or above the floor, or compressed context of gnnact's ops) is
+    the pass's own: no parameter, input or other skipped storage."""
+    device = storage.device
+    return not _is_parameter(t) and (device.type, device.index,
+                                     storage.data_ptr()) not in hooks._skip
 
 
 def _is_parameter(t: Tensor) -> bool:
@@ -690,4 +763,5 @@ def _is_parameter(t: Tensor) -> bool:
 def _storage_key(t: Tensor) -> tuple[str, int | None, int]:
     # The same key as gnnact.memory uses, so `skip` and `exclude` mean the same storages.
     storage = t.untyped_storage()
-    return (storage.device.type, storage.device.index, storage.data_ptr())
+    device = storage.device
+    return (device.type, device.index, storage.data_ptr())

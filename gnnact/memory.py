@@ -515,6 +515,10 @@ def _ctx_tensors(value: Any, path: str, seen: set[int]) -> Iterator[tuple[str, T
             yield from _ctx_tensors(v, f"{path}[{k!r}]", seen)
 
 
+# Tensor classes that are no wrapper subclass (checked by type first: the check costs more).
+_PLAIN = (Tensor, torch.nn.Parameter)
+
+
 def tensor_storages(t: Tensor, path: str) -> Iterator[tuple[str, Tensor, int, StorageKey]]:
     """Reduce ``t`` to the strided tensors that own its memory: ``(path, part, nbytes, key)``.
 
@@ -541,7 +545,7 @@ def tensor_storages(t: Tensor, path: str) -> Iterator[tuple[str, Tensor, int, St
         >>> [(p, n) for p, _, n, _ in tensor_storages(x.to_sparse(), "adj")]
         [('adj._indices', 640), ('adj._values', 160)]
     """
-    if is_traceable_wrapper_subclass(t):
+    if type(t) not in _PLAIN and is_traceable_wrapper_subclass(t):
         # The wrapper itself has no valid storage; its memory is in the inner tensors. PyG's
         # EdgeIndex also caches tensors (its transposed index ``_T_index``, ``_value``) that
         # ``__tensor_flatten__`` leaves out, so the instance attributes are read as well.
@@ -571,7 +575,8 @@ def tensor_storages(t: Tensor, path: str) -> Iterator[tuple[str, Tensor, int, St
         nbytes = storage.nbytes()
         if nbytes == 0:
             return
-        key = (storage.device.type, storage.device.index, storage.data_ptr())
+        device = storage.device
+        key = (device.type, device.index, storage.data_ptr())
     except (RuntimeError, NotImplementedError) as e:
         warnings.warn(f"saved_bytes: cannot read the storage of a {type(t).__name__} "
                       f"(layout {t.layout}) at '{path}', not counted: {e}", stacklevel=2)

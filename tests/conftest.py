@@ -36,6 +36,17 @@ def _one_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.fixture(autouse=True)
+def _compress_every_tensor(request, monkeypatch):
+    """Every tensor is compressed however small (the tests' graphs are small; by default a
+    tensor under ``gnnact.config.MIN_BYTES`` is kept as it is), except in tests marked
+    ``default_floor``."""
+    if "default_floor" not in request.keywords:
+        import gnnact.config
+
+        monkeypatch.setattr(gnnact.config, "MIN_BYTES", 0)
+
+
 @pytest.fixture
 def fresh_dynamo():
     """Compiled code is cached per code object and guarded on the model: a test that compiles

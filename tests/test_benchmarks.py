@@ -629,6 +629,24 @@ def test_chunk_rows_time_pieces_against_whole(tmp_path):
     assert row["pieces_over_whole"] > 0 and row["whole_ms"] > 0
 
 
+@pytest.mark.default_floor  # (rows report the shipped floor)
+def test_floor_rows_fit_the_cost_of_a_compressed_tensor(tmp_path):
+    bench = _script("bench_floor")
+    out = tmp_path / "floor.jsonl"
+    assert bench.main(["--smoke", "--out", str(out)]) == 0 and not out.exists()
+    assert bench.main(["--sizes", "4096", "65536", "--bits", "2", "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r.get("numel"), r.get("fit", False)) for r in rows] == [
+        (4096, False), (65536, False), (None, True)]
+    assert all(r["native_us"] > 0 and r["compressed_us"] > 0 for r in rows[:2])
+    assert rows[2]["min_bytes"] == 256 << 10 and rows[2]["ns_per_value"] is not None
+    # The fit goes through both points: c0 + kappa n at each size is its overhead.
+    c0, kappa = rows[2]["fixed_us"], rows[2]["ns_per_value"] / 1e3
+    for r in rows[:2]:
+        assert abs(c0 + kappa * r["numel"] - r["overhead_us"]) < 0.2 + 1e-3 * abs(r["overhead_us"])
+    assert bench.fit([1, 2, 3], [5.0, 7.0, 9.0]) == pytest.approx((3.0, 2.0))
+
+
 def test_quantizer_ab_checks_both_give_the_same_codes(tmp_path):
     ab = _script("ab_quantize")
     root = BENCH.parent

@@ -50,6 +50,8 @@ BAD = [
     ("adapt_interval", 10.0, TypeError,
      "Config.adapt_interval must be an int, got 10.0 (float)"),
     ("self_check", "yes", TypeError, "Config.self_check must be a bool, got 'yes' (str)"),
+    ("min_bytes", 1.0, TypeError, "Config.min_bytes must be an int, got 1.0 (float)"),
+    ("min_bytes", -1, ValueError, "Config.min_bytes must be a non-negative int or None, got -1"),
 ]
 
 
@@ -75,6 +77,7 @@ def test_bad_value_raises(name: str, value: object, error: type[Exception], mess
      "prefetch_depth": 0, "chunk_messages": False, "compact_indices": False},
     {"bits": 32, "attention_bits": None, "backend": "cupy", "tag": None},
     {"bits": None, "avg_bits": 3, "max_noise": 0.5, "adapt_interval": 7, "self_check": False},
+    {"min_bytes": 0}, {"min_bytes": 1 << 20},
 ])
 def test_good_values_are_kept(kwargs: dict) -> None:
     config = Config(**kwargs)

@@ -99,6 +99,7 @@ def _modules() -> list[str]:
                   if not info.name.endswith("__main__"))
 
 
+@pytest.mark.default_floor  # (as a reader runs them: small tensors kept as they are)
 @pytest.mark.parametrize("module_name", _modules())
 def test_examples_run(module_name, monkeypatch):
     """Every ``>>>`` example in gnnact's docstrings runs and prints what it says (those marked

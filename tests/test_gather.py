@@ -45,13 +45,13 @@ def test_converted_convs_keep_node_rows_not_edge_rows(monkeypatch):
     pyg = converted_context(base, x, edge_index)
     model = gnnact.convert(copy.deepcopy(base), gnnact.Config(bits=8))
     with_gathers = converted_context(model, x, edge_index)
-    monkeypatch.setattr(functional, "mark_gathered", lambda *args: None)
-    without = converted_context(model, x, edge_index)
+    with monkeypatch.context() as patch:
+        patch.setattr(functional, "mark_gathered", lambda *args: None)
+        without = converted_context(model, x, edge_index)
     # Twenty edges a node: the lifted queries, keys and values were most of it (kept in
     # chunks of edges, many too small to quantize).
     assert with_gathers * 2 < without and with_gathers * 2 < pyg
     # The converted model still trains, its rounding measured as any other tensor's.
-    monkeypatch.undo()
     model = gnnact.convert(copy.deepcopy(base))
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     for _ in range(4):

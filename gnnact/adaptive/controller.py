@@ -159,7 +159,8 @@ class Controller:
         >>> from torch_geometric.nn.models import GCN
         >>> from gnnact.data import synthetic_graph
         >>> data = synthetic_graph(500, 8, 16, 4, seed=0)
-        >>> model = gnnact.convert(GCN(16, 32, num_layers=3, out_channels=4))
+        >>> config = gnnact.Config(min_bytes=0)  # (a toy graph: no tensor over the floor)
+        >>> model = gnnact.convert(GCN(16, 32, num_layers=3, out_channels=4), config)
         >>> controller = gnnact.Controller(model, avg_bits=2, adapt_interval=100)
         >>> optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
         >>> def closure():  # the loss of a forward pass, without backward

@@ -79,10 +79,10 @@ class Compressor(abc.ABC):
         ...                             torch.nn.Linear(64, 1))
         >>> hooks = gnnact.compress_saved_tensors(policy=Policy(default=BFloat16()))
         >>> with hooks:
-        ...     loss = model(torch.randn(256, 64)).sum()
+        ...     loss = model(torch.randn(2048, 64)).sum()
         >>> loss.backward()
-        >>> hooks.bytes_by_kind["bfloat16"]  # the Tanh output: 16,384 values, 2 bytes each
-        32768
+        >>> hooks.bytes_by_kind["bfloat16"]  # the Tanh output: 131,072 values, 2 bytes each
+        262144
     """
 
     kind: str = "compressor"

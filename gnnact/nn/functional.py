@@ -32,10 +32,12 @@ again, so the result is the same and one full-size tensor fewer is alive (PyG's 
 these calls; in PyTorch each nesting keeps the inner result alive beside the outer one). What
 counts as a temporary is measured, not assumed: see :func:`temporary_counts`.
 
-A call is routed only when autograd records it (grad mode on, an input that needs a gradient)
-and its arguments are the plain kind gnnact's ops take; otherwise, and inside gnnact's own
-ops, PyTorch's function runs unchanged. Everything else saved in the pass goes through the
-generic pipeline (:class:`gnnact.compress_saved_tensors`) that the scope
+A call is routed only when autograd records it (grad mode on, an input that needs a gradient),
+its arguments are the plain kind gnnact's ops take, and (for the calls that compress,
+:data:`FLOORED`) its input has at least the scope's ``config.floor`` bytes
+(:attr:`gnnact.Config.min_bytes`: smaller tensors are kept as they are); otherwise, and
+inside gnnact's own ops, PyTorch's function runs unchanged. Everything else saved in the pass
+goes through the generic pipeline (:class:`gnnact.compress_saved_tensors`) that the scope
 (:mod:`gnnact.nn.scope`) enters alongside. While :func:`~torch.nn.functional.softmax` or
 :func:`~torch.nn.functional.log_softmax` or a loss function (:data:`EXACT_FUNCTIONS`) runs,
 what it saves stays exact: the loss head and auxiliary losses, by far the most sensitive
@@ -61,7 +63,7 @@ from gnnact.config import Config
 from gnnact.ops.context import overwritable
 from gnnact.ops.state import PassMode
 
-__all__ = ["EXACT_FUNCTIONS", "FINE_FUNCTIONS", "GATE_FUNCTIONS", "CollectingOps",
+__all__ = ["EXACT_FUNCTIONS", "FINE_FUNCTIONS", "FLOORED", "GATE_FUNCTIONS", "CollectingOps",
            "FunctionalOps", "Marks", "temporary_counts"]
 
 #: Functions whose saved tensors stay exact: the loss head (a softmax, or a sigmoid outside
@@ -110,19 +112,24 @@ def _float(x: Any) -> bool:
 # The handlers take PyTorch's parameter names (``input`` included), so keyword calls bind.
 
 
+# (The mask ops take the module's config for its floor only: they keep exact masks.)
+
+
 def _relu(cfg: Callable[[str], Config], input: Tensor, inplace: bool = False) -> Any:
-    return ops.relu(input, inplace=inplace) if _float(input) else NotImplemented
+    if not _float(input):
+        return NotImplemented
+    return ops.relu(input, inplace=inplace, config=cfg("activations"))
 
 
 def _relu_(cfg: Callable[[str], Config], input: Tensor) -> Any:
-    return ops.relu(input, inplace=True) if _float(input) else NotImplemented
+    return _relu(cfg, input, inplace=True)
 
 
 def _leaky_relu(cfg: Callable[[str], Config], input: Tensor, negative_slope: float = 0.01,
                 inplace: bool = False) -> Any:
     if not _float(input):
         return NotImplemented
-    return ops.leaky_relu(input, negative_slope, inplace=inplace)
+    return ops.leaky_relu(input, negative_slope, inplace=inplace, config=cfg("activations"))
 
 
 def _leaky_relu_(cfg: Callable[[str], Config], input: Tensor,
@@ -145,7 +152,7 @@ def _dropout(cfg: Callable[[str], Config], input: Tensor, p: float = 0.5, traini
              inplace: bool = False) -> Any:
     if not _float(input) or isinstance(p, Tensor):
         return NotImplemented
-    return ops.dropout(input, p, training, inplace=inplace)
+    return ops.dropout(input, p, training, inplace=inplace, config=cfg("activations"))
 
 
 def _torch_dropout(cfg: Callable[[str], Config], input: Tensor, p: float, train: bool) -> Any:
@@ -202,6 +209,13 @@ HANDLERS: dict[Callable, Callable] = {
     torch.index_select: _index_select, Tensor.index_select: _index_select,
     Tensor.__getitem__: _getitem,
 }
+
+
+#: Calls routed only for inputs of at least ``min_bytes`` (:class:`FunctionalOps`): the ones
+#: that compress. (Gathers are marked whatever their source's size: the rows they gather to
+#: edges may be many times more.)
+FLOORED = frozenset(func for func, handler in HANDLERS.items()
+                    if handler not in (_index_select, _getitem))
 
 
 #: Calls whose handler can write over the input (``inplace=True``), with the ways a caller
@@ -300,12 +314,17 @@ class FunctionalOps(PassMode):
         config_for (callable): ``config_for(role) -> Config``: the configuration of a tensor
             with role ``role`` of the module running now (its tag is that module's path).
         marks (Marks): raised while an exact or a fine function runs.
+        min_bytes (int, optional): a call of :data:`FLOORED` whose input has fewer bytes
+            runs as PyTorch's (its context kept as is: :attr:`gnnact.Config.floor`).
+            (default: :obj:`0`)
     """
 
-    def __init__(self, config_for: Callable[[str], Config], marks: Marks) -> None:
+    def __init__(self, config_for: Callable[[str], Config], marks: Marks,
+                 min_bytes: int = 0) -> None:
         super().__init__()
         self.config_for = config_for
         self.marks = marks
+        self.min_bytes = min_bytes
         self.probe: _Probe | None = None  # set by temporary_counts only
 
     # Never compiled as a frame of its own: under torch.compile, Dynamo compiled this
@@ -326,6 +345,10 @@ class FunctionalOps(PassMode):
             return args[0]
         kwargs = kwargs or {}
         handler = HANDLERS.get(func)
+        if handler is not None and func in FLOORED:
+            x = args[0] if args else kwargs.get("input")
+            if type(x) is Tensor and x.numel() * x.element_size() < self.min_bytes:
+                handler = None  # (checked here: the handler's own checks cost more)
         if handler is not None and torch.is_grad_enabled():
             given = kwargs
             if counts is not None and not kwargs.get("inplace") and _temporary(func, args[0],
@@ -351,8 +374,8 @@ class CollectingOps(FunctionalOps):
     nothing for it."""
 
     def __init__(self, config_for: Callable[[str], Config], marks: Marks,
-                 collect: Callable[[Any], None]) -> None:
-        super().__init__(config_for, marks)
+                 collect: Callable[[Any], None], min_bytes: int = 0) -> None:
+        super().__init__(config_for, marks, min_bytes)
         self.collect = collect
 
     @_not_compiled  # (as FunctionalOps')

@@ -168,10 +168,10 @@ class ReLU(_Compressed, nn.ReLU):
 
     Example:
         >>> relu = gnnact.nn.ReLU()
-        >>> x = torch.randn(1000, 64, requires_grad=True)
+        >>> x = torch.randn(4000, 64, requires_grad=True)  # (1 MB: above Config.floor)
         >>> y = relu(x)
-        >>> gnnact.memory.saved_bytes(y)  # 64,000 mask bits
-        8000
+        >>> gnnact.memory.saved_bytes(y)  # 256,000 mask bits
+        32000
         >>> y.sum().backward()
     """
 
@@ -180,7 +180,7 @@ class ReLU(_Compressed, nn.ReLU):
         self._init_gnnact(config)
 
     def forward(self, x: Tensor) -> Tensor:
-        return ops.relu(x)
+        return ops.relu(x, config=self.config)
 
 
 class LeakyReLU(_Compressed, nn.LeakyReLU):
@@ -209,10 +209,10 @@ class LeakyReLU(_Compressed, nn.LeakyReLU):
 
     Example:
         >>> act = gnnact.nn.LeakyReLU(0.2)
-        >>> x = torch.randn(1000, 64, requires_grad=True)
+        >>> x = torch.randn(4000, 64, requires_grad=True)  # (1 MB: above Config.floor)
         >>> y = act(x)
-        >>> gnnact.memory.saved_bytes(y)  # 64,000 mask bits
-        8000
+        >>> gnnact.memory.saved_bytes(y)  # 256,000 mask bits
+        32000
         >>> y.sum().backward()
     """
 
@@ -222,7 +222,7 @@ class LeakyReLU(_Compressed, nn.LeakyReLU):
         self._init_gnnact(config)
 
     def forward(self, x: Tensor) -> Tensor:
-        return ops.leaky_relu(x, self.negative_slope)
+        return ops.leaky_relu(x, self.negative_slope, config=self.config)
 
 
 class Dropout(_Compressed, nn.Dropout):
@@ -251,10 +251,10 @@ class Dropout(_Compressed, nn.Dropout):
 
     Example:
         >>> drop = gnnact.nn.Dropout(p=0.5)
-        >>> x = torch.randn(1000, 64, requires_grad=True)
+        >>> x = torch.randn(4000, 64, requires_grad=True)  # (1 MB: above Config.floor)
         >>> y = drop(x)
-        >>> gnnact.memory.saved_bytes(y)  # 64,000 mask bits
-        8000
+        >>> gnnact.memory.saved_bytes(y)  # 256,000 mask bits
+        32000
         >>> drop.eval()(x) is x  # evaluation: identity
         True
     """
@@ -265,5 +265,5 @@ class Dropout(_Compressed, nn.Dropout):
         self._init_gnnact(config)
 
     def forward(self, x: Tensor) -> Tensor:
-        return ops.dropout(x, self.p, self.training)
+        return ops.dropout(x, self.p, self.training, config=self.config)
 

@@ -27,12 +27,14 @@ class SummaryRow:
             (PyTorch's and PyG's ops through the scope's saved-tensor pipeline, functional
             activations and dropout as 1-bit masks; also a twin that takes PyG's own forward,
             for a registered PyG hook, say), ``"exempt"`` (everything it saved was kept exact
-            on purpose: the softmax head, or ``bits=32``), or ``"none"`` (saved nothing in the
-            last step).
+            on purpose: the softmax head, or ``bits=32``), ``"none"`` (saved nothing in the
+            last step), or ``"pytorch"`` (the last step ran as PyTorch's, every tensor under
+            ``min_bytes``: :meth:`gnnact.nn.scope.Scope.small_pass`).
         bits (int): the width its activations are kept at (with automatic widths, the widest
             of its tensors').
         nbytes (int or None): bytes of the context it saved in the last training step (its
-            own, not its submodules'); ``None`` before the first one.
+            own, not its submodules'); ``None`` before the first one, or after one run as
+            PyTorch's.
         messages (str, optional): for a message-passing layer, how its edge messages were
             made in its last call: ``"fused"`` (a twin's compressed path: none, or edge
             chunks inside its op), ``"k pieces"`` (:mod:`gnnact.nn.chunked`), ``"whole"``
@@ -72,13 +74,19 @@ class TensorRow:
 class Summary:
     """The result of :func:`summary`: one :class:`SummaryRow` per module, the totals of the
     last training step (``None`` before the first one) and, once a probe step has measured
-    them, one :class:`TensorRow` per compressed tensor with its width and noise ratio."""
+    them, one :class:`TensorRow` per compressed tensor with its width and noise ratio;
+    ``small``: the tensors the last step kept as they are for their size (fewer bytes than
+    ``min_bytes``, :attr:`Config.min_bytes <gnnact.Config>`) and their bytes, part of
+    ``context``; ``as_pytorch``: the last step ran as PyTorch's."""
 
     rows: tuple[SummaryRow, ...]
     context: int | None
     graph_cache: int | None
     tensors: tuple[TensorRow, ...] = ()
     average_bits: float | None = None
+    small: tuple[int, int] = (0, 0)
+    min_bytes: int = 0
+    as_pytorch: bool = False
 
     def __str__(self) -> str:
         width = max([len("module")] + [len(r.path or "(model)") for r in self.rows])
@@ -95,6 +103,12 @@ class Summary:
             lines.append(f"context {_size(self.context)}, graph cache "
                          f"{_size(self.graph_cache or 0)}, total "
                          f"{_size(self.context + (self.graph_cache or 0))}")
+            if self.small[0]:
+                lines.append(f"kept as is for their size: {self.small[0]} tensors, "
+                             f"{_size(self.small[1])} (min_bytes {_size(self.min_bytes)})")
+            if self.as_pytorch:
+                lines.append("the last step ran as PyTorch's: every tensor under min_bytes, "
+                             "as a full step on inputs as large found")
         if self.tensors:
             width = max(len("tensor"), *(len(t.name) for t in self.tensors))
             lines.append("")
@@ -156,7 +170,7 @@ def summary(model: nn.Module) -> Summary:
         ...     def forward(self, x, edge_index):
         ...         x = F.dropout(F.relu(self.conv1(x, edge_index)), training=self.training)
         ...         return self.conv2(x, edge_index)
-        >>> model = gnnact.convert(Net(), gnnact.Config(bits=2))
+        >>> model = gnnact.convert(Net(), gnnact.Config(bits=2, min_bytes=0))
         >>> x, edge_index = torch.randn(100, 16), torch.randint(0, 100, (2, 400))
         >>> model(x, edge_index).sum().backward()
         >>> print(gnnact.summary(model))  # doctest: +ELLIPSIS
@@ -175,7 +189,11 @@ def summary(model: nn.Module) -> Summary:
     keeps nothing (its input, the caller's ``x``, is kept by reference, and its aggregation
     needs only the graph) and makes no edge messages; ``GraphConv`` has no twin, its two
     linear maps keep their inputs at 2 bits through the generic pipeline, and it made its
-    :math:`400 \times 32` messages in 4 column blocks (:mod:`gnnact.nn.chunked`).
+    :math:`400 \times 32` messages whole (they are far under
+    :data:`gnnact.nn.chunked.MIN_MESSAGE_BYTES`). ``min_bytes=0`` compresses this toy graph's
+    tensors; by default each, under 256 KiB, would be kept as it is, and a last line would
+    count them (``kept as is for their size: … tensors, … (min_bytes 262.1 kB)``; a tensor
+    of fewer than 4,096 values is kept so whatever the floor).
     """
     scope = scope_of(model)
     if scope is None:
@@ -213,6 +231,8 @@ def summary(model: nn.Module) -> Summary:
                 handling = "none"
             else:
                 handling = "generic"
+        if record is not None and record.as_pytorch:
+            handling, nbytes = "pytorch", None  # (no module tracking in such a pass)
         bits = widest.get(path or "<model>", bits)
         rows.append(SummaryRow(path, type(module).__name__, handling, bits, nbytes,
                                _messages(module, pyg_path)))
@@ -224,4 +244,5 @@ def summary(model: nn.Module) -> Summary:
         average = scope.auto.average_bits
     if record is None:
         return Summary(tuple(rows), None, None, tensors, average)
-    return Summary(tuple(rows), record.context, record.graph_cache, tensors, average)
+    return Summary(tuple(rows), record.context, record.graph_cache, tensors, average,
+                   record.small, scope.config.floor, record.as_pytorch)

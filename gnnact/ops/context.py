@@ -320,10 +320,11 @@ def resident(x: Tensor) -> bool:
 
 def input_bits(x: Tensor | None, config: Config) -> int:
     """Bits at which an op keeps its *input* ``x``: 32 (by reference) when ``x`` is
-    :func:`resident` and ``config.resident_inputs`` is set; ``config.bits`` otherwise. Only
-    for tensors passed to ``Function.apply``: inside ``forward`` every tensor the op computes
-    itself needs no gradient either."""
-    if x is not None and config.resident_inputs and resident(x):
+    :func:`resident` and ``config.resident_inputs`` is set, or when it has fewer than
+    ``config.floor`` bytes (:attr:`Config.min_bytes <gnnact.Config>`); ``config.width``
+    otherwise. Only for tensors passed to ``Function.apply``: inside ``forward`` every tensor
+    the op computes itself needs no gradient either."""
+    if x is not None and (config.keeps(x) or (config.resident_inputs and resident(x))):
         return 32
     return config.width
 

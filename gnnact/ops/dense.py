@@ -29,6 +29,10 @@ Dropout of an input that needs no gradient (the feature matrix) records nothing 
 that keeps its result keeps a reference to the input and the 1-bit mask instead, and rebuilds
 it exactly (:func:`gnnact.ops.context.derive_from_input`).
 
+An input of fewer than ``config.floor`` bytes (:attr:`Config.min_bytes <gnnact.Config>`) is
+kept as PyTorch keeps it: each op then runs as PyTorch's (a compressed copy would save next to
+nothing and cost time).
+
 Masks are taken from the exact input, never from a rounded copy: stochastic rounding can take a
 small positive value to 0 and would silently drop its gradient. A tensor consumed by several of
 these ops is quantized once (:func:`gnnact.ops.context.shared_quantize`).
@@ -75,6 +79,8 @@ __all__ = ["batch_norm", "dropout", "elu", "leaky_relu", "linear", "relu"]
 
 # Masks are exact; no quantization settings apply to them.
 _NO_QUANT = Config(bits=32)
+# An op given no config: the defaults (the floor of min_bytes included).
+_DEFAULT = Config()
 
 
 class _Linear(torch.autograd.Function):
@@ -120,6 +126,9 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
            config: Config | None = None) -> Tensor:
     r""":math:`Y = X W^\top + b`, keeping :math:`X` compressed for :math:`\nabla W`.
 
+    An ``x`` of fewer than ``config.floor`` bytes (:attr:`Config.min_bytes
+    <gnnact.Config>`) is kept as it is: PyTorch's op runs, as in every op here.
+
     Shapes: ``x [*, in]``, ``weight [out, in]``, ``bias [out]`` → ``[*, out]``. ``x`` may
     also be a 2-D sparse tensor (COO or CSR) that needs no gradient, such as bag-of-words node
     features: it is kept by reference, as the sparse tensor it is, and
@@ -132,7 +141,10 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
                          f"{tuple(x.shape)} with requires_grad={x.requires_grad}")
     if not records_graph(x, weight, bias):
         return transient(F.linear(x, weight, bias))
-    return _Linear.apply(x, weight, bias, config or Config())
+    config = config or _DEFAULT
+    if x.layout == torch.strided and config.keeps(x):
+        return F.linear(x, weight, bias)  # below config.floor: PyTorch's op, x kept as is
+    return _Linear.apply(x, weight, bias, config)
 
 
 class _BatchNorm(torch.autograd.Function):
@@ -224,8 +236,10 @@ def batch_norm(x: Tensor, running_mean: Tensor | None, running_var: Tensor | Non
     if not training or x.numel() == 0 or not records_graph(x, weight, bias):
         return transient(F.batch_norm(x, running_mean, running_var, weight, bias, training,
                                       momentum, eps))
-    out = _BatchNorm.apply(x, weight, bias, running_mean, running_var, momentum, eps,
-                           config or Config())
+    config = config or _DEFAULT
+    if config.keeps(x):
+        return F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
+    out = _BatchNorm.apply(x, weight, bias, running_mean, running_var, momentum, eps, config)
     _record_derived(out, None, "batch_norm")
     return out
 
@@ -325,17 +339,19 @@ def _into(x: Tensor, out: Tensor) -> Tensor:
 
 
 @eager_op
-def relu(x: Tensor, inplace: bool = False) -> Tensor:
-    """ReLU keeping a 1-bit mask :math:`[X > 0]`."""
-    if not records_graph(x):
+def relu(x: Tensor, inplace: bool = False, config: Config | None = None) -> Tensor:
+    """ReLU keeping a 1-bit mask :math:`[X > 0]` (``config`` gives only the floor,
+    :attr:`Config.min_bytes <gnnact.Config>`)."""
+    if not records_graph(x) or (config or _DEFAULT).keeps(x):
         return transient(F.relu(x, inplace=inplace))
     return _masked(x, None, 1.0, 0.0, inplace)
 
 
 @eager_op
-def leaky_relu(x: Tensor, negative_slope: float = 0.01, inplace: bool = False) -> Tensor:
-    """LeakyReLU keeping a 1-bit mask :math:`[X > 0]`."""
-    if not records_graph(x):
+def leaky_relu(x: Tensor, negative_slope: float = 0.01, inplace: bool = False,
+               config: Config | None = None) -> Tensor:
+    """LeakyReLU keeping a 1-bit mask :math:`[X > 0]` (``config``: as :func:`relu`'s)."""
+    if not records_graph(x) or (config or _DEFAULT).keeps(x):
         return transient(F.leaky_relu(x, negative_slope, inplace=inplace))
     return _masked(x, None, 1.0, float(negative_slope), inplace)
 
@@ -379,12 +395,12 @@ def elu(x: Tensor, alpha: float = 1.0, inplace: bool = False, config: Config | N
     bits: :math:`\nabla X = \nabla Y \odot ([X > 0] + (\hat Y + \alpha)[X \le 0])`, unbiased.
     The packed :math:`Y` is shared with the next op that keeps :math:`Y` (a linear map), and a
     mask op on :math:`Y` (dropout) leaves a tensor that op rebuilds instead of keeping."""
-    if not records_graph(x):
+    config = config or _DEFAULT
+    if not records_graph(x) or config.keeps(x):
         return transient(F.elu(x, alpha, inplace=inplace))
     if inplace and not overwritable(x):
         # As _masked: a view (or odd layout) gets the result beside it, copied back.
         return _into(x, elu(x, alpha, False, config, role))
-    config = config or Config()
     out = _ELU.apply(x, float(alpha), config, role, inplace)
     base = getattr(out.grad_fn, "gnnact_base", None)
     if base is not None:
@@ -416,8 +432,11 @@ def _input_dropout(x: Tensor, p: float) -> Tensor:
 
 
 @eager_op
-def dropout(x: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
-    r"""Dropout keeping its keep-mask :math:`M \sim \mathrm{Bernoulli}(1-p)` in 1 bit.
+def dropout(x: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False,
+            config: Config | None = None) -> Tensor:
+    r"""Dropout keeping its keep-mask :math:`M \sim \mathrm{Bernoulli}(1-p)` in 1 bit
+    (``config``: as :func:`relu`'s; an input of the model's pass is masked outside autograd
+    whatever its size, see :func:`_input_dropout`).
 
     The mask is drawn exactly as :func:`torch.nn.functional.dropout` draws it, on the CPU and
     on a GPU (:func:`gnnact.ops.draws.keep_bits`), so a seeded run reproduces PyTorch's.
@@ -428,7 +447,7 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True, inplace: bool = Fa
         return x
     if p < 1.0 and not inplace and _resident_in_pass(x):
         return _input_dropout(x, p)
-    if p == 1.0 or not records_graph(x):
+    if p == 1.0 or not records_graph(x) or (config or _DEFAULT).keeps(x):
         return transient(F.dropout(x, p, training, inplace))
     # F.dropout's draws (gnnact.ops.draws), packed before the output is made (on a GPU
     # computed straight into bits; the whole draw is one call, as F.dropout's).

@@ -82,7 +82,8 @@ def pair_dot(z: Tensor, edge_index: Sequence[Tensor], config: Config | None = No
     Example:
         >>> z = torch.randn(100, 16, requires_grad=True)
         >>> pos, neg = torch.randint(0, 100, (2, 500)), torch.randint(0, 100, (2, 500))
-        >>> v_pos, v_neg = gnnact.ops.pair_dot(z, [pos, neg], gnnact.Config(bits=4))
+        >>> config = gnnact.Config(bits=4, min_bytes=0)  # (z is 6 kB: under the default floor)
+        >>> v_pos, v_neg = gnnact.ops.pair_dot(z, [pos, neg], config)
         >>> torch.allclose(v_pos, (z[pos[0]] * z[pos[1]]).sum(dim=1))
         True
         >>> # z once, at 4 bits with its groups' ranges (PyG: four [500, 16] float32 tensors)

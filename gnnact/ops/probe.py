@@ -172,9 +172,13 @@ class NoiseProbe:
         probed tensor. The hooks find their node as the one autograd is running and hold the
         probe weakly: no reference cycle keeps a graph alive past its backward."""
         stack, self._roots = self._roots, []
-        if not self._names:
-            return
         before, after = self._hooks()
+        if not self._names:
+            # Nothing to measure (every tensor so far kept as is, say): only the end of the
+            # backward pass, so that the probe is done and the next steps do not join it.
+            for node in {id(n): n for n in stack if n is not None}.values():
+                node.register_hook(after)
+            return
         while stack:
             node = stack.pop()
             if node is None or id(node) in self._hooked:

@@ -81,8 +81,13 @@ _MASK_CALLS = frozenset({F.relu, torch.relu, Tensor.relu, F.relu_, torch.relu_, 
 _TRIES = 6
 
 
-def _no_config(role: str) -> Config:
-    raise AssertionError(f"the mask ops take no configuration (asked for {role!r})")
+# The mask ops take a configuration for its floor only: between the blocks every mask is kept
+# as one (the plan counts on them), whatever its size.
+_EVERY_MASK = Config(bits=32, min_bytes=0)
+
+
+def _mask_config(role: str) -> Config:
+    return _EVERY_MASK
 
 
 class _MaskedGaps(TorchFunctionMode):
@@ -109,7 +114,7 @@ class _MaskedGaps(TorchFunctionMode):
             if path != OUTSIDE and not any(within(path, b) for b in self.blocks):
                 x = args[0]
                 before = x.grad_fn if isinstance(x, Tensor) else None
-                out = HANDLERS[func](_no_config, *args, **kwargs)
+                out = HANDLERS[func](_mask_config, *args, **kwargs)
                 if out is not NotImplemented:
                     if out.grad_fn is not None and out.grad_fn is not before:
                         tally = self.masks.setdefault(path, [0, 0])
@@ -603,7 +608,7 @@ def _profile(model: nn.Module, run: Callable[[], Tensor], names: list[str],
         for a in args:
             if not isinstance(a, Tensor) or _is_leaf_parameter(a):
                 continue
-            if hooks._compressible(a) is not None:
+            if isinstance(hooks._compressible(a), Tensor):  # (not kept as is for its size)
                 profile.input_shapes.append(tuple(a.shape))
                 profile.input_raw += a.numel() * a.element_size()
             for _, _, nbytes, key in tensor_storages(a, ""):

@@ -1,0 +1,180 @@
+"""Tensors under ``Config.floor`` (``min_bytes``, by default ``gnnact.config.MIN_BYTES``) are
+kept as they are and their ops run as PyTorch's; ``gnnact.summary`` reports them. These tests
+run with the floor as shipped (``default_floor``); the rest of the suite compresses every
+tensor however small."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch_geometric.nn import MLP, GCNConv, GINConv, global_add_pool
+
+import gnnact
+from gnnact import ops
+from gnnact.config import MIN_BYTES
+from gnnact.memory import saved_bytes
+from gnnact.nn.scope import scope_of
+
+pytestmark = pytest.mark.default_floor
+
+
+def test_floor_defaults_to_min_bytes_and_is_configurable() -> None:
+    assert MIN_BYTES == 256 << 10
+    assert gnnact.Config().floor == MIN_BYTES and gnnact.Config(min_bytes=0).floor == 0
+    small, large = torch.zeros(MIN_BYTES // 4 - 1), torch.zeros(MIN_BYTES // 4)
+    assert gnnact.Config().keeps(small) and not gnnact.Config().keeps(large)
+    assert gnnact.Config().keeps(large.half())  # bytes, not values
+    assert not gnnact.Config(min_bytes=0).keeps(small)
+
+
+@pytest.mark.parametrize("rows", [100, 4096])  # 25 KiB and 1 MiB inputs
+def test_ops_run_as_pytorch_below_the_floor_only(rows: int) -> None:
+    x = torch.randn(rows, 64, requires_grad=True)
+    weight = torch.randn(32, 64, requires_grad=True)
+    small = rows * 64 * 4 < MIN_BYTES
+    y = ops.relu(ops.linear(x, weight))
+    # Below the floor PyTorch's nodes (ReLU keeps its output), above gnnact's.
+    assert (y.grad_fn.name() == "ReluBackward0") == small
+    assert ("_Linear" in y.grad_fn.next_functions[0][0].name()) != small
+    z = ops.dropout(x * 1.0, 0.5)
+    assert ("_Masked" in z.grad_fn.name()) != small
+    # gnnact keeps x at 2 bits above the floor: fewer bytes than the input itself.
+    kept = saved_bytes(ops.linear(x * 1.0, weight, None, gnnact.Config(bits=2)), exclude=[weight])
+    assert (kept >= rows * 64 * 4) == small
+
+
+class GIN(nn.Module):
+    def __init__(self, channels: int = 11, hidden: int = 32) -> None:
+        super().__init__()
+        self.convs = nn.ModuleList(
+            GINConv(MLP([c, hidden, hidden])) for c in (channels, hidden, hidden))
+        self.head = MLP([hidden, hidden, 3], norm=None, dropout=0.5)
+
+    def forward(self, x, edge_index, batch):
+        for conv in self.convs:
+            x = conv(x, edge_index).relu()
+        return self.head(global_add_pool(x, batch))
+
+
+def _batch(nodes: int) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(nodes, 11, generator=g)
+    edge_index = torch.randint(0, nodes, (2, 4 * nodes), generator=g)
+    batch = torch.arange(nodes) * 16 // nodes
+    return x, edge_index, batch
+
+
+def _step(model: nn.Module, inputs: tuple, seed: int = 0) -> tuple[torch.Tensor, list]:
+    torch.manual_seed(seed)
+    out = model(*inputs)
+    F.cross_entropy(out, torch.arange(16) % 3).backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    return out, grads
+
+
+def test_small_batch_trains_as_pyg_and_summary_says_why() -> None:
+    inputs = _batch(500)  # 500 x 32 activations: 64 KB each
+    torch.manual_seed(0)
+    pyg = GIN()
+    model = gnnact.convert(copy.deepcopy(pyg))  # the default: automatic widths
+    for step in range(4):
+        out, grads = _step(pyg, inputs, step)
+        ours, our_grads = _step(model, inputs, step)
+        # Nothing is rounded: the same values and gradients as PyG's, bit for bit.
+        assert torch.equal(out, ours)
+        for a, b in zip(grads, our_grads, strict=True):
+            assert torch.equal(a, b)
+        record = scope_of(model).last
+        # The first step ran with gnnact's mode and pipeline, and found every tensor under
+        # the floor: the next ones on inputs no larger run as PyTorch's.
+        assert record.as_pytorch == (step > 0)
+        assert record.tensors == {}  # no tensor went through a compressor
+        assert record.small[0] > 10 and 0 < record.small[1] == record.context
+    report = gnnact.summary(model)
+    assert report.small == record.small and report.min_bytes == MIN_BYTES
+    assert f"{record.small[0]} tensors" in str(report) and "ran as PyTorch's" in str(report)
+    assert {row.handling for row in report.rows} == {"pytorch"}
+    # With nothing to measure, the automatic widths' probe ended with its step's backward:
+    # later full steps do not join it (a probe's pass collects every call's result).
+    auto = scope_of(model).auto
+    assert auto._pending is None or auto._pending.done
+    # A larger batch runs in full again, and becomes the one smaller batches are held to.
+    scope = scope_of(model)
+    for nodes, full in ((600, True), (500, False), (600, False)):
+        _step(model, _batch(nodes))
+        assert scope.last.as_pytorch != full and scope.small_inputs[0] == 600 * 11
+
+
+class Widening(nn.Module):
+    """A tanh of 100 x ``width`` values: a tensor that does not grow with the forward's
+    inputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(1, 4)
+        self.width = 16
+
+    def forward(self, x):
+        return self.lin(x.repeat(1, self.width // 16).tanh().sum(1, keepdim=True))
+
+
+def test_a_pass_run_as_pytorch_that_meets_a_large_tensor_sends_the_next_back() -> None:
+    model = gnnact.convert(Widening(), gnnact.Config(bits=2, self_check=False))
+    x = torch.randn(100, 16, requires_grad=True)
+    scope = scope_of(model)
+    model(x).sum().backward()
+    assert scope.small_inputs == (1600,)
+    model.width = 1024  # a tanh output of 100 x 1024 floats: 400 kB, over the floor
+    out = model(x)
+    # Kept as it is (exact), and the next pass is a full one that compresses it.
+    assert scope.last.as_pytorch and scope.small_inputs is None
+    assert saved_bytes(out, exclude=[x, model]) >= 100 * 1024 * 4
+    out.sum().backward()
+    out = model(x)
+    assert not scope.last.as_pytorch and scope.last.tensors
+    assert saved_bytes(out, exclude=[x, model]) < 100 * 1024 * 4 / 2  # (tanh: 8 bits)
+
+
+def test_min_bytes_zero_compresses_small_tensors_again() -> None:
+    inputs = _batch(500)
+    torch.manual_seed(0)
+    pyg = GIN()
+    config = gnnact.Config(bits=2, min_bytes=0, self_check=False)
+    model = gnnact.convert(copy.deepcopy(pyg), config)
+    kept = saved_bytes(model(*inputs), exclude=list(inputs))
+    default = gnnact.convert(copy.deepcopy(pyg), gnnact.Config(bits=2, self_check=False))
+    assert 4 * kept < saved_bytes(default(*inputs), exclude=list(inputs))
+    assert scope_of(model).last.small[0] < scope_of(default).last.small[0]
+
+
+def test_twin_keeps_a_small_input_as_is() -> None:
+    # GCNConv's twin keeps its input at 2 bits above the floor; under it, as is: the
+    # gradients are those of the exact conversion.
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(200, 16, generator=g)
+    edge_index = torch.randint(0, 200, (2, 800), generator=g)
+    torch.manual_seed(0)
+    net = _Twin()
+    exact = gnnact.convert(copy.deepcopy(net), gnnact.Config(bits=32))
+    small = gnnact.convert(copy.deepcopy(net), gnnact.Config(bits=2, self_check=False))
+    grads = []
+    for model in (exact, small):
+        model(x, edge_index).square().sum().backward()
+        grads.append([p.grad for p in model.parameters()])
+    for a, b in zip(*grads, strict=True):
+        assert torch.equal(a, b)
+
+
+class _Twin(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+        self.conv = GCNConv(16, 8)
+
+    def forward(self, x, edge_index):
+        return self.conv(self.lin(x), edge_index)
