@@ -82,6 +82,7 @@ def test_small_batch_trains_as_pyg_and_summary_says_why() -> None:
     torch.manual_seed(0)
     pyg = GIN()
     model = gnnact.convert(copy.deepcopy(pyg))  # the default: automatic widths
+    counted = set()
     for step in range(4):
         out, grads = _step(pyg, inputs, step)
         ours, our_grads = _step(model, inputs, step)
@@ -95,6 +96,9 @@ def test_small_batch_trains_as_pyg_and_summary_says_why() -> None:
         assert record.as_pytorch == (step > 0)
         assert record.tensors == {}  # no tensor went through a compressor
         assert record.small[0] > 10 and 0 < record.small[1] == record.context
+        # Both kinds of pass count the same tensors (parameters, inputs, buffers left out).
+        counted.add(record.small)
+    assert len(counted) == 1
     report = gnnact.summary(model)
     assert report.small == record.small and report.min_bytes == MIN_BYTES
     assert f"{record.small[0]} tensors" in str(report) and "ran as PyTorch's" in str(report)
@@ -103,11 +107,16 @@ def test_small_batch_trains_as_pyg_and_summary_says_why() -> None:
     # later full steps do not join it (a probe's pass collects every call's result).
     auto = scope_of(model).auto
     assert auto._pending is None or auto._pending.done
-    # A larger batch runs in full again, and becomes the one smaller batches are held to.
+    # A larger batch runs in full again, and raises the sizes smaller batches are held to;
+    # each input's largest count counts (more edges in one batch, more nodes in another).
     scope = scope_of(model)
-    for nodes, full in ((600, True), (500, False), (600, False)):
-        _step(model, _batch(nodes))
-        assert scope.last.as_pytorch != full and scope.small_inputs[0] == 600 * 11
+    x, edge_index, batch = _batch(600)
+    for inputs, full in (((x, edge_index, batch), True), (_batch(500), False),
+                         ((x, edge_index[:, :1000], batch), False)):
+        _step(model, inputs)
+        assert scope.last.as_pytorch != full and scope.small_inputs[model] == (600 * 11, 4800, 600)
+    _step(model, (x[:300], edge_index[:, :2000] // 2, torch.arange(300) * 16 // 300))
+    assert scope.last.as_pytorch
 
 
 class Widening(nn.Module):
@@ -128,11 +137,11 @@ def test_a_pass_run_as_pytorch_that_meets_a_large_tensor_sends_the_next_back() -
     x = torch.randn(100, 16, requires_grad=True)
     scope = scope_of(model)
     model(x).sum().backward()
-    assert scope.small_inputs == (1600,)
+    assert scope.small_inputs[model] == (1600,)
     model.width = 1024  # a tanh output of 100 x 1024 floats: 400 kB, over the floor
     out = model(x)
     # Kept as it is (exact), and the next pass is a full one that compresses it.
-    assert scope.last.as_pytorch and scope.small_inputs is None
+    assert scope.last.as_pytorch and model not in scope.small_inputs
     assert saved_bytes(out, exclude=[x, model]) >= 100 * 1024 * 4
     out.sum().backward()
     out = model(x)

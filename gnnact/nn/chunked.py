@@ -149,8 +149,8 @@ class _Chunks:
         row = 0
         for value in kwargs.values():
             for t in value if isinstance(value, (tuple, list)) else (value,):
-                if isinstance(t, Tensor) and t.dim() > 1:
-                    row = max(row, t[0].numel() * t.element_size())
+                if isinstance(t, Tensor) and t.dim() > 1 and t.size(0):
+                    row = max(row, t.numel() // t.size(0) * t.element_size())
         return edge_index.size(1) * row
 
     def _propagate(self, edge_index: Any, size: Any, kwargs: dict[str, Any]) -> Any:

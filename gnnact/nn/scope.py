@@ -46,6 +46,7 @@ import contextlib
 import copy
 import dataclasses
 import functools
+import weakref
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
@@ -125,7 +126,7 @@ class _Pass:
     def enter(self) -> None:
         scope, stack = self.scope, self._stack
         try:
-            if scope.small_pass(self.inputs):
+            if scope.small_pass(self.module, self.inputs):
                 self._enter_as_pytorch()
                 self._token = _PASS.set(self)
                 return
@@ -167,7 +168,7 @@ class _Pass:
         stack.callback(setattr, state, "resident", state.resident)
         state.resident = storage_keys(self.inputs)
         stack.enter_context(use_graph_cache(scope.graphs))
-        self.watch = _Watch(scope.config.floor, state.resident)
+        self.watch = _Watch(scope.config.floor, state.resident, scope.buffer_owners(self.root))
         stack.enter_context(self.watch)
 
     def exit(self, output: Any = None) -> None:
@@ -180,8 +181,8 @@ class _Pass:
         finally:
             pipeline, watch = self.pipeline, self.watch
             if watch is not None:
-                if watch.over:  # sizes the reference pass did not bound: full passes again
-                    self.scope.small_inputs = None
+                if watch.over:  # sizes the full passes did not bound: full passes again
+                    self.scope.small_inputs.pop(self.module, None)
                 self.scope.last = PassRecord({"": watch.nbytes}, {}, self.scope.graphs.nbytes(),
                                              (watch.count, watch.nbytes), as_pytorch=True)
             elif pipeline is not None:
@@ -190,7 +191,7 @@ class _Pass:
                                              self.scope.graphs.nbytes(),
                                              (pipeline.num_small, pipeline.small_bytes))
                 if pipeline is not self.enclosing:
-                    self.scope.note_pass(self.inputs, not pipeline.over_floor
+                    self.scope.note_pass(self.module, self.inputs, not pipeline.over_floor
                                          and pipeline.num_packed + pipeline.num_compact == 0)
 
     def config_for(self, role: str) -> Config:
@@ -206,15 +207,17 @@ def _same(t: Any) -> Any:
 
 class _Watch(torch.autograd.graph.saved_tensors_hooks):
     """What a pass run as PyTorch's saves: kept as it is, whatever its size; counted (each
-    storage once, parameters and the inputs' storages ``skip`` left out), and ``over`` is
-    raised by one of ``floor`` bytes or more, or one that is no plain strided tensor."""
+    storage once; parameters, the inputs' storages ``skip`` and the buffers of the modules
+    ``owners`` left out, as a full pass leaves them), and ``over`` is raised by one of
+    ``floor`` bytes or more, or one that is no plain strided tensor."""
 
-    def __init__(self, floor: int, skip: set[tuple]) -> None:
+    def __init__(self, floor: int, skip: set[tuple], owners: list[nn.Module]) -> None:
         super().__init__(self._pack, _same)
-        self.floor, self.skip = floor, skip
+        self.floor, self.skip, self.owners = floor, skip, owners
         self.over = False
         self.count = self.nbytes = 0
         self._seen: set[tuple] = set()
+        self._buffers: set[tuple] | None = None  # (read when a leaf needing no gradient comes)
 
     def _pack(self, t: Tensor) -> Tensor:
         if type(t) is not Tensor or t.layout != torch.strided:
@@ -226,6 +229,12 @@ class _Watch(torch.autograd.graph.saved_tensors_hooks):
         key = (device.type, device.index, storage.data_ptr())
         if key in self._seen or key in self.skip or _is_parameter(t):
             return t
+        if t.grad_fn is None and not t.requires_grad:  # a buffer (running statistics)?
+            if self._buffers is None:  # (the buffers as they are now: .to() replaces them)
+                self._buffers = storage_keys([b for m in self.owners for b in m._buffers.values()
+                                              if b is not None])
+            if key in self._buffers:
+                return t
         self._seen.add(key)
         nbytes = storage.nbytes()
         self.over |= nbytes >= self.floor
@@ -253,9 +262,10 @@ class Scope:
         graphs (GraphCache): the model's graph cache.
         seeds (PassSeeds): the source of each pass's rounding seeds.
         last (PassRecord or None): what the last training forward pass kept.
-        small_inputs (tuple[int, ...] or None): element counts of the inputs of the largest
-            full pass that kept every tensor under the floor; passes on inputs no larger run
-            as PyTorch's (:meth:`small_pass`).
+        small_inputs (WeakKeyDictionary): for the module whose call makes a pass (the model,
+            or a child called on its own), the largest element count of each input of its
+            full passes that kept every tensor under the floor; its passes on inputs no larger
+            run as PyTorch's (:meth:`small_pass`).
     """
 
     def __init__(self, config: Config) -> None:
@@ -266,7 +276,10 @@ class Scope:
         self.row_gradients: dict[tuple, Tensor] = {}
         self.seeds = PassSeeds()
         self.last: PassRecord | None = None
-        self.small_inputs: tuple[int, ...] | None = None
+        self.small_inputs: weakref.WeakKeyDictionary[nn.Module, tuple[int, ...]] = (
+            weakref.WeakKeyDictionary())
+        self._buffer_owners: weakref.WeakKeyDictionary[nn.Module, list[nn.Module]] = (
+            weakref.WeakKeyDictionary())
         self._configs: dict[tuple[str, str, int], Config] = {}
 
     # ------------------------------------------------------------------ installation
@@ -277,7 +290,8 @@ class Scope:
         scope = scope_of(model)
         if scope is not None:
             scope.config = config
-            scope.small_inputs = None
+            scope.small_inputs.clear()
+            scope._buffer_owners.clear()
             scope._configs.clear()
             scope.bits.clear()
             scope._automate(model)
@@ -342,33 +356,44 @@ class Scope:
 
     # ------------------------------------------------------------------ per pass
 
-    def small_pass(self, inputs: list[Tensor]) -> bool:
-        """Whether a pass with ``inputs`` runs as PyTorch's: a full pass on inputs at least as
-        large, element count by element count, kept every tensor under the floor and stored
-        nothing in another form (:attr:`small_inputs`), and no pipeline of the caller's is
-        active. Its tensors then stay under the floor too, as they grow with the inputs; a
-        pass that finds one that does not (a dense batch, sized by its largest graph) keeps
-        it as it is and sends the next passes back to full ones (:class:`_Watch`).
+    def small_pass(self, module: nn.Module, inputs: list[Tensor]) -> bool:
+        """Whether a pass of ``module`` with ``inputs`` runs as PyTorch's: its full passes
+        kept every tensor under the floor and stored nothing in another form on inputs at
+        least as large, element count by element count (:attr:`small_inputs`), and no
+        pipeline of the caller's is active. Its tensors then stay under the floor too, as they
+        grow with the inputs (node tensors with the node features, edge tensors with the
+        edges); a pass that finds one that does not (a dense batch, sized by its largest
+        graph) keeps it as it is and sends the next passes back to full ones
+        (:class:`_Watch`).
 
         The mode and the pipeline of a full pass cost a small graph's step as much as its
         arithmetic (a GIN on 64 small graphs: 5 ms of a 10 ms step on a CPU core), for
         nothing when every tensor is kept as it is."""
-        ref = self.small_inputs
+        ref = self.small_inputs.get(module)
         return (ref is not None and len(inputs) == len(ref) and active_pipeline() is None
                 and all(t.numel() <= n for t, n in zip(inputs, ref, strict=True)))
 
-    def note_pass(self, inputs: list[Tensor], small: bool) -> None:
-        """After a full pass with ``inputs``: keep its sizes as :attr:`small_inputs` if it was
-        ``small`` (everything under the floor, nothing stored in another form) and at least as
-        large as the last such pass; forget them if it was not and no larger."""
+    def buffer_owners(self, model: nn.Module) -> list[nn.Module]:
+        """The modules of ``model`` that have buffers, found once (a pass run as PyTorch's
+        reads their buffers as they are then, to leave them out of its count)."""
+        owners = self._buffer_owners.get(model)
+        if owners is None:
+            owners = self._buffer_owners[model] = [m for m in model.modules() if m._buffers]
+        return owners
+
+    def note_pass(self, module: nn.Module, inputs: list[Tensor], small: bool) -> None:
+        """After a full pass of ``module`` with ``inputs``: if it was ``small`` (everything
+        under the floor, nothing stored in another form), raise :attr:`small_inputs` to its
+        sizes where they are larger (batches of small graphs vary in nodes and edges alike);
+        if it was not and its sizes are within them, forget them."""
         sizes = tuple(t.numel() for t in inputs)
-        ref = self.small_inputs
-        covers = ref is not None and len(ref) == len(sizes)
-        if small and self.config.floor and (
-                ref is None or (covers and all(a >= b for a, b in zip(sizes, ref, strict=True)))):
-            self.small_inputs = sizes
-        elif not small and covers and all(a <= b for a, b in zip(sizes, ref, strict=True)):
-            self.small_inputs = None
+        ref = self.small_inputs.get(module)
+        if small and self.config.floor:
+            self.small_inputs[module] = (sizes if ref is None or len(ref) != len(sizes)
+                                         else tuple(map(max, sizes, ref)))
+        elif (not small and ref is not None and len(ref) == len(sizes)
+              and all(a <= b for a, b in zip(sizes, ref, strict=True))):
+            del self.small_inputs[module]
 
     def begin_step(self) -> NoiseProbe | None:
         """At the start of a training forward pass: with automatic precision, the widths of
@@ -426,7 +451,14 @@ class Scope:
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state["last"] = None  # a record of one pass, not part of the model
+        # (Of these very modules: not picklable, and a copy has modules of its own.)
+        del state["small_inputs"], state["_buffer_owners"]
         return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.small_inputs = weakref.WeakKeyDictionary()
+        self._buffer_owners = weakref.WeakKeyDictionary()
 
 
 # A module's hooks and attributes go with it through copy.deepcopy and pickle. A
