@@ -19,10 +19,10 @@ AUTO_START = 2
 
 #: Bytes below which a tensor is kept as it is (``Config.min_bytes=None``): 256 KiB, 64Ki
 #: float32 values. Compressing a tensor costs a fixed time (a dozen ops and their
-#: bookkeeping, ~0.7 ms on a CPU core) plus a time per value (~12 ns); below 55–60K values
-#: (215–240 kB) the fixed part is the larger (``benchmarks/bench_floor.py``, rows
-#: ``floor.jsonl``: 256 KiB is the power of two above), and the bytes at stake, at most 256
-#: KiB a tensor, are negligible beside any device's memory.
+#: bookkeeping, 0.5–0.7 ms on a CPU core) plus a time per value (9–13 ns); below 43–60K
+#: values (170–240 kB) the fixed part is the larger (``benchmarks/bench_floor.py``, rows
+#: ``floor.jsonl``, two runs: 256 KiB is the power of two above), and the bytes at stake, at
+#: most 256 KiB a tensor, are negligible beside any device's memory.
 MIN_BYTES = 256 << 10
 
 
@@ -101,8 +101,8 @@ class Config:
             of 32, which keeps everything as it is. (default: :obj:`True`)
         min_bytes (int, optional): a tensor of fewer bytes is kept as it is, and the op that
             saves it runs as PyTorch's: its compressed copy would save next to nothing and
-            cost time (the quantizer's fixed cost outweighs its per-value cost below about
-            220 kB on a CPU). :func:`gnnact.summary` reports how many tensors a step kept
+            cost time (the quantizer's fixed cost outweighs its per-value cost below 170–240
+            kB on a CPU core). :func:`gnnact.summary` reports how many tensors a step kept
             so, and their bytes. :obj:`0` compresses every tensor. (default: :obj:`None`:
             :data:`MIN_BYTES`, 256 KiB)
 

@@ -35,7 +35,7 @@ counts as a temporary is measured, not assumed: see :func:`temporary_counts`.
 A call is routed only when autograd records it (grad mode on, an input that needs a gradient),
 its arguments are the plain kind gnnact's ops take, and (for the calls that compress,
 :data:`FLOORED`) its input has at least the scope's ``config.floor`` bytes
-(:attr:`gnnact.Config.min_bytes`: smaller tensors are kept as they are); otherwise, and
+(:attr:`Config.min_bytes <gnnact.Config>`: smaller tensors are kept as they are); otherwise, and
 inside gnnact's own ops, PyTorch's function runs unchanged. Everything else saved in the pass
 goes through the generic pipeline (:class:`gnnact.compress_saved_tensors`) that the scope
 (:mod:`gnnact.nn.scope`) enters alongside. While :func:`~torch.nn.functional.softmax` or
