@@ -37,7 +37,7 @@ from gnnact.compress.lossless import (
 )
 from gnnact.compress.policy import within
 from gnnact.config import Config
-from gnnact.memory import argument_tensors, storage_keys, tensor_storages
+from gnnact.memory import argument_tensors, storage_key, storage_keys, tensor_storages
 from gnnact.ops.context import (
     Reshaped,
     cache_key,
@@ -480,7 +480,7 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
                 return t
             if not self.over_floor and (nbytes >= self._floor
                                         or (t.dtype not in FLOAT_DTYPES and own_context(t))):
-                self.over_floor = _owned_by_pass(self, t, storage)
+                self.over_floor = self._owned_by_pass(t, storage)
         elif type(t) is not nn.Parameter:  # (a sparse tensor, a subclass: not told apart)
             self.over_floor = True
         path, module = self._where()
@@ -713,12 +713,15 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         gnnact's ops (statistics: an input a twin keeps as is needs a gradient)."""
         if nbytes == 0 or _is_parameter(t):
             return
-        device = storage.device
-        key = (device.type, device.index, storage.data_ptr())
-        if (self._count_passed(key, nbytes, None, True)
+        if (self._count_passed(storage_key(storage), nbytes, None, True)
                 and (t.requires_grad or not own_context(t))):
             self.num_small += 1
             self.small_bytes += nbytes
+
+    def _owned_by_pass(self, t: Tensor, storage: torch.UntypedStorage) -> bool:
+        """Whether ``t`` (saved, at or above the floor, or compressed context of gnnact's ops)
+        is the pass's own: no parameter, input or other skipped storage."""
+        return not _is_parameter(t) and storage_key(storage) not in self._skip
 
     def _count_passed(self, key: tuple, nbytes: int, path: str | None, exact: bool) -> bool:
         """Tally one storage kept as is (``path``: the module that saved it, ``None`` for
@@ -745,15 +748,6 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
 _SMALL = object()
 
 
-def _owned_by_pass(hooks: compress_saved_tensors, t: Tensor,
-                   storage: torch.UntypedStorage) -> bool:
-    """Whether ``t`` (saved, at or above the floor, or compressed context of gnnact's ops) is
-    the pass's own: no parameter, input or other skipped storage."""
-    device = storage.device
-    return not _is_parameter(t) and (device.type, device.index,
-                                     storage.data_ptr()) not in hooks._skip
-
-
 def _is_parameter(t: Tensor) -> bool:
     """A leaf that requires grad (a parameter), or a view of one (``weight.t()``)."""
     base = t._base if t._base is not None else t
@@ -762,6 +756,4 @@ def _is_parameter(t: Tensor) -> bool:
 
 def _storage_key(t: Tensor) -> tuple[str, int | None, int]:
     # The same key as gnnact.memory uses, so `skip` and `exclude` mean the same storages.
-    storage = t.untyped_storage()
-    device = storage.device
-    return (device.type, device.index, storage.data_ptr())
+    return storage_key(t.untyped_storage())

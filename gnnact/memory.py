@@ -56,10 +56,30 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from gnnact.quant.packed import PackedMask, PackedTensor
 
 __all__ = ["SavedBytes", "SavedRecord", "argument_tensors", "breakdown", "saved_bytes",
-           "saved_tensors", "storage_keys", "tensor_storages"]
+           "saved_tensors", "storage_key", "storage_keys", "tensor_storages"]
 
 #: Storage identity: ``(device type, device index, data pointer)``.
 StorageKey = tuple[str, int | None, int]
+
+
+def storage_key(storage: torch.UntypedStorage) -> StorageKey:
+    """The identity of ``storage``, the key :func:`storage_keys` and :func:`tensor_storages`
+    give it.
+
+    Args:
+        storage (torch.UntypedStorage): a tensor's storage (``t.untyped_storage()``).
+
+    Returns:
+        tuple[str, int or None, int]: ``(device type, device index, data pointer)``.
+
+    Example:
+        >>> from gnnact.memory import storage_key
+        >>> x = torch.randn(10, 4)
+        >>> storage_key(x[2:].untyped_storage()) == storage_key(x.untyped_storage())
+        True
+    """
+    device = storage.device
+    return (device.type, device.index, storage.data_ptr())
 
 _FREED_MESSAGE = (
     "the saved tensors of this autograd graph were already freed by a backward pass; call "
@@ -575,8 +595,7 @@ def tensor_storages(t: Tensor, path: str) -> Iterator[tuple[str, Tensor, int, St
         nbytes = storage.nbytes()
         if nbytes == 0:
             return
-        device = storage.device
-        key = (device.type, device.index, storage.data_ptr())
+        key = storage_key(storage)
     except (RuntimeError, NotImplementedError) as e:
         warnings.warn(f"saved_bytes: cannot read the storage of a {type(t).__name__} "
                       f"(layout {t.layout}) at '{path}', not counted: {e}", stacklevel=2)

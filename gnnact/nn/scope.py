@@ -60,7 +60,7 @@ from gnnact.adaptive.auto import AutoPrecision
 from gnnact.compress import Policy, Quantize, Rule
 from gnnact.config import Config
 from gnnact.hooks import SavedEntry, _is_parameter, active_pipeline, compress_saved_tensors
-from gnnact.memory import argument_tensors, storage_keys
+from gnnact.memory import argument_tensors, storage_key, storage_keys
 from gnnact.nn.functional import CollectingOps, FunctionalOps, Marks
 from gnnact.ops.graph import GraphCache, use_graph_cache
 from gnnact.ops.probe import NoiseProbe, probing
@@ -225,8 +225,7 @@ class _Watch(torch.autograd.graph.saved_tensors_hooks):
                 self.over = True
             return t
         storage = t.untyped_storage()
-        device = storage.device
-        key = (device.type, device.index, storage.data_ptr())
+        key = storage_key(storage)
         if key in self._seen or key in self.skip or _is_parameter(t):
             return t
         if t.grad_fn is None and not t.requires_grad:  # a buffer (running statistics)?

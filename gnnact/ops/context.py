@@ -56,6 +56,7 @@ import torch
 from torch import Tensor
 
 from gnnact.config import Config
+from gnnact.memory import storage_key
 from gnnact.ops.probe import active_probe, restore
 from gnnact.ops.state import ForwardState, forward_state
 from gnnact.quant import PackedMask, PackedTensor, pack_mask, quantize, unpack_mask
@@ -314,8 +315,7 @@ def resident(x: Tensor) -> bool:
     keys = forward_state().resident
     if keys is None or x.layout != torch.strided:
         return True
-    storage = x.untyped_storage()
-    return (storage.device.type, storage.device.index, storage.data_ptr()) in keys
+    return storage_key(x.untyped_storage()) in keys
 
 
 def input_bits(x: Tensor | None, config: Config) -> int:
