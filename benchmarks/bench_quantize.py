@@ -5,6 +5,8 @@ Throughput counts the bytes each operation must move: quantize reads the input
 (:math:`n \\cdot` itemsize) and writes the packed tensor (``nbytes``); dequantize does the reverse;
 a copy of the input reads and writes :math:`n \\cdot` itemsize each. ``frac_of_copy`` is the op's
 GB/s over the copy's GB/s measured in the same run (DESIGN.md target on a GPU: >= 0.70).
+Backends: ``cupy`` (CUDA kernels) and ``cpu`` (the compiled CPU kernels, where a compiler
+builds them; target >= 0.10 of a copy) against ``torch`` (the reference) on the same tensor.
 
 On a GPU each operation is timed two ways: ``time_ms`` is one call as a user makes it
 (Python, allocation and launch included: on an idle GPU the events also catch the host's
@@ -38,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS, environment, finish, kernel_seconds, median_time
 
 import gnnact
+from gnnact.kernels import cpu as cpu_kernels
 from gnnact.kernels import cupy_available
 from gnnact.quant import DEFAULT_GROUP_SIZE
 
@@ -65,6 +68,8 @@ def bench_device(device: torch.device, numel: int, bits_list: list[int], dtype: 
     backends = ["torch"]
     if device.type == "cuda" and cupy_available():
         backends.insert(0, "cupy")
+    if device.type == "cpu" and cpu_kernels.available():
+        backends.insert(0, "cpu")
     rows = []
     for bits in bits_list:
         for backend in backends:

@@ -47,7 +47,7 @@ class Config:
         attention_bits (int, optional): bits of GAT's per-head attention coefficients. When
             :obj:`None`: 8 while ``bits`` is at most 8 (a fixed 4 bits collapses GAT, GACT
             Table 3), else ``bits``, so that ``Config(bits=32)`` is exact. (default: :obj:`None`)
-        backend (str, optional): ``"auto"``, ``"torch"`` or ``"cupy"``, as in
+        backend (str, optional): ``"auto"``, ``"torch"``, ``"cupy"`` or ``"cpu"``, as in
             :func:`gnnact.quantize`. (default: :obj:`"auto"`)
         resident_inputs (bool, optional): keep a tensor that needs no gradient and does not
             come out of autograd (the input feature matrix) by reference instead of as a packed

@@ -65,6 +65,16 @@ def device_name(device: torch.device | str) -> str:
     return f"{_cpu_name()} ({torch.get_num_threads()} threads)"
 
 
+def cpu_kernels_compiler() -> str | None:
+    """The compiler of the compiled CPU kernels (:mod:`gnnact.kernels.cpu`: the first line of
+    its ``--version``) where they build, ``None`` where the CPU quantizes on the torch path."""
+    from gnnact.kernels import cpu
+
+    if not cpu.available():
+        return None
+    return cpu.compiler_version().splitlines()[0] or cpu.compiler()
+
+
 def environment(device: torch.device | str = "cpu") -> dict:
     """Device, versions, commit and date, as a flat dict for a JSON result row."""
     import torch_geometric
@@ -82,6 +92,7 @@ def environment(device: torch.device | str = "cpu") -> dict:
         "torch": torch.__version__,
         "torch_geometric": torch_geometric.__version__,
         "cupy": cupy_version,
+        "cpu_kernels": cpu_kernels_compiler(),
         "cuda": torch.version.cuda,
         "python": platform.python_version(),
         "commit": git_commit(),

@@ -29,7 +29,7 @@ BAD = [
      "Config.attention_bits must be one of (1, 2, 3, 4, 5, 6, 7, 8, 16, 32), got 12"),
     ("backend", None, TypeError, "Config.backend must be a str, got None (NoneType)"),
     ("backend", "numba", ValueError,
-     "Config.backend must be one of ('auto', 'torch', 'cupy'), got 'numba'"),
+     "Config.backend must be one of ('auto', 'torch', 'cupy', 'cpu'), got 'numba'"),
     ("resident_inputs", 1, TypeError, "Config.resident_inputs must be a bool, got 1 (int)"),
     ("per_node", "False", TypeError, "Config.per_node must be a bool, got 'False' (str)"),
     ("tag", 3, TypeError, "Config.tag must be a str or None, got 3 (int)"),

@@ -476,9 +476,11 @@ def test_input_gradient_unbiased_at_2_bits():
     Bound: if the estimator is unbiased, each element's mean :math:`\bar g_k` differs from
     :math:`g^*_k` by noise of standard deviation :math:`\sigma_k/\sqrt n`, so
     :math:`z_k = (\bar g_k - g^*_k)\sqrt n/\hat\sigma_k` is Student-t (199 dof): :math:`E[z^2]
-    \approx 1`. The average of :math:`z_k^2` over the 144 elements (correlated) must stay below
-    1.5, and :math:`\max|z_k|` below 5 (:math:`P(|t| > 5) \approx 10^{-6}` per element); a bias
-    of half a standard error in every element would already push the average to 1.25 + noise.
+    \approx 1`. The average of :math:`z_k^2` over the 144 elements must stay below 2, and
+    :math:`\max|z_k|` below 5 (:math:`P(|t| > 5) \approx 10^{-6}` per element). The elements
+    are correlated (few independent ones): over 20 runs of 200 seeds each, with the hashed noise
+    and with the generator's, the average ranged over 0.48-1.81 (mean 1.02 and 1.13); a bias of
+    one standard error in every element would put it at 2 + that noise.
     The only known bias, :math:`\hat\alpha` entering the softmax backward twice, is of order
     :math:`\mathrm{Var}[\hat\alpha] \le (1/255)^2/4 \approx 4 \cdot 10^{-6}` relative, far below
     the standard error (about 4 % of :math:`\|g^*\|` here).
@@ -494,7 +496,7 @@ def test_input_gradient_unbiased_at_2_bits():
     mean, std = samples.mean(0), samples.std(0)
     assert (std > 0).all()  # every element is noisy: the test has power everywhere
     z = (mean - exact) * math.sqrt(n) / std
-    assert float(z.pow(2).mean()) < 1.5
+    assert float(z.pow(2).mean()) < 2.0
     assert float(z.abs().max()) < 5.0
     # The error of the mean is the single-sample error shrunk by ~sqrt(n) (here ~14x).
     err_mean = float((mean - exact).norm())

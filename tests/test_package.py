@@ -21,6 +21,7 @@ def test_wheel_contains_kernel_sources(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     for source in sorted((ROOT / "cuda").glob("*.cu")):
         assert f"gnnact/cuda/{source.name}" in names
+    assert "gnnact/kernels/quantize_cpu.cpp" in names  # (built at run time: gnnact.kernels.cpu)
     assert "gnnact/quant/core.py" in names and "gnnact/memory.py" in names
     assert not any(n.startswith(("tests/", "benchmarks/")) for n in names)
 

@@ -1,4 +1,6 @@
-"""CUDA kernels (``cuda/*.cu``) loaded with CuPy, with the signatures of the torch reference.
+"""Kernels with the signatures of the torch reference: CUDA kernels (``cuda/*.cu``) loaded
+with CuPy (:mod:`gnnact.kernels.quantize`), and the quantizer compiled for the CPU
+(:mod:`gnnact.kernels.cpu`, ``quantize_cpu.cpp``).
 
 Nothing here imports CuPy until a kernel is launched; :func:`cupy_available` says whether it can.
 """

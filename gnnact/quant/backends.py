@@ -1,7 +1,7 @@
 r"""Which implementation runs a quantizer or mask primitive: the torch reference
-(``gnnact.quant.reference``, any device) or the CuPy kernels (``gnnact.kernels.quantize``,
-CUDA tensors), each kernel checked once per device against the reference before ``"auto"``
-takes it.
+(``gnnact.quant.reference``, any device), the CuPy kernels (``gnnact.kernels.quantize``, CUDA
+tensors) or the compiled CPU kernels (``gnnact.kernels.cpu``, CPU tensors), each checked once
+per device and width against the reference before ``"auto"`` takes it.
 """
 
 from __future__ import annotations
@@ -20,14 +20,15 @@ from gnnact.quant import reference
 from gnnact.quant.packed import DEFAULT_GROUP_SIZE, QUANT_BITS
 from gnnact.quant.rng import hash_uniform
 
-__all__ = ["BACKENDS", "Backend", "check_name", "kernel_agrees", "kernel_matches", "mask_backend",
-           "mask_kernels_agree", "mask_kernels_match", "select"]
+__all__ = ["BACKENDS", "Backend", "check_name", "cpu_kernel_agrees", "cpu_kernels_built",
+           "kernel_agrees", "kernel_matches", "mask_backend", "mask_kernels_agree",
+           "mask_kernels_match", "select"]
 
 #: The type of a ``backend=`` argument.
-Backend = Literal["auto", "torch", "cupy"]
+Backend = Literal["auto", "torch", "cupy", "cpu"]
 
 #: What ``backend=`` takes.
-BACKENDS = ("auto", "torch", "cupy")
+BACKENDS = ("auto", "torch", "cupy", "cpu")
 
 
 def check_name(backend: str) -> None:
@@ -38,11 +39,14 @@ def check_name(backend: str) -> None:
 
 def select(backend: str, device: torch.device, bits: int | None = None) -> ModuleType:
     """The module implementing ``quantize_groups`` & co. for ``backend`` on ``device`` (and
-    ``bits``). ``"auto"`` takes the kernels on a CUDA device with CuPy, for each width once
-    :func:`kernel_agrees` has checked it there."""
+    ``bits``). ``"auto"`` takes the kernels of the device (CuPy's on a CUDA device, the
+    compiled CPU kernels on the CPU) for each width once :func:`kernel_agrees` has checked it
+    there, else the torch reference."""
     check_name(backend)
-    if backend == "torch" or (backend == "auto" and device.type != "cuda"):
+    if backend == "torch" or (backend == "auto" and device.type not in ("cuda", "cpu")):
         return reference
+    if backend == "cpu" or (backend == "auto" and device.type == "cpu"):
+        return _cpu_kernels(backend, device, bits)
     from gnnact.kernels import cupy_available
 
     if backend == "cupy":
@@ -58,6 +62,44 @@ def select(backend: str, device: torch.device, bits: int | None = None) -> Modul
     from gnnact.kernels import quantize as kernels
 
     return kernels
+
+
+def _cpu_kernels(backend: str, device: torch.device, bits: int | None) -> ModuleType:
+    """:func:`select` of ``"cpu"``, or of ``"auto"`` on the CPU."""
+    from gnnact.kernels import cpu
+
+    if backend == "cpu":
+        if device.type != "cpu":
+            raise ValueError(f"backend='cpu' needs a CPU tensor, got a tensor on {device}")
+        cpu.library()  # (raises, saying why, where it cannot be built)
+        return cpu
+    if not cpu_kernels_built() or (bits in QUANT_BITS and not cpu_kernel_agrees(bits)):
+        return reference
+    return cpu
+
+
+@functools.cache
+def cpu_kernels_built() -> bool:
+    """Whether the compiled CPU kernels (:mod:`gnnact.kernels.cpu`) build and load in this
+    process: tried once; where they do not (no C++ compiler, a failed build), a warning says
+    why and that quantization runs on the torch path on the CPU."""
+    from gnnact.kernels import cpu
+
+    return _self_check(lambda: cpu.library() is not None, "the compiled CPU kernels are not used",
+                       "quantization runs on the torch path on the CPU (same format, 2-4x "
+                       "slower; the rounding noise drawn from another stream)")
+
+
+@functools.cache
+def cpu_kernel_agrees(bits: int) -> bool:
+    """:func:`kernel_agrees` for the compiled CPU kernels: checked once per width in a
+    process."""
+    from gnnact.kernels import cpu
+
+    return _self_check(lambda: kernel_matches(cpu, torch.device("cpu"), bits),
+                       f"the {bits}-bit compiled CPU kernel is not used",
+                       f"{bits}-bit quantization runs on the torch path on the CPU (same "
+                       f"format, slower)")
 
 
 @functools.cache

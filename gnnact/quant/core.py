@@ -100,8 +100,10 @@ def quantize(x: Tensor, bits: int = 2, group_size: int = DEFAULT_GROUP_SIZE, *,
         noise (torch.Tensor, optional): explicit float32 uniforms in [0, 1), one per element of
             ``x`` (same device); overrides the counter-based noise. Not with ``generator``.
             (default: :obj:`None`)
-        backend (str, optional): ``"torch"`` (reference, any device), ``"cupy"`` (CUDA kernels) or
-            ``"auto"`` (CuPy for CUDA tensors when it is importable). (default: :obj:`"auto"`)
+        backend (str, optional): ``"torch"`` (reference, any device), ``"cupy"`` (CUDA kernels),
+            ``"cpu"`` (compiled CPU kernels, :mod:`gnnact.kernels.cpu`) or ``"auto"`` (the
+            device's kernels where they build and agree with the reference, else the torch
+            path). (default: :obj:`"auto"`)
 
     Returns:
         :class:`PackedTensor`

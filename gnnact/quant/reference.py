@@ -1,8 +1,10 @@
 r"""Torch implementation of the packed format: the CPU path and the reference for the kernels.
 
 Every function here has a twin with the same signature in :mod:`gnnact.kernels.quantize`
-(CuPy, CUDA tensors). Given the same ``noise`` (or the same ``seed``) both produce identical
-codes, scales and zeros; tests hold them to that.
+(CuPy, CUDA tensors), and the quantizer one in :mod:`gnnact.kernels.cpu` (compiled, CPU
+tensors). Given the same ``noise`` (or, on CUDA, the same ``seed``; the CPU kernels' seeded
+noise is the CUDA hash, :func:`gnnact.quant.rng.hash_uniform`) they produce identical codes,
+scales and zeros; tests hold them to that.
 
 Quantization of one group :math:`h \in \mathbb{R}^G` at :math:`b` bits, in float32:
 

@@ -30,14 +30,15 @@ with probability :math:`P(r_i < f)` for a fractional part :math:`f` is
 :math:`\lceil 2^{16} f \rceil / 2^{16}`, a bias below :math:`2^{-16}` of one quantization
 step, far under the rounding noise itself.
 
-On the CPU, :func:`seeded_uniform` draws the noise from a generator seeded with :math:`s`
-instead (NumPy's SFC64), 16 bits a value as the hash gives, four values from each of its
-64-bit words:
+On the CPU the compiled kernels (:mod:`gnnact.kernels.cpu`) hash the same noise (32-bit
+lanes, a few nanoseconds a value). The torch path there, which runs where no compiler builds
+them, draws it from a generator seeded with :math:`s` instead (:func:`seeded_uniform`: NumPy's
+SFC64), 16 bits a value as the hash gives, four values from each of its 64-bit words:
 :math:`r_i = k_i \cdot 2^{-16}` with :math:`k_i` the :math:`(i \bmod 4)`-th 16-bit word of
-draw :math:`\lfloor i / 4 \rfloor`. The int64 hash costs about 20× more there (0.63 s vs
-0.03 s for 4M elements on 2 cores), ``torch.rand`` (a draw per value) about 5× more, and no
-CPU kernel needs to match it. On the :math:`2^{-16}` grid, stochastic rounding needs one
-subtraction and one ceiling a value, exactly (``gnnact.quant.reference.quantize_groups``).
+draw :math:`\lfloor i / 4 \rfloor`. The int64 hash in torch ops costs about 20× more (0.63 s
+vs 0.03 s for 4M elements on 2 cores), ``torch.rand`` (a draw per value) about 5× more. On
+the :math:`2^{-16}` grid, stochastic rounding needs one subtraction and one ceiling a value,
+exactly (``gnnact.quant.reference.quantize_groups``).
 
 **Where the seeds come from.** A direct :func:`gnnact.quantize` call draws its seed from a
 generator (the default CPU one when none is given), as any random torch op does. The forward

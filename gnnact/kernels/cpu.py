@@ -1,0 +1,227 @@
+r"""The packed format's quantizer and dequantizer compiled for the CPU (``quantize_cpu.cpp``),
+with the signatures of the torch reference (``gnnact.quant.reference``).
+
+The torch path makes about ten passes over memory for each chunk of a quantization; the
+compiled one reads a group's values twice (the second time from the cache) and writes its
+codes once, at 10-30 % of a copy's bandwidth where the torch path moves 4-7 % (rows:
+``benchmarks/results/quantize.jsonl``, backend ``"cpu"``). Its codes are the reference's, bit
+for bit, for the noise the CUDA kernels hash from the seed (:func:`gnnact.quant.rng.hash_uniform`):
+on the CPU and on a GPU a seed rounds a tensor alike.
+
+The source is built the first time a process needs it, by the system's C++ compiler (``$CXX``,
+else ``g++``, ``clang++`` or ``c++`` on ``PATH``; nothing at install time), with
+``-O3 -march=native -ffp-contract=off`` (no fused multiply-add: each operation rounds as the
+reference's), and kept in ``$GNNACT_CACHE`` (default ``~/.cache/gnnact``) under a name that
+hashes the source, the compiler and this CPU's flags, so that later processes load it at once.
+Without a compiler, ``backend="auto"`` keeps the torch path and says so, once
+(:func:`gnnact.quant.backends.select`). Long tensors are split by whole groups among
+``torch.get_num_threads()`` threads (the call releases the GIL). Masks are packed by the torch
+path's ``pack_mask_bits`` and
+``unpack_mask_bits`` (one int64 product a byte: already at memory
+speed's share the quantizer reaches here).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from gnnact.quant import reference
+from gnnact.quant.packed import packed_code_bytes
+from gnnact.quant.reference import pack_mask_bits, unpack_mask_bits
+from gnnact.quant.rng import split_seed
+
+__all__ = ["FLAGS", "available", "compiler", "compiler_version", "dequantize_groups", "library",
+           "pack_mask_bits", "quantize_groups", "unpack_mask_bits"]
+
+_SOURCE = Path(__file__).with_name("quantize_cpu.cpp")
+
+#: The build's flags (besides ``-shared -fPIC -o``).
+FLAGS = ("-std=c++17", "-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno",
+         "-fno-trapping-math")
+
+#: Elements from which a call is split among threads (a piece each of at least this many).
+PARALLEL_ELEMENTS = 1 << 20
+
+
+def compiler() -> str | None:
+    """The C++ compiler the build uses: ``$CXX`` (a path or a name on ``PATH``), else the
+    first of ``g++``, ``clang++`` and ``c++`` on ``PATH``; ``None`` if there is none."""
+    named = os.environ.get("CXX")
+    if named:
+        return shutil.which(named)
+    return next((path for name in ("g++", "clang++", "c++") if (path := shutil.which(name))), None)
+
+
+@functools.cache
+def compiler_version() -> str:
+    """What :func:`compiler` says of itself (``--version``; empty without a compiler)."""
+    cxx = compiler()
+    if cxx is None:
+        return ""
+    return subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False).stdout
+
+
+def _cpu_signature() -> str:
+    """What ``-march=native`` builds for: the CPU's model and flags where the system says."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor() or platform.machine()
+    wanted = ("model name", "flags", "Features", "CPU part")
+    return "\n".join(sorted({line for line in lines if line.split(":")[0].strip() in wanted}))
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("GNNACT_CACHE")
+    if root:
+        return Path(root)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gnnact"
+
+
+@functools.cache
+def library() -> ctypes.CDLL:
+    """The built library (built once per source, compiler and CPU; loaded once per process).
+    Raises ``RuntimeError`` with the compiler's message when there is no compiler or the build
+    fails."""
+    cxx = compiler()
+    if cxx is None:
+        named = os.environ.get("CXX")
+        raise RuntimeError(f"no C++ compiler: CXX={named!r} is not an executable" if named else
+                           "no C++ compiler: set CXX or put g++, clang++ or c++ on PATH")
+    source = _SOURCE.read_bytes()
+    key = hashlib.sha256(b"\0".join([source, cxx.encode(), compiler_version().encode(),
+                                     " ".join(FLAGS).encode(), _cpu_signature().encode()]))
+    target = _cache_dir() / f"quantize_cpu-{key.hexdigest()[:20]}.so"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        # Built beside its place and renamed into it: two processes building at once each
+        # rename a whole library.
+        fd, partial = tempfile.mkstemp(suffix=".so", dir=target.parent)
+        os.close(fd)
+        result = subprocess.run([cxx, *FLAGS, "-shared", "-fPIC", "-o", partial, str(_SOURCE)],
+                                capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            os.unlink(partial)
+            raise RuntimeError(f"building {_SOURCE.name} with {cxx} failed:\n"
+                               f"{result.stderr[-4000:]}")
+        os.replace(partial, target)
+    lib = ctypes.CDLL(str(target))
+    i64, ptr, u32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_uint32
+    lib.gnnact_quantize.argtypes = [ptr, i64, i64, i64, ctypes.c_int, u32, u32, ptr, ptr, ptr,
+                                    i64]
+    lib.gnnact_dequantize.argtypes = [ptr, ptr, ptr, i64, i64, ctypes.c_int, i64, ptr]
+    lib.gnnact_quantize.restype = lib.gnnact_dequantize.restype = ctypes.c_int
+    return lib
+
+
+@functools.cache
+def available() -> bool:
+    """Whether the library builds and loads here (tried once per process)."""
+    try:
+        library()
+    except (RuntimeError, OSError):
+        return False
+    return True
+
+
+@functools.cache
+def _pool(workers: int, pid: int) -> ThreadPoolExecutor:
+    """A pool of ``workers`` threads for process ``pid`` (a forked child, a DataLoader worker
+    say, inherits its parent's pool without its threads: it makes its own)."""
+    return ThreadPoolExecutor(workers, thread_name_prefix="gnnact-cpu")
+
+
+def _by_groups(num_groups: int, group_size: int, call: Callable[[int, int], int]) -> None:
+    """``call(g0, g1)`` for consecutive ranges of whole groups covering ``num_groups``: one
+    range, or one a thread (``torch.get_num_threads()``) when there are enough elements."""
+    workers = min(torch.get_num_threads(),
+                  max(1, num_groups * group_size // PARALLEL_ELEMENTS))
+    step = -(-num_groups // workers)
+    ranges = [(g0, min(num_groups, g0 + step)) for g0 in range(0, num_groups, step)]
+    if len(ranges) == 1:
+        statuses = [call(*ranges[0])]
+    else:
+        statuses = list(_pool(len(ranges), os.getpid()).map(lambda r: call(*r), ranges))
+    if any(statuses):
+        raise ValueError("gnnact CPU kernel: bits must be in 1-8")
+
+
+def quantize_groups(x: Tensor, bits: int, group_size: int, *, seed: int | None = None,
+                    noise: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """``gnnact.quant.reference.quantize_groups`` for a CPU tensor, its noise the seeded
+    hash (given ``noise``, the torch path rounds with it). Float32 values are read in place;
+    others are converted to float32 a chunk at a time (the reference's rounding)."""
+    if noise is not None or seed is None:
+        return reference.quantize_groups(x, bits, group_size, seed=seed, noise=noise)
+    lib = library()
+    flat = x.reshape(-1)
+    if flat.dtype == torch.float32:
+        flat = flat.contiguous()
+    n = flat.numel()
+    num_groups = -(-n // group_size)
+    bytes_per_group = packed_code_bytes(group_size, bits)
+    codes = torch.empty(num_groups, bytes_per_group, dtype=torch.uint8)
+    scales = torch.empty(num_groups, dtype=torch.float32)
+    zeros = torch.empty_like(scales)
+    s0, s1 = split_seed(seed)
+
+    def call(g0: int, g1: int) -> int:
+        lo, hi = g0 * group_size, min(n, g1 * group_size)
+        h = flat[lo:hi]
+        if h.dtype != torch.float32:
+            h = h.to(torch.float32)
+        return lib.gnnact_quantize(h.data_ptr(), lo, hi - lo, group_size, bits, s0, s1,
+                                   codes[g0].data_ptr(), scales[g0:].data_ptr(),
+                                   zeros[g0:].data_ptr(), bytes_per_group)
+
+    if flat.dtype == torch.float32:
+        _by_groups(num_groups, group_size, call)
+    else:  # converted by chunks of whole groups (a few MiB of float32 at a time)
+        step = max(1, reference.block_elements(n) // group_size)
+        for g0 in range(0, num_groups, step):
+            _by_groups(min(num_groups, g0 + step) - g0, group_size,
+                       lambda a, b, g0=g0: call(g0 + a, g0 + b))
+    return codes, scales, zeros
+
+
+def dequantize_groups(codes: Tensor, scales: Tensor, zeros: Tensor, bits: int, group_size: int,
+                      numel: int, dtype: torch.dtype) -> Tensor:
+    """``gnnact.quant.reference.dequantize_groups`` for CPU tensors: float32 written in
+    place, other dtypes converted a chunk at a time."""
+    lib = library()
+    codes, scales, zeros = codes.contiguous(), scales.contiguous(), zeros.contiguous()
+    bytes_per_group = codes.shape[1]
+    num_groups = codes.shape[0]
+    out = torch.empty(numel, dtype=dtype)
+
+    def call(g0: int, g1: int) -> int:
+        lo, hi = g0 * group_size, min(numel, g1 * group_size)
+        target = out[lo:hi] if dtype == torch.float32 else torch.empty(hi - lo)
+        status = lib.gnnact_dequantize(codes[g0].data_ptr(), scales[g0:].data_ptr(),
+                                       zeros[g0:].data_ptr(), hi - lo, group_size, bits,
+                                       bytes_per_group, target.data_ptr())
+        if dtype != torch.float32:
+            out[lo:hi] = target
+        return status
+
+    if dtype == torch.float32:
+        _by_groups(num_groups, group_size, call)
+    else:
+        step = max(1, reference.block_elements(numel) // group_size)
+        for g0 in range(0, num_groups, step):
+            _by_groups(min(num_groups, g0 + step) - g0, group_size,
+                       lambda a, b, g0=g0: call(g0 + a, g0 + b))
+    return out

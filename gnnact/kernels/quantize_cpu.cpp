@@ -1,0 +1,258 @@
+// The packed format's quantizer and dequantizer for the CPU: one pass over a group's values
+// for its range, one for its codes, the codes packed as they are made (gnnact.kernels.cpu
+// builds this file with the system's C++ compiler the first time a process needs it).
+//
+// What they compute is gnnact.quant.reference's, bit for bit, with the rounding noise the
+// CUDA kernels hash from the seed (gnnact.quant.rng.hash_words): for group g of the flat
+// values x[start .. start + n) (start a multiple of the group size G),
+//
+//     Z = min h, R = max h - Z, s = R / B, inv = B / R rounded down (B = 2^bits - 1),
+//     q_j = ceil((h_j - Z) * inv - k_j 2^-16),
+//
+// each operation one correctly rounded float32 operation (built with -ffp-contract=off: no
+// fused multiply-add), k_j the element's 16-bit noise word. A group holding a NaN or an
+// infinity, or whose range overflows, stores scale = zero = NaN and codes 0. Codes are each
+// group's LSB-first bit stream, code j in bits [j b, (j + 1) b), padded to whole bytes.
+//
+// Why not the torch path: it makes about ten passes over memory a chunk (range, subtract,
+// scale, noise, ceiling, pack, conversions) and draws its noise from a generator; here a
+// group's values are read twice (the second time from the L1 cache) and written once as
+// codes. The loops over a group's elements are written so that the compiler vectorises them
+// (-O3 -march=native): fixed-width lanes for the range, plain element loops for the noise,
+// the rounding and the dequantizer's scale.
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace {
+
+using u8 = uint8_t;
+using u16 = uint16_t;
+using u32 = uint32_t;
+using u64 = uint64_t;
+using i64 = int64_t;
+
+// The largest group handled at once (a group is cut into pieces of at most this many
+// elements for its codes; its range is taken over the whole group first).
+constexpr i64 PIECE = 2048;
+
+constexpr u32 MUL1 = 0x21F0AAADu, MUL2 = 0x735A2D97u, PHI = 0x9E3779B9u;
+
+inline u32 mix32(u32 x) {
+    x ^= x >> 16;
+    x *= MUL1;
+    x ^= x >> 15;
+    x *= MUL2;
+    return x ^ (x >> 15);
+}
+
+// The noise words k = 2^16 r of elements first .. first + count - 1 (gnnact.quant.rng.
+// hash_words), in `buffer` (PIECE / 2 + 8 words): one hash g a pair of elements, k the
+// complement of its 16-bit halves (2^16 - 1 - h = ~h), the low half the even element's, so
+// that the halves of the complemented hashes, in order, are the elements' words. Hashed by
+// whole octets (8 elements, 4 pairs sharing the inner mix); returns the first element's word.
+const u16* noise_words(i64 first, i64 count, u32 s0, u32 s1, u32* buffer) {
+    static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "halves read in memory order");
+    const u64 octet0 = (u64)first >> 3, octets = (((u64)(first + count) + 7) >> 3) - octet0;
+    const u32 low0 = (u32)octet0, high0 = (u32)(octet0 >> 32);
+    if (((octet0 + octets - 1) >> 32) == high0) {  // one high word throughout: u32 lanes
+        for (u32 t = 0; t < (u32)octets; ++t) {
+            const u32 inner = mix32((low0 + t) ^ s0) ^ high0 ^ s1;
+            for (u32 k = 0; k < 4; ++k) buffer[4 * t + k] = ~mix32(inner ^ (k * PHI));
+        }
+    } else {
+        for (u64 t = 0; t < octets; ++t) {
+            const u64 octet = octet0 + t;
+            const u32 inner = mix32((u32)octet ^ s0) ^ (u32)(octet >> 32) ^ s1;
+            for (u32 k = 0; k < 4; ++k) buffer[4 * t + k] = ~mix32(inner ^ (k * PHI));
+        }
+    }
+    return reinterpret_cast<const u16*>(buffer) + (first & 7);
+}
+
+// B / R rounded down (gnnact.quant.reference.inverse_range): 0 where R is 0 or NaN.
+float inverse_range(float range, int bits) {
+    const double exact = (double)((1 << bits) - 1) / (double)range;
+    float inv = (float)exact;
+    if ((double)inv > exact) {
+        u32 word;
+        std::memcpy(&word, &inv, 4);
+        word -= 1;
+        std::memcpy(&inv, &word, 4);
+    }
+    return std::isnan(inv) || std::isinf(inv) ? 0.0f : inv;
+}
+
+// The ends of h[0 .. len), NaN both if it holds a NaN or an infinity (the group then stores
+// NaN scale and zero whichever its ends are), 16 lanes at a time in vector registers:
+// `v < lo ? v : lo` is the CPU's own min instruction, and v - v is NaN exactly where v is not
+// finite.
+void range_of(const float* h, i64 len, float* low, float* high) {
+    typedef float Lanes __attribute__((vector_size(64)));
+    Lanes lo, hi, bad = {};
+    for (int l = 0; l < 16; ++l) lo[l] = hi[l] = h[0];
+    i64 j = 0;
+    for (; j + 16 <= len; j += 16) {
+        Lanes v;
+        std::memcpy(&v, h + j, sizeof v);
+        lo = v < lo ? v : lo;
+        hi = v > hi ? v : hi;
+        bad += v - v;
+    }
+    float a = lo[0], b = hi[0], not_finite = bad[0];
+    for (int l = 1; l < 16; ++l) {
+        a = lo[l] < a ? lo[l] : a;
+        b = hi[l] > b ? hi[l] : b;
+        not_finite += bad[l];
+    }
+    for (; j < len; ++j) {
+        const float v = h[j];
+        a = v < a ? v : a;
+        b = v > b ? v : b;
+        not_finite += v - v;
+    }
+    *low = not_finite != 0.0f ? NAN : a;  // (NaN != 0)
+    *high = not_finite != 0.0f ? NAN : b;
+}
+
+// Codes of BITS bits, c[0 .. 8 blocks), packed LSB first: block k's 8 codes fill bytes
+// [k BITS, (k + 1) BITS) of out, which has 8 bytes to spare at its end. Words are moved 8
+// bytes at a time (a BITS-byte move of a word on the stack would stall the load after it):
+// a block's word is 0 above its 8 BITS bits, and the next block's store overwrites them.
+template <int BITS>
+void pack(const u8* c, i64 blocks, u8* out) {
+    for (i64 k = 0; k < blocks; ++k) {
+        u64 word = 0;
+        for (int l = 0; l < 8; ++l) word |= (u64)c[8 * k + l] << (l * BITS);
+        std::memcpy(out + k * BITS, &word, 8);  // little-endian: the low BITS bytes first
+    }
+}
+
+// Inverse of pack: `in` has 8 readable bytes past its last block.
+template <int BITS>
+void unpack(const u8* in, i64 blocks, u8* c) {
+    constexpr u64 MASK = (1u << BITS) - 1;
+    for (i64 k = 0; k < blocks; ++k) {
+        u64 word;
+        std::memcpy(&word, in + k * BITS, 8);
+        for (int l = 0; l < 8; ++l) c[8 * k + l] = (u8)((word >> (l * BITS)) & MASK);
+    }
+}
+
+template <int BITS>
+void quantize_group(const float* h, i64 first, i64 len, i64 group_size, u32 s0, u32 s1,
+                    u8* out, i64 bytes_per_group, float* scale, float* zero) {
+    float lo, hi;
+    range_of(h, len, &lo, &hi);
+    const float range = hi - lo;
+    const float nan_unless_finite = range - range;  // +0 where finite, NaN where not
+    *scale = range / (float)((1 << BITS) - 1) - nan_unless_finite;
+    *zero = lo - nan_unless_finite;
+    if (nan_unless_finite != 0.0f) {  // (NaN: the group is not finite)
+        std::memset(out, 0, bytes_per_group);
+        return;
+    }
+    const float inv = inverse_range(range, BITS);
+    u32 hashes[PIECE / 2 + 8];
+    u8 c[PIECE];
+    u8 packed[PIECE / 8 * BITS + 8];
+    // In pieces of PIECE elements (a multiple of 8: each piece's codes fill whole bytes).
+    for (i64 p0 = 0; p0 < group_size; p0 += PIECE) {
+        const i64 size = group_size - p0 < PIECE ? group_size - p0 : PIECE;
+        const i64 have = len - p0 < 0 ? 0 : (len - p0 < size ? len - p0 : size);
+        const u16* k = noise_words(first + p0, have, s0, s1, hashes);
+        for (i64 j = 0; j < have; ++j) {
+            const float u = (h[p0 + j] - lo) * inv;
+            // (u - 2^-16 k is exact: see gnnact.quant.reference._round_on_grid)
+            c[j] = (u8)(int)std::ceil(u - (float)k[j] * 0x1p-16f);
+        }
+        const i64 blocks = (size + 7) >> 3;
+        for (i64 j = have; j < 8 * blocks; ++j) c[j] = 0;  // a short group's padding
+        pack<BITS>(c, blocks, packed);
+        const i64 at = p0 * BITS / 8;
+        const i64 bytes = bytes_per_group - at < blocks * BITS ? bytes_per_group - at
+                                                               : blocks * BITS;
+        std::memcpy(out + at, packed, bytes);
+    }
+}
+
+template <int BITS>
+void dequantize_group(const u8* in, i64 len, i64 bytes_per_group, float scale, float zero,
+                      float* out) {
+    u8 packed[PIECE / 8 * BITS + 8];
+    u8 c[PIECE];
+    for (i64 p0 = 0; p0 < len; p0 += PIECE) {
+        const i64 size = len - p0 < PIECE ? len - p0 : PIECE;
+        const i64 blocks = (size + 7) >> 3;
+        const i64 at = p0 * BITS / 8;
+        const i64 bytes = bytes_per_group - at < blocks * BITS ? bytes_per_group - at
+                                                               : blocks * BITS;
+        std::memcpy(packed, in + at, bytes);
+        std::memset(packed + bytes, 0, blocks * BITS + 8 - bytes);
+        unpack<BITS>(packed, blocks, c);
+        // q s + Z, the multiply and the add each rounded (no FMA), as the reference.
+        for (i64 j = 0; j < size; ++j) out[p0 + j] = (float)c[j] * scale + zero;
+    }
+}
+
+template <int BITS>
+void quantize_all(const float* x, i64 start, i64 n, i64 group_size, u32 s0, u32 s1, u8* codes,
+                  float* scales, float* zeros, i64 bytes_per_group) {
+    const i64 groups = (n + group_size - 1) / group_size;
+    for (i64 g = 0; g < groups; ++g) {
+        const i64 lo = g * group_size;
+        const i64 len = n - lo < group_size ? n - lo : group_size;
+        quantize_group<BITS>(x + lo, start + lo, len, group_size, s0, s1,
+                             codes + g * bytes_per_group, bytes_per_group, scales + g, zeros + g);
+    }
+}
+
+template <int BITS>
+void dequantize_all(const u8* codes, const float* scales, const float* zeros, i64 n,
+                    i64 group_size, i64 bytes_per_group, float* out) {
+    const i64 groups = (n + group_size - 1) / group_size;
+    for (i64 g = 0; g < groups; ++g) {
+        const i64 lo = g * group_size;
+        const i64 len = n - lo < group_size ? n - lo : group_size;
+        dequantize_group<BITS>(codes + g * bytes_per_group, len, bytes_per_group, scales[g],
+                               zeros[g], out + lo);
+    }
+}
+
+}  // namespace
+
+#define GNNACT_WIDTHS(F) F(1) F(2) F(3) F(4) F(5) F(6) F(7) F(8)
+
+extern "C" {
+
+// Groups of x[0 .. n) (float32, contiguous), x[0] being element `start` of the tensor (a
+// multiple of group_size) for the noise; returns 0, or -1 for a width not in 1-8.
+int gnnact_quantize(const float* x, i64 start, i64 n, i64 group_size, int bits, u32 s0, u32 s1,
+                    u8* codes, float* scales, float* zeros, i64 bytes_per_group) {
+    switch (bits) {
+#define CASE(B)                                                                        \
+    case B:                                                                            \
+        quantize_all<B>(x, start, n, group_size, s0, s1, codes, scales, zeros,         \
+                        bytes_per_group);                                              \
+        return 0;
+        GNNACT_WIDTHS(CASE)
+#undef CASE
+    }
+    return -1;
+}
+
+// float32 out[0 .. n) from the groups' codes, scales and zeros; 0, or -1 for a bad width.
+int gnnact_dequantize(const u8* codes, const float* scales, const float* zeros, i64 n,
+                      i64 group_size, int bits, i64 bytes_per_group, float* out) {
+    switch (bits) {
+#define CASE(B)                                                                        \
+    case B:                                                                            \
+        dequantize_all<B>(codes, scales, zeros, n, group_size, bytes_per_group, out);  \
+        return 0;
+        GNNACT_WIDTHS(CASE)
+#undef CASE
+    }
+    return -1;
+}
+}

@@ -1,0 +1,155 @@
+"""The compiled CPU kernels (``gnnact/kernels/quantize_cpu.cpp``, :mod:`gnnact.kernels.cpu`)
+against the torch reference, bit for bit: every width and element type, groups that are
+constant, non-finite, overflowing, on the grid, holding signed zeros and subnormals, short last
+groups and groups that start mid-octet, calls split among threads; how ``backend=`` picks them,
+and what happens without a compiler."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from mask_values import assert_same_values
+
+import gnnact
+from gnnact.kernels import cpu
+from gnnact.quant import backends, reference
+from gnnact.quant.packed import QUANT_BITS
+from gnnact.quant.rng import hash_uniform
+
+pytestmark = pytest.mark.skipif(not cpu.available(), reason="no C++ compiler on this machine")
+
+# (n, group_size): whole groups of the default size, a short last group, groups of more than
+# one piece (2048 elements), groups that start mid-octet and mid-pair (13), groups shorter
+# than an octet.
+CASES = [(2048, 512), (1500, 512), (5000, 4096), (3 * 2048 + 7, 2500), (999, 13), (70, 100),
+         (5, 512), (3, 1)]
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+
+
+def _input(n: int, group_size: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, generator=generator) * torch.randint(-8, 8, (n,), generator=generator).exp2()
+    g = group_size
+    special = {0: 1.5,  # a constant group
+               1: torch.arange(g) % 3,  # on the grid at 2 bits
+               2: torch.tensor([float("nan")]), 3: torch.tensor([float("inf")]),
+               4: torch.tensor([-3e38, 3e38]),  # the range overflows float32
+               5: torch.tensor([0.0, -0.0, 1e-40, -1e-40])}  # signed zeros, subnormals
+    for k, values in special.items():
+        if (k + 1) * g <= n:
+            x[k * g:k * g + (values.numel() if torch.is_tensor(values) else g)] = values
+    return x.to(dtype)
+
+
+def _same(got: tuple[torch.Tensor, ...], want: tuple[torch.Tensor, ...]) -> None:
+    for a, b in zip(got, want, strict=True):
+        if a.is_floating_point():
+            assert_same_values(a, b)
+        else:
+            assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("bits", QUANT_BITS)
+@pytest.mark.parametrize(("n", "group_size"), CASES)
+def test_cpu_kernels_equal_reference(n, group_size, bits, dtype):
+    """Seeded: the reference's codes, scales and zeros for the hashed noise the CUDA kernels
+    compute; dequantized: the reference's values, the sign of zeros included."""
+    _check(n, group_size, bits, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("bits", [2, 3])
+def test_long_tensors_equal_reference(bits, dtype):
+    """More than one chunk of 64Ki elements (bfloat16 is converted chunk by chunk)."""
+    _check(3 * (1 << 16) + 5, 512, bits, dtype)
+
+
+def _check(n: int, group_size: int, bits: int, dtype: torch.dtype) -> None:
+    x = _input(n, group_size, dtype, bits * 7 + n)
+    seed = 1234 + bits
+    want = reference.quantize_groups(x, bits, group_size, noise=hash_uniform(seed, 0, n))
+    _same(cpu.quantize_groups(x, bits, group_size, seed=seed), want)
+    _same((cpu.dequantize_groups(*want, bits, group_size, n, dtype),),
+          (reference.dequantize_groups(*want, bits, group_size, n, dtype),))
+
+
+def test_given_noise_rounds_on_the_torch_path():
+    x = torch.randn(1000)
+    noise = torch.rand(1000)
+    _same(cpu.quantize_groups(x, 3, 64, noise=noise),
+          reference.quantize_groups(x, 3, 64, noise=noise))
+
+
+def test_threads_split_a_call_by_whole_groups(monkeypatch):
+    """A call split among threads computes what one call computes (the noise is counted from
+    each piece's first element, so the pieces need no order)."""
+    x = torch.randn(64 * 1000 + 33)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    one = cpu.quantize_groups(x, 2, 64, seed=5)
+    back = cpu.dequantize_groups(*one, 2, 64, x.numel(), torch.float32)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
+    monkeypatch.setattr(cpu, "PARALLEL_ELEMENTS", 1 << 12)
+    _same(cpu.quantize_groups(x, 2, 64, seed=5), one)
+    _same((cpu.dequantize_groups(*one, 2, 64, x.numel(), torch.float32),), (back,))
+
+
+def test_auto_takes_the_cpu_kernels_once_they_agree():
+    assert backends.select("auto", torch.device("cpu"), 2) is cpu
+    assert backends.select("cpu", torch.device("cpu"), 2) is cpu
+    assert backends.cpu_kernel_agrees(2)
+    x = torch.randn(3000, 70)
+    packed = gnnact.quantize(x, 4, generator=torch.Generator().manual_seed(0))
+    seed = gnnact.quant.rng.draw_seed(torch.Generator().manual_seed(0))
+    noise = hash_uniform(seed, 0, x.numel())
+    want = reference.quantize_groups(x, 4, packed.group_size, noise=noise)
+    _same((packed.codes, packed.scales, packed.zeros), want)
+    assert torch.equal(gnnact.dequantize(packed), gnnact.dequantize(packed, backend="torch"))
+
+
+def test_cpu_backend_needs_a_cpu_tensor():
+    with pytest.raises(ValueError, match="backend='cpu' needs a CPU tensor, got a tensor on meta"):
+        backends.select("cpu", torch.device("meta"), 2)
+
+
+def test_a_kernel_width_outside_1_to_8_is_refused():
+    with pytest.raises(ValueError, match="bits must be in 1-8"):
+        cpu.quantize_groups(torch.randn(100), 9, 64, seed=1)
+
+
+@pytest.fixture
+def fresh_build(monkeypatch, tmp_path):
+    """The library and the backend checks forgotten for the test (and again after it)."""
+    monkeypatch.setenv("GNNACT_CACHE", str(tmp_path))
+    caches = (cpu.library, cpu.available, cpu.compiler_version, backends.cpu_kernels_built)
+    for fn in caches:
+        fn.cache_clear()
+    yield tmp_path
+    for fn in caches:
+        fn.cache_clear()
+
+
+def test_the_build_is_kept_for_later_processes(fresh_build):
+    cpu.library()
+    built = list(fresh_build.glob("quantize_cpu-*.so"))
+    assert len(built) == 1
+    stamp = built[0].stat().st_mtime_ns
+    cpu.library.cache_clear()
+    cpu.library()  # (a later process: loads, builds nothing)
+    assert list(fresh_build.glob("*")) == built and built[0].stat().st_mtime_ns == stamp
+
+
+def test_without_a_compiler_auto_says_so_and_keeps_the_torch_path(fresh_build, monkeypatch):
+    monkeypatch.setenv("CXX", "no-such-compiler-gnnact")
+    with pytest.raises(RuntimeError, match="CXX='no-such-compiler-gnnact' is not an executable"):
+        backends.select("cpu", torch.device("cpu"), 2)
+    with pytest.warns(RuntimeWarning, match="compiled CPU kernels are not used.*torch path"):
+        assert backends.select("auto", torch.device("cpu"), 2) is reference
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once a process
+        assert backends.select("auto", torch.device("cpu"), 4) is reference
+    x = torch.randn(5000)
+    restored = gnnact.dequantize(gnnact.quantize(x, 8))
+    assert (restored - x).abs().max() < 0.1
