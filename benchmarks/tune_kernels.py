@@ -7,20 +7,19 @@ group, a warp taking ``32 / LANES`` groups at once (``QUANTIZE_LANES``, ``QUANTI
 ``QUANTIZE_MIN_BLOCKS`` and their ``DEQUANTIZE_`` twins: one op's shape;
 ``QUANTIZE_HALF_MIN_BLOCKS``: float16 and bfloat16's); ``WORD_STORES`` and
 ``HALF_WORD_STORES``: the widths whose whole groups store words gathered across lanes;
-``CODES_FIRST``: dequantize by octets, a lane loading its group's code words together before
-restoring any; ``WAVES``: the grid capped at that many waves of resident blocks, each warp
-taking groups in turn). The variants that lost their timings (``ALU_CONVERSIONS``,
-``FLOOR_ROUNDING``, ``MUL_SHIFTS``, ``NOISE_FIRST``, ``PREFETCH``, ``WIDE_CODE_LOADS``,
-``CHUNK_STORES=0``, ``SHARED_CODES=0``) are no longer in ``cuda/quantize.cu``; git history keeps
-them (last in 6570339), and their rows stay in ``tune_kernels.jsonl``. Every build
-must give the default build's codes, scales, zeros and restored values bit for bit
+``WAVES``: the grid capped at that many waves of resident blocks, each warp taking groups in
+turn). The variants that lost their timings (``ALU_CONVERSIONS``, ``FLOOR_ROUNDING``,
+``MUL_SHIFTS``, ``NOISE_FIRST``, ``PREFETCH``, ``WIDE_CODE_LOADS``, ``CHUNK_STORES=0``,
+``SHARED_CODES=0``, last in 6570339; ``CODES_FIRST``, last in bd304d0) are no longer in
+``cuda/quantize.cu``; git history keeps them, and their rows stay in ``tune_kernels.jsonl``.
+Every build must give the default build's codes, scales, zeros and restored values bit for bit
 (``agrees``); a row, one for each op the build changes (:data:`ONE_OP`), gives the kernel's own
 time (calls queued back to back, :func:`_common.kernel_seconds`) and its share of a copy's
 bandwidth timed the same way, as ``bench_quantize.py`` counts bytes.
 
 Usage::
 
-    python benchmarks/tune_kernels.py [--variants CODES_FIRST=1 CACHED=1,MIN_BLOCKS=6 ...]
+    python benchmarks/tune_kernels.py [--variants CACHED=1,MIN_BLOCKS=6 LANES=16 ...]
         [--bits 1 2 3 4 5 6 7 8] [--dtypes float32 bfloat16] [--numel N]
 
 Rows are appended to ``benchmarks/results/tune_kernels.jsonl`` (or ``--out``) width by width,
@@ -56,15 +55,15 @@ from gnnact.quant import DEFAULT_GROUP_SIZE
 #: (HALF_WORD_STORES=128) and float32 at 3, 5, 6 and 7 (WORD_STORES=232); 5 blocks for
 #: float16 and bfloat16 spill. Here the other choices: float32 without word stores and
 #: bfloat16 with them at every width. The settings that lost were removed from the source
-#: since (git history keeps them); CODES_FIRST stays, 2 points faster for bfloat16 at 4 bits.
+#: since (git history keeps them), CODES_FIRST too (2 points faster for bfloat16 at 4 bits,
+#: slower at every other width and for float32: one dequantizer path for every case).
 VARIANTS = ("WORD_STORES=0,HALF_WORD_STORES=232",)
 
 
 #: Settings that change one kernel only: a variant made of them is timed on that op alone
 #: (the other op's kernel is the default build's); so do those named QUANTIZE_... and
 #: DEQUANTIZE_... (one op's shape). LANES, CACHED, MIN_BLOCKS and WAVES change both.
-ONE_OP = {"WORD_STORES": "quantize", "HALF_WORD_STORES": "quantize",
-          "CODES_FIRST": "dequantize"}
+ONE_OP = {"WORD_STORES": "quantize", "HALF_WORD_STORES": "quantize"}
 
 
 def _op_of(setting: str) -> str | None:

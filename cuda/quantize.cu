@@ -25,13 +25,17 @@
 //     `vec`; a whole group's 3, 5, 6 and 7-bit codes from a copy in shared memory) and writes
 //     16-byte chunks, a warp's store 512 consecutive bytes (dequantize_impl).
 // Compile-time settings (LANES, CACHED, MIN_BLOCKS, one op's QUANTIZE_/DEQUANTIZE_ LANES,
-// CACHED and MIN_BLOCKS, QUANTIZE_HALF_MIN_BLOCKS, WORD_STORES, HALF_WORD_STORES and
-// CODES_FIRST; the launcher's WAVES; defaults below, each beside the tuning rows that chose it)
-// change speed, never results: benchmarks/tune_kernels.py times the builds side by side. The
-// variants that lost their timings on every width and element size (ALU_CONVERSIONS,
-// FLOOR_ROUNDING, MUL_SHIFTS, NOISE_FIRST, PREFETCH, WIDE_CODE_LOADS, and the octet stores and
-// global-memory code loads of CHUNK_STORES=0 and SHARED_CODES=0) were removed; git history
-// keeps them (last in 6570339), their rows stay in benchmarks/results/tune_kernels.jsonl.
+// CACHED and MIN_BLOCKS, QUANTIZE_HALF_MIN_BLOCKS, WORD_STORES and HALF_WORD_STORES; the
+// launcher's WAVES; defaults below, each beside the tuning rows that chose it) change speed,
+// never results: benchmarks/tune_kernels.py times the builds side by side. They are the
+// launch shape and, per width and element size, the store path: one code path for each case.
+// The variants that lost their timings (ALU_CONVERSIONS, FLOOR_ROUNDING, MUL_SHIFTS,
+// NOISE_FIRST, PREFETCH, WIDE_CODE_LOADS, the octet stores and global-memory code loads of
+// CHUNK_STORES=0 and SHARED_CODES=0; last in 6570339) and CODES_FIRST (the dequantizer by
+// octets, a lane loading its group's code words before restoring any: 2 points of a copy
+// faster for bfloat16 at 4 bits on an H200, 92.6 % against 90.5 %, slower at every other width
+// and for float32; last in bd304d0) were removed; git history keeps them, their rows stay in
+// benchmarks/results/tune_kernels.jsonl.
 // A lane has 32 bytes of float32 in flight per octet, not 4.
 // Every float operation is an explicit round-to-nearest intrinsic so that NVRTC cannot
 // contract a multiply and an add into an FMA, which would round differently from torch.
@@ -559,15 +563,6 @@ __device__ __forceinline__ W pack_octet(const float (&v)[8], const float* __rest
 // turn through the grid-stride loops, where the default grid gives each warp one group (a
 // block's place on its SM is then held until its slowest warp ends). The results are the same.
 
-// CODES_FIRST=1 builds dequantize octet by octet, a lane loading its group's scale, zero and
-// the code words of its first OP_CACHED octets together before it restores any (no chunks, no
-// staged codes). On an H200 (tune_kernels.jsonl, 7116a3f) that was 2 points of a copy faster
-// than the default for bfloat16 at 4 bits (92.6 % against 90.5 %) and slower at every other
-// width and for float32; the default keeps one path for every width. The results are the same.
-#ifndef CODES_FIRST
-#define CODES_FIRST 0
-#endif
-
 // A group's first OP_CACHED octets per lane of its segment (those of a short group only), as
 // load_octet reads them, added to `range`.
 template <typename L>
@@ -829,56 +824,6 @@ __device__ __forceinline__ void restore_chunk(W word, float scale, float zero,
     }
 }
 
-// A group's scale, zero and the code words of a lane's first OP_CACHED octets (CODES_FIRST=1
-// builds).
-template <int BITS, typename W>
-struct GroupCodes {
-    float scale, zero;
-    W words[OP_CACHED];
-};
-
-template <int BITS, typename W>
-__device__ __forceinline__ void load_group_codes(
-    const u8* __restrict__ codes, const float* __restrict__ scales,
-    const float* __restrict__ zeros, i64 g, i64 octets, i64 bytes_per_group, int sub,
-    bool vec, GroupCodes<BITS, W>& group) {
-    if (octets == 0) return;  // no group here
-    group.scale = scales[g];
-    group.zero = zeros[g];
-    const u8* in = codes + g * bytes_per_group;
-#pragma unroll
-    for (int c = 0; c < OP_CACHED; ++c) {
-        const i64 o = sub + OP_LANES * c;
-        if (o < octets) group.words[c] = octet_codes<BITS>(in, o, bytes_per_group, vec);
-    }
-}
-
-// Restores group g (`len` values) from its loaded scale, zero and cached code words; octets
-// past the cached ones read their code words here.
-template <typename L, int BITS, typename W>
-__device__ __forceinline__ void restore_group(const GroupCodes<BITS, W>& group,
-                                              const u8* __restrict__ codes,
-                                              typename L::T* __restrict__ out, i64 g, i64 len,
-                                              i64 group_size, i64 bytes_per_group, int sub,
-                                              bool vec) {
-    const i64 start = g * group_size;
-    const i64 octets = (len + 7) >> 3;
-#pragma unroll
-    for (int c = 0; c < OP_CACHED; ++c) {
-        const i64 o = sub + OP_LANES * c;
-        if (o < octets) {
-            restore_octet<L, BITS>(group.words[c], group.scale, group.zero, out, start + 8 * o,
-                                   (int)min((i64)8, len - 8 * o), vec);
-        }
-    }
-    const u8* in = codes + g * bytes_per_group;
-    for (i64 o = sub + OP_LANES * OP_CACHED; o < octets; o += OP_LANES) {
-        restore_octet<L, BITS>(octet_codes<BITS>(in, o, bytes_per_group, vec), group.scale,
-                               group.zero, out, start + 8 * o, (int)min((i64)8, len - 8 * o),
-                               vec);
-    }
-}
-
 // Whether a kernel of this width stages whole groups' codes in shared memory (dequantize_impl),
 // and the 16-byte vectors a whole group's code stream takes.
 template <int BITS>
@@ -958,20 +903,6 @@ __device__ __forceinline__ void dequantize_impl(
     const int sub = lane % OP_LANES, segment = lane / OP_LANES;
     const i64 stride = (i64)gridDim.x * (blockDim.x >> 5) * SEGMENTS;
     i64 base = ((i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * SEGMENTS;
-#if CODES_FIRST
-    // A lane loads its group's scale, zero and code words together before restoring any
-    // octet.
-    for (; base < num_groups; base += stride) {
-        const i64 g = base + segment;
-        if (g >= num_groups) continue;  // no shuffles below: a segment may skip its pass
-        const i64 len = min(group_size, n - g * group_size);
-        GroupCodes<BITS, W> group;
-        load_group_codes<BITS, W>(codes, scales, zeros, g, (len + 7) >> 3, bytes_per_group, sub,
-                                  vec, group);
-        restore_group<L, BITS, W>(group, codes, out, g, len, group_size, bytes_per_group, sub,
-                                  vec);
-    }
-#else
     // One slice a segment of the block's 8 warps (256 threads, DEQUANTIZE_BOUNDS).
     __shared__ Word16 staged[8 * SEGMENTS][Staged<BITS>::used ? Staged<BITS>::vectors : 1];
     Word16* slice = staged[(threadIdx.x >> 5) * SEGMENTS + segment];
@@ -1015,7 +946,6 @@ __device__ __forceinline__ void dequantize_impl(
                 start + E * q, (int)min((i64)E, len - E * q), vec);
         }
     }
-#endif
 }
 
 // ---- extern "C" entry points: quantize_<dtype>_<bits>, dequantize_<dtype>_<bits> ----

@@ -465,18 +465,15 @@ def test_tune_kernels_reads_variants_and_refuses_a_cpu(capsys):
     """tune_kernels.py: each variant a set of NAME=VALUE defines (checked before any build);
     without a CUDA device it says so."""
     tune = _script("tune_kernels")
-    assert tune.parse_variant("CODES_FIRST=1, MIN_BLOCKS=6") == ("CODES_FIRST=1",
-                                                                 "MIN_BLOCKS=6")
+    assert tune.parse_variant("CACHED=1, MIN_BLOCKS=6") == ("CACHED=1", "MIN_BLOCKS=6")
     assert tune.parse_variant("") == ()
     # A build that changes one kernel is timed on that op alone.
     assert tune.timed_ops(()) == ("quantize", "dequantize")
     assert tune.timed_ops(("WORD_STORES=0",)) == ("quantize",)
-    assert tune.timed_ops(("CODES_FIRST=1",)) == ("dequantize",)
-    assert tune.timed_ops(("WORD_STORES=0", "CODES_FIRST=1")) == ("quantize", "dequantize")
-    assert tune.timed_ops(("CODES_FIRST=1", "MIN_BLOCKS=6")) == ("quantize", "dequantize")
+    assert tune.timed_ops(("WORD_STORES=0", "MIN_BLOCKS=6")) == ("quantize", "dequantize")
     # one op's shape, by its prefix
     assert tune.timed_ops(("QUANTIZE_HALF_MIN_BLOCKS=3", "WORD_STORES=0")) == ("quantize",)
-    assert tune.timed_ops(("DEQUANTIZE_LANES=16", "CODES_FIRST=1")) == ("dequantize",)
+    assert tune.timed_ops(("DEQUANTIZE_LANES=16", "DEQUANTIZE_CACHED=1")) == ("dequantize",)
     assert tune.timed_ops(("DEQUANTIZE_LANES=16", "QUANTIZE_LANES=8")) == ("quantize",
                                                                              "dequantize")
     with pytest.raises(ValueError, match="NAME=VALUE"):
@@ -485,6 +482,8 @@ def test_tune_kernels_reads_variants_and_refuses_a_cpu(capsys):
     assert tune.parse_variant("WAVES=2, HALF_WORD_STORES=0") == ("WAVES=2", "HALF_WORD_STORES=0")
     with pytest.raises(ValueError, match=r"\['PREFETCH'\] are not settings"):
         tune.parse_variant("PREFETCH=1,LANES=8")
+    with pytest.raises(ValueError, match=r"\['CODES_FIRST'\] are not settings"):
+        tune.parse_variant("CODES_FIRST=1")
     with pytest.raises(SystemExit):
         tune.main(["--variants", "cached=1"])
     assert "--variants: defines must be NAME=VALUE" in capsys.readouterr().err
@@ -499,7 +498,7 @@ def test_check_kernels_builds_a_variant():
     import subprocess
 
     run = subprocess.run([sys.executable, str(TOOLS / "check_kernels.py"),
-                          "--arch", "90", "--define", "CODES_FIRST=1"],
+                          "--arch", "90", "--define", "LANES=8", "--define", "CACHED=8"],
                          capture_output=True, text=True, timeout=600)
     if "NVRTC" not in run.stdout:
         pytest.skip(f"no NVRTC here: {run.stderr[-300:]}")

@@ -129,16 +129,14 @@ def test_hashed_rounding_equals_the_reference_on_every_boundary(bits):
 #: same results.
 VARIANTS = [("CACHED=1",), ("CACHED=4", "MIN_BLOCKS=6"), ("LANES=16", "CACHED=4"),
             ("LANES=8", "CACHED=8"), ("LANES=16", "CACHED=1"),
-            ("LANES=32", "CACHED=2", "MIN_BLOCKS=4"), ("CODES_FIRST=1",),
-            ("CODES_FIRST=1", "LANES=16", "CACHED=4"),
+            ("LANES=32", "CACHED=2", "MIN_BLOCKS=4"),
             ("QUANTIZE_LANES=8", "QUANTIZE_CACHED=8", "QUANTIZE_MIN_BLOCKS=2"),
             ("QUANTIZE_LANES=32", "QUANTIZE_CACHED=2", "DEQUANTIZE_LANES=16",
              "DEQUANTIZE_CACHED=4"),
             ("WORD_STORES=0", "HALF_WORD_STORES=232"),
             ("WORD_STORES=0", "HALF_WORD_STORES=232", "LANES=8", "CACHED=8"),
             # every setting off its default at once: the build CI compiles with NVRTC
-            ("LANES=8", "CACHED=8", "MIN_BLOCKS=2", "WORD_STORES=0", "HALF_WORD_STORES=232",
-             "CODES_FIRST=1")]
+            ("LANES=8", "CACHED=8", "MIN_BLOCKS=2", "WORD_STORES=0", "HALF_WORD_STORES=232")]
 
 
 @pytest.mark.parametrize("defines", VARIANTS, ids=",".join)
@@ -163,15 +161,15 @@ def test_builds_with_other_settings_equal_the_reference(defines, bits, dtype):
                 *want, bits, group_size, n, dtype), rtol=0, atol=0, equal_nan=True)
 
 
-@pytest.mark.parametrize("defines", [(), ("CODES_FIRST=1",)],
+@pytest.mark.parametrize("defines", [(), ("DEQUANTIZE_LANES=16", "DEQUANTIZE_CACHED=1")],
                          ids=lambda d: ",".join(d) or "default")
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("bits", [1, 2, 3, 5, 6, 7, 8])
 def test_dequantize_builds_restore_every_dtype_as_the_reference(bits, dtype, defines):
-    """The default build dequantizes by 16-byte chunks: 4 float32 or 2 float64 values, a part
-    of an octet's code word (8 for 16-bit types), and reads the 3 and 5-7-bit codes of whole
-    groups from a copy in shared memory; a CODES_FIRST=1 build by octets, each lane's code
-    words loaded first. Whole groups (several a warp on a grid of one block), short last
+    """The dequantizer restores by 16-byte chunks: 4 float32 or 2 float64 values, a part of an
+    octet's code word (8 for 16-bit types), and reads the 3 and 5-7-bit codes of whole groups
+    from a copy in shared memory; so does a build of another shape (two groups a warp, one
+    cached chunk a lane). Whole groups (several a warp on a grid of one block), short last
     chunks, groups past the cached chunks, groups not on an octet (element by element)."""
     for n, group_size in [(40 * 512 + 13, 512), (1000, 40), (2 * 1024 + 13, 1024), (999, 13)]:
         x = _input(n, dtype, bits * 7 + n)
@@ -183,7 +181,7 @@ def test_dequantize_builds_restore_every_dtype_as_the_reference(bits, dtype, def
             assert torch.equal(got, want), f"n={n}, group_size={group_size}, vec={vec}"
 
 
-@pytest.mark.parametrize("defines", [(), ("LANES=16",), ("CODES_FIRST=1", "CACHED=1")],
+@pytest.mark.parametrize("defines", [(), ("LANES=16",), ("LANES=16", "CACHED=1")],
                          ids=lambda d: ",".join(d) or "default")
 @pytest.mark.parametrize("bits", [2, 5])
 def test_builds_equal_the_reference_with_several_groups_a_warp(defines, bits):
