@@ -17,7 +17,8 @@ back (``_common.kernel_seconds``), with the copy timed the same way for
 The mask ops (rows ``bench: mask_throughput``) are ReLU's forward (``sign_mask``: reads
 :math:`X`, writes the output and the packed :math:`[X > 0]`) and applying a packed mask
 (``apply_packed_mask``: dropout's forward and every mask op's backward: reads :math:`X` and
-the mask, writes the output): the CUDA kernels (one pass) against the torch path (by blocks).
+the mask, writes the output): the CUDA or CPU kernels (one pass) against the torch path (by
+blocks).
 
 Usage::
 
@@ -116,7 +117,8 @@ def _shown(row: dict) -> str:
 def mask_rows(x: torch.Tensor, env: dict, copy_gbps: float, copy_kernel_gbps: float | None,
               backends: list[str], repeats: int) -> list[dict]:
     """Throughput of ``sign_mask`` and ``apply_packed_mask`` (ReLU's forward mode) per backend
-    (``cupy``: the kernels; ``torch``: :mod:`gnnact.quant.reference`)."""
+    (``cupy``: the CUDA kernels; ``cpu``: the compiled CPU kernels; ``torch``:
+    :mod:`gnnact.quant.reference`)."""
     from gnnact.quant import reference
 
     impls = {"torch": reference}
@@ -124,6 +126,8 @@ def mask_rows(x: torch.Tensor, env: dict, copy_gbps: float, copy_kernel_gbps: fl
         from gnnact.kernels import quantize as kernels
 
         impls = {"cupy": kernels, **impls}
+    if "cpu" in backends:
+        impls = {"cpu": cpu_kernels, **impls}
     flat, out = x.view(-1), torch.empty_like(x).view(-1)
     data = reference.sign_mask(flat, out, reference.MASK_MUL, 1.0)
     moved = 2 * flat.numel() * flat.element_size() + data.numel()

@@ -1,8 +1,8 @@
 """The compiled CPU kernels (``gnnact/kernels/quantize_cpu.cpp``, :mod:`gnnact.kernels.cpu`)
 against the torch reference, bit for bit: every width and element type, groups that are
 constant, non-finite, overflowing, on the grid, holding signed zeros and subnormals, short last
-groups and groups that start mid-octet, calls split among threads; how ``backend=`` picks them,
-and what happens without a compiler."""
+groups and groups that start mid-octet, the mask ops in every mode, calls split among threads;
+how ``backend=`` and the mask ops pick them, and what happens without a compiler."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import warnings
 
 import pytest
 import torch
-from mask_values import assert_same_values
+from mask_values import assert_same_values, specials
 
 import gnnact
 from gnnact.kernels import cpu
@@ -109,6 +109,53 @@ def test_auto_takes_the_cpu_kernels_once_they_agree():
     assert torch.equal(gnnact.dequantize(packed), gnnact.dequantize(packed, backend="torch"))
 
 
+MODES = [(reference.MASK_MUL, 1.0), (reference.MASK_MUL, 2.0), (reference.MASK_ZERO, 1.0),
+         (reference.MASK_SELECT, 0.2)]
+
+
+@pytest.mark.parametrize(("mode", "s"), MODES)
+@pytest.mark.parametrize("n", [1, 8, 1037, 4096 + 5])
+def test_mask_kernels_equal_reference(n, mode, s):
+    """``sign_mask`` and ``apply_packed_mask``: the torch path's bits and values, NaN,
+    infinities, signed zeros and subnormals kept, in place and not, a last byte not full."""
+    x = specials(n, torch.float32)
+    want = torch.empty_like(x)
+    want_bits = reference.sign_mask(x, want, mode, s)
+    got = torch.empty_like(x)
+    assert torch.equal(cpu.sign_mask(x, got, mode, s), want_bits)
+    assert_same_values(got, want)
+    in_place = x.clone()
+    cpu.sign_mask(in_place, in_place, mode, s)
+    assert_same_values(in_place, want)
+    bits = torch.randint(0, 256, ((n + 7) // 8,), dtype=torch.uint8,
+                         generator=torch.Generator().manual_seed(n))
+    want = reference.apply_packed_mask(x, bits, torch.empty_like(x), mode, s)
+    assert_same_values(cpu.apply_packed_mask(x, bits, torch.empty_like(x), mode, s), want)
+    in_place = x.clone()
+    assert cpu.apply_packed_mask(in_place, bits, in_place, mode, s) is in_place
+    assert_same_values(in_place, want)
+
+
+def test_mask_kernels_split_among_threads(monkeypatch):
+    x = torch.randn(8 * 5000 + 3)
+    one, one_bits = torch.empty_like(x), None
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    one_bits = cpu.sign_mask(x, one, reference.MASK_MUL, 2.0)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
+    monkeypatch.setattr(cpu, "PARALLEL_ELEMENTS", 1 << 10)
+    got = torch.empty_like(x)
+    assert torch.equal(cpu.sign_mask(x, got, reference.MASK_MUL, 2.0), one_bits)
+    assert_same_values(got, one)
+    assert_same_values(cpu.apply_packed_mask(x, one_bits, torch.empty_like(x),
+                                             reference.MASK_MUL, 2.0), one)
+
+
+def test_mask_ops_take_the_kernels_for_float32_only():
+    assert backends.mask_kernels_agree(-1)
+    assert backends.mask_backend(torch.randn(4)) is cpu
+    assert backends.mask_backend(torch.randn(4, dtype=torch.float64)) is reference
+
+
 def test_cpu_backend_needs_a_cpu_tensor():
     with pytest.raises(ValueError, match="backend='cpu' needs a CPU tensor, got a tensor on meta"):
         backends.select("cpu", torch.device("meta"), 2)
@@ -123,7 +170,8 @@ def test_a_kernel_width_outside_1_to_8_is_refused():
 def fresh_build(monkeypatch, tmp_path):
     """The library and the backend checks forgotten for the test (and again after it)."""
     monkeypatch.setenv("GNNACT_CACHE", str(tmp_path))
-    caches = (cpu.library, cpu.available, cpu.compiler_version, backends.cpu_kernels_built)
+    caches = (cpu.library, cpu.available, cpu.compiler_version, backends.cpu_kernels_built,
+              backends.mask_kernels_agree)
     for fn in caches:
         fn.cache_clear()
     yield tmp_path
@@ -153,3 +201,4 @@ def test_without_a_compiler_auto_says_so_and_keeps_the_torch_path(fresh_build, m
     x = torch.randn(5000)
     restored = gnnact.dequantize(gnnact.quantize(x, 8))
     assert (restored - x).abs().max() < 0.1
+    assert backends.mask_backend(x) is reference

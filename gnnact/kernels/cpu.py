@@ -1,12 +1,15 @@
-r"""The packed format's quantizer and dequantizer compiled for the CPU (``quantize_cpu.cpp``),
-with the signatures of the torch reference (``gnnact.quant.reference``).
+r"""The packed format's quantizer and dequantizer, and the mask ops of ReLU, LeakyReLU and
+dropout, compiled for the CPU (``quantize_cpu.cpp``), with the signatures of the torch reference
+(``gnnact.quant.reference``).
 
 The torch path makes about ten passes over memory for each chunk of a quantization; the
 compiled one reads a group's values twice (the second time from the cache) and writes its
-codes once, at 10-30 % of a copy's bandwidth where the torch path moves 4-7 % (rows:
-``benchmarks/results/quantize.jsonl``, backend ``"cpu"``). Its codes are the reference's, bit
-for bit, for the noise the CUDA kernels hash from the seed (:func:`gnnact.quant.rng.hash_uniform`):
-on the CPU and on a GPU a seed rounds a tensor alike.
+codes once: 3-4x faster, at 15-18 % of a copy's bandwidth where the torch path moves 3-6 %
+(rows: ``benchmarks/results/quantize.jsonl``, backend ``"cpu"``). Its codes are the
+reference's, bit for bit, for the noise the CUDA kernels hash from the seed
+(:func:`gnnact.quant.rng.hash_uniform`): on the CPU and on a GPU a seed rounds a tensor alike.
+The mask ops (:func:`sign_mask`, :func:`apply_packed_mask`, float32) take one pass where the
+torch path multiplies by a boolean mask unpacked block by block (3-8x slower).
 
 The source is built the first time a process needs it, by the system's C++ compiler (``$CXX``,
 else ``g++``, ``clang++`` or ``c++`` on ``PATH``; nothing at install time), with
@@ -15,10 +18,9 @@ reference's), and kept in ``$GNNACT_CACHE`` (default ``~/.cache/gnnact``) under 
 hashes the source, the compiler and this CPU's flags, so that later processes load it at once.
 Without a compiler, ``backend="auto"`` keeps the torch path and says so, once
 (:func:`gnnact.quant.backends.select`). Long tensors are split by whole groups among
-``torch.get_num_threads()`` threads (the call releases the GIL). Masks are packed by the torch
-path's ``pack_mask_bits`` and
-``unpack_mask_bits`` (one int64 product a byte: already at memory
-speed's share the quantizer reaches here).
+``torch.get_num_threads()`` threads (the call releases the GIL). Masks are packed to bits and
+unpacked by the torch path's ``pack_mask_bits`` and ``unpack_mask_bits`` (one int64 product a
+byte).
 """
 
 from __future__ import annotations
@@ -43,14 +45,19 @@ from gnnact.quant.packed import packed_code_bytes
 from gnnact.quant.reference import pack_mask_bits, unpack_mask_bits
 from gnnact.quant.rng import split_seed
 
-__all__ = ["FLAGS", "available", "compiler", "compiler_version", "dequantize_groups", "library",
-           "pack_mask_bits", "quantize_groups", "unpack_mask_bits"]
+__all__ = ["FLAGS", "KERNEL_DTYPES", "apply_packed_mask", "available", "compiler",
+           "compiler_version", "dequantize_groups", "library", "pack_mask_bits", "quantize_groups",
+           "sign_mask", "unpack_mask_bits"]
 
 _SOURCE = Path(__file__).with_name("quantize_cpu.cpp")
 
 #: The build's flags (besides ``-shared -fPIC -o``).
 FLAGS = ("-std=c++17", "-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno",
          "-fno-trapping-math")
+
+#: The dtypes of the mask ops' kernels (:func:`sign_mask`, :func:`apply_packed_mask`); the
+#: quantizer takes every floating dtype (converting others to float32 a chunk at a time).
+KERNEL_DTYPES = (torch.float32,)
 
 #: Elements from which a call is split among threads (a piece each of at least this many).
 PARALLEL_ELEMENTS = 1 << 20
@@ -123,7 +130,11 @@ def library() -> ctypes.CDLL:
     lib.gnnact_quantize.argtypes = [ptr, i64, i64, i64, ctypes.c_int, u32, u32, ptr, ptr, ptr,
                                     i64]
     lib.gnnact_dequantize.argtypes = [ptr, ptr, ptr, i64, i64, ctypes.c_int, i64, ptr]
-    lib.gnnact_quantize.restype = lib.gnnact_dequantize.restype = ctypes.c_int
+    lib.gnnact_apply_mask.argtypes = [ptr, ptr, ptr, i64, ctypes.c_int, ctypes.c_float]
+    lib.gnnact_sign_mask.argtypes = [ptr, ptr, ptr, i64, ctypes.c_int, ctypes.c_float]
+    for fn in (lib.gnnact_quantize, lib.gnnact_dequantize, lib.gnnact_apply_mask,
+               lib.gnnact_sign_mask):
+        fn.restype = ctypes.c_int
     return lib
 
 
@@ -144,7 +155,8 @@ def _pool(workers: int, pid: int) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(workers, thread_name_prefix="gnnact-cpu")
 
 
-def _by_groups(num_groups: int, group_size: int, call: Callable[[int, int], int]) -> None:
+def _by_groups(num_groups: int, group_size: int, call: Callable[[int, int], int],
+               what: str = "bits must be in 1-8") -> None:
     """``call(g0, g1)`` for consecutive ranges of whole groups covering ``num_groups``: one
     range, or one a thread (``torch.get_num_threads()``) when there are enough elements."""
     workers = min(torch.get_num_threads(),
@@ -156,7 +168,7 @@ def _by_groups(num_groups: int, group_size: int, call: Callable[[int, int], int]
     else:
         statuses = list(_pool(len(ranges), os.getpid()).map(lambda r: call(*r), ranges))
     if any(statuses):
-        raise ValueError("gnnact CPU kernel: bits must be in 1-8")
+        raise ValueError(f"gnnact CPU kernel: {what}")
 
 
 def quantize_groups(x: Tensor, bits: int, group_size: int, *, seed: int | None = None,
@@ -224,4 +236,36 @@ def dequantize_groups(codes: Tensor, scales: Tensor, zeros: Tensor, bits: int, g
         for g0 in range(0, num_groups, step):
             _by_groups(min(num_groups, g0 + step) - g0, group_size,
                        lambda a, b, g0=g0: call(g0 + a, g0 + b))
+    return out
+
+
+def sign_mask(x: Tensor, out: Tensor, mode: int, s: float) -> Tensor:
+    """Kernel twin of ``gnnact.quant.reference.sign_mask`` (float32, ``x`` and ``out`` flat
+    and contiguous, ``out`` possibly ``x``): one pass, a byte of the mask for each 8 values."""
+    lib = library()
+    n = x.numel()
+    data = torch.empty((n + 7) // 8, dtype=torch.uint8)
+
+    def call(k0: int, k1: int) -> int:  # (octets k0 .. k1 - 1)
+        lo, hi = 8 * k0, min(n, 8 * k1)
+        return lib.gnnact_sign_mask(x[lo:].data_ptr(), out[lo:].data_ptr(), data[k0:].data_ptr(),
+                                    hi - lo, mode, s)
+
+    _by_groups(data.numel(), 8, call, f"mode must be 0, 1 or 2, got {mode}")
+    return data
+
+
+def apply_packed_mask(x: Tensor, data: Tensor, out: Tensor, mode: int, s: float) -> Tensor:
+    """Kernel twin of ``gnnact.quant.reference.apply_packed_mask`` (float32, flat and
+    contiguous, ``out`` possibly ``x``): one pass; returns ``out``."""
+    lib = library()
+    n = x.numel()
+    data = data.contiguous()
+
+    def call(k0: int, k1: int) -> int:
+        lo, hi = 8 * k0, min(n, 8 * k1)
+        return lib.gnnact_apply_mask(x[lo:].data_ptr(), data[k0:].data_ptr(),
+                                     out[lo:].data_ptr(), hi - lo, mode, s)
+
+    _by_groups((n + 7) // 8, 8, call, f"mode must be 0, 1 or 2, got {mode}")
     return out

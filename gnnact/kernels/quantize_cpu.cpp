@@ -220,6 +220,61 @@ void dequantize_all(const u8* codes, const float* scales, const float* zeros, i6
     }
 }
 
+// The mask ops (gnnact.quant.reference's sign_mask, apply_packed_mask, combine_mask): how a
+// value v meets its mask bit m, each as the PyTorch op it stands for computes it, bit for bit:
+// MUL v * m, then * s unless s is 1 (ReLU's forward, dropout's forward and backward; v * 0 keeps
+// NaN and the sign of zero), ZERO m ? v : +0 (ReLU's backward), SELECT m ? v : v * s
+// (LeakyReLU's forward and backward).
+constexpr int MASK_MUL = 0, MASK_ZERO = 1, MASK_SELECT = 2;
+
+template <int MODE>
+inline float combined(float v, u32 m, float s, bool scaled) {
+    if (MODE == MASK_ZERO) return m ? v : 0.0f;
+    if (MODE == MASK_SELECT) return m ? v : v * s;
+    const float w = v * (float)m;
+    return scaled ? w * s : w;
+}
+
+// Elements [0, n) of x with the bits of data (element j: bit j % 8 of byte j / 8) into out
+// (which may be x), a byte's eight at a time.
+template <int MODE>
+void apply_mask(const float* x, const u8* data, float* out, i64 n, float s) {
+    const bool scaled = s != 1.0f;
+    const i64 whole = n >> 3;
+    for (i64 k = 0; k < whole; ++k) {
+        const u32 byte = data[k];
+        for (int l = 0; l < 8; ++l) {
+            out[8 * k + l] = combined<MODE>(x[8 * k + l], (byte >> l) & 1, s, scaled);
+        }
+    }
+    for (i64 j = 8 * whole; j < n; ++j) {
+        out[j] = combined<MODE>(x[j], (data[j >> 3] >> (j & 7)) & 1, s, scaled);
+    }
+}
+
+// [x > 0] packed into data, and MODE's combination of x with it into out.
+template <int MODE>
+void sign_mask(const float* x, float* out, u8* data, i64 n, float s) {
+    const bool scaled = s != 1.0f;
+    const i64 whole = n >> 3;
+    for (i64 k = 0; k < whole; ++k) {
+        u32 byte = 0;
+        for (int l = 0; l < 8; ++l) byte |= (u32)(x[8 * k + l] > 0.0f) << l;
+        data[k] = (u8)byte;
+        for (int l = 0; l < 8; ++l) {
+            out[8 * k + l] = combined<MODE>(x[8 * k + l], (byte >> l) & 1, s, scaled);
+        }
+    }
+    if (8 * whole < n) {
+        u32 byte = 0;
+        for (i64 j = 8 * whole; j < n; ++j) byte |= (u32)(x[j] > 0.0f) << (j & 7);
+        data[whole] = (u8)byte;
+        for (i64 j = 8 * whole; j < n; ++j) {
+            out[j] = combined<MODE>(x[j], (byte >> (j & 7)) & 1, s, scaled);
+        }
+    }
+}
+
 }  // namespace
 
 #define GNNACT_WIDTHS(F) F(1) F(2) F(3) F(4) F(5) F(6) F(7) F(8)
@@ -252,6 +307,27 @@ int gnnact_dequantize(const u8* codes, const float* scales, const float* zeros, 
         return 0;
         GNNACT_WIDTHS(CASE)
 #undef CASE
+    }
+    return -1;
+}
+
+// float32 x[0 .. n) with the packed mask `data` into out (may be x): 0, or -1 for a bad mode.
+int gnnact_apply_mask(const float* x, const u8* data, float* out, i64 n, int mode, float s) {
+    switch (mode) {
+        case MASK_MUL: apply_mask<MASK_MUL>(x, data, out, n, s); return 0;
+        case MASK_ZERO: apply_mask<MASK_ZERO>(x, data, out, n, s); return 0;
+        case MASK_SELECT: apply_mask<MASK_SELECT>(x, data, out, n, s); return 0;
+    }
+    return -1;
+}
+
+// [x > 0] of float32 x[0 .. n) into data (ceil(n / 8) bytes) and the mode's combination into
+// out (may be x): 0, or -1 for a bad mode.
+int gnnact_sign_mask(const float* x, float* out, u8* data, i64 n, int mode, float s) {
+    switch (mode) {
+        case MASK_MUL: sign_mask<MASK_MUL>(x, out, data, n, s); return 0;
+        case MASK_ZERO: sign_mask<MASK_ZERO>(x, out, data, n, s); return 0;
+        case MASK_SELECT: sign_mask<MASK_SELECT>(x, out, data, n, s); return 0;
     }
     return -1;
 }

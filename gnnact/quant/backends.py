@@ -170,9 +170,17 @@ def _self_check(check: Callable[[], bool], unused: str, instead: str) -> bool:
 
 
 def mask_backend(x: Tensor) -> ModuleType:
-    """The module implementing ``sign_mask`` and ``apply_packed_mask`` for ``x``: the CUDA
-    kernels (one pass each) on a GPU with CuPy once :func:`mask_kernels_agree` has checked them
-    there, else the torch path (``gnnact.quant.reference``, block by block)."""
+    """The module implementing ``sign_mask`` and ``apply_packed_mask`` for ``x``: the device's
+    kernels (one pass each: CUDA's with CuPy, the compiled CPU kernels for float32) once
+    :func:`mask_kernels_agree` has checked them there, else the torch path
+    (``gnnact.quant.reference``, block by block)."""
+    if x.device.type == "cpu":
+        from gnnact.kernels import cpu
+
+        if (x.dtype in cpu.KERNEL_DTYPES and cpu_kernels_built()
+                and mask_kernels_agree(-1)):
+            return cpu
+        return reference
     from gnnact.kernels import cupy_available
 
     if x.device.type != "cuda" or not cupy_available():
@@ -193,23 +201,28 @@ def _same_values(a: Tensor, b: Tensor) -> bool:
 
 @functools.cache
 def mask_kernels_agree(device_index: int) -> bool:
-    """Whether the fused mask kernels (``cuda/mask.cu``: ``sign_mask``, ``apply_packed_mask``)
-    reproduce the torch path on GPU ``device_index`` for every dtype and mode, in place and
-    not (values with NaN, infinities, signed zeros and subnormals, a length that is no
-    multiple of 32):
-    checked once per device in a process. Where they do not, the mask ops stay on the torch
-    path there, with a warning naming why.
+    """Whether the fused mask kernels (``cuda/mask.cu`` on GPU ``device_index``; the compiled
+    CPU kernels for index -1: ``sign_mask``, ``apply_packed_mask``) reproduce the torch path
+    for every dtype they take and every mode, in place and not (values with NaN, infinities,
+    signed zeros and subnormals, a length that is no multiple of 32): checked once per device
+    in a process. Where they do not, the mask ops stay on the torch path there, with a warning
+    naming why.
 
     Example:
         >>> from gnnact.quant.backends import mask_kernels_agree
         >>> mask_kernels_agree(0)  # doctest: +SKIP
         True
     """
-    from gnnact.kernels import quantize as kernels
+    if device_index < 0:
+        from gnnact.kernels import cpu as kernels
 
-    device = torch.device("cuda", device_index)
+        device, where = torch.device("cpu"), "the compiled CPU kernels"
+    else:
+        from gnnact.kernels import quantize as kernels
+
+        device, where = torch.device("cuda", device_index), f"cuda:{device_index}"
     return _self_check(lambda: mask_kernels_match(kernels, device),
-                       f"the fused mask kernels are not used on cuda:{device_index}",
+                       f"the fused mask kernels of {where} are not used",
                        "ReLU, LeakyReLU and dropout run on the torch path there (same results, "
                        "more passes)")
 
