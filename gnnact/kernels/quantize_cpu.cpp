@@ -141,8 +141,9 @@ void unpack(const u8* in, i64 blocks, u8* c) {
 }
 
 template <int BITS>
-void quantize_group(const float* h, i64 first, i64 len, i64 group_size, u32 s0, u32 s1,
-                    u8* out, i64 bytes_per_group, float* scale, float* zero) {
+void quantize_group(const float* __restrict h, i64 first, i64 len, i64 group_size, u32 s0,
+                    u32 s1, u8* __restrict out, i64 bytes_per_group, float* __restrict scale,
+                    float* __restrict zero) {
     float lo, hi;
     range_of(h, len, &lo, &hi);
     const float range = hi - lo;
@@ -178,8 +179,8 @@ void quantize_group(const float* h, i64 first, i64 len, i64 group_size, u32 s0, 
 }
 
 template <int BITS>
-void dequantize_group(const u8* in, i64 len, i64 bytes_per_group, float scale, float zero,
-                      float* out) {
+void dequantize_group(const u8* __restrict in, i64 len, i64 bytes_per_group, float scale,
+                      float zero, float* __restrict out) {
     u8 packed[PIECE / 8 * BITS + 8];
     u8 c[PIECE];
     for (i64 p0 = 0; p0 < len; p0 += PIECE) {
@@ -235,10 +236,26 @@ inline float combined(float v, u32 m, float s, bool scaled) {
     return scaled ? w * s : w;
 }
 
-// Elements [0, n) of x with the bits of data (element j: bit j % 8 of byte j / 8) into out
-// (which may be x), a byte's eight at a time.
+// The loops below are called through `restrict` pointers, as two functions: out-of-place
+// (x, data and out apart) and in place (out is x). Without them the compiler checks at run
+// time whether out overlaps x and, on a fresh output, took a slower path there: a 49 MB
+// dropout mask applied into a new tensor in 49 ms against 26 with them (page faults and all).
+#define GNNACT_MASK_OP(NAME)                                                                  \
+    template <int MODE>                                                                     \
+    void NAME(const float* __restrict x, float* __restrict out, u8* __restrict data, i64 n,   \
+              float s) {                                                                    \
+        NAME##_body<MODE>(x, out, data, n, s);                                              \
+    }                                                                                       \
+    template <int MODE>                                                                     \
+    void NAME##_in_place(float* __restrict x, u8* __restrict data, i64 n, float s) {          \
+        NAME##_body<MODE>(x, x, data, n, s);                                                \
+    }
+
+// Elements [0, n) of x with the bits of data (element j: bit j % 8 of byte j / 8) into out,
+// a byte's eight at a time.
 template <int MODE>
-void apply_mask(const float* x, const u8* data, float* out, i64 n, float s) {
+inline __attribute__((always_inline)) void apply_mask_body(const float* x, float* out,
+                                                           const u8* data, i64 n, float s) {
     const bool scaled = s != 1.0f;
     const i64 whole = n >> 3;
     for (i64 k = 0; k < whole; ++k) {
@@ -254,7 +271,8 @@ void apply_mask(const float* x, const u8* data, float* out, i64 n, float s) {
 
 // [x > 0] packed into data, and MODE's combination of x with it into out.
 template <int MODE>
-void sign_mask(const float* x, float* out, u8* data, i64 n, float s) {
+inline __attribute__((always_inline)) void sign_mask_body(const float* x, float* out, u8* data,
+                                                          i64 n, float s) {
     const bool scaled = s != 1.0f;
     const i64 whole = n >> 3;
     for (i64 k = 0; k < whole; ++k) {
@@ -274,6 +292,9 @@ void sign_mask(const float* x, float* out, u8* data, i64 n, float s) {
         }
     }
 }
+
+GNNACT_MASK_OP(apply_mask)
+GNNACT_MASK_OP(sign_mask)
 
 }  // namespace
 
@@ -313,10 +334,18 @@ int gnnact_dequantize(const u8* codes, const float* scales, const float* zeros, 
 
 // float32 x[0 .. n) with the packed mask `data` into out (may be x): 0, or -1 for a bad mode.
 int gnnact_apply_mask(const float* x, const u8* data, float* out, i64 n, int mode, float s) {
+    u8* bits = const_cast<u8*>(data);  // (read only: the shared signature of the two ops)
     switch (mode) {
-        case MASK_MUL: apply_mask<MASK_MUL>(x, data, out, n, s); return 0;
-        case MASK_ZERO: apply_mask<MASK_ZERO>(x, data, out, n, s); return 0;
-        case MASK_SELECT: apply_mask<MASK_SELECT>(x, data, out, n, s); return 0;
+#define CASE(MODE)                                                                      \
+    case MODE:                                                                          \
+        if (out == x) {                                                                 \
+            apply_mask_in_place<MODE>(out, bits, n, s);                                 \
+        } else {                                                                        \
+            apply_mask<MODE>(x, out, bits, n, s);                                       \
+        }                                                                               \
+        return 0;
+        CASE(MASK_MUL) CASE(MASK_ZERO) CASE(MASK_SELECT)
+#undef CASE
     }
     return -1;
 }
@@ -325,9 +354,16 @@ int gnnact_apply_mask(const float* x, const u8* data, float* out, i64 n, int mod
 // out (may be x): 0, or -1 for a bad mode.
 int gnnact_sign_mask(const float* x, float* out, u8* data, i64 n, int mode, float s) {
     switch (mode) {
-        case MASK_MUL: sign_mask<MASK_MUL>(x, out, data, n, s); return 0;
-        case MASK_ZERO: sign_mask<MASK_ZERO>(x, out, data, n, s); return 0;
-        case MASK_SELECT: sign_mask<MASK_SELECT>(x, out, data, n, s); return 0;
+#define CASE(MODE)                                                                      \
+    case MODE:                                                                          \
+        if (out == x) {                                                                 \
+            sign_mask_in_place<MODE>(out, data, n, s);                                  \
+        } else {                                                                        \
+            sign_mask<MODE>(x, out, data, n, s);                                        \
+        }                                                                               \
+        return 0;
+        CASE(MASK_MUL) CASE(MASK_ZERO) CASE(MASK_SELECT)
+#undef CASE
     }
     return -1;
 }
