@@ -136,6 +136,21 @@ def test_mask_kernels_equal_reference(n, mode, s):
     assert_same_values(in_place, want)
 
 
+def test_empty_tensors():
+    """Nothing to do, and nothing raised: an empty ReLU input, an empty tensor packed."""
+    empty = torch.empty(0)
+    assert cpu.sign_mask(empty, torch.empty(0), reference.MASK_MUL, 1.0).numel() == 0
+    assert cpu.apply_packed_mask(empty, torch.empty(0, dtype=torch.uint8), torch.empty(0),
+                                 reference.MASK_ZERO, 1.0).numel() == 0
+    codes, scales, zeros = cpu.quantize_groups(empty, 2, 64, seed=1)
+    assert codes.shape == (0, 16) and scales.numel() == zeros.numel() == 0
+    assert cpu.dequantize_groups(codes, scales, zeros, 2, 64, 0, torch.float32).numel() == 0
+    model = gnnact.convert(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()))
+    x = torch.empty(0, 4, requires_grad=True)
+    model(x).sum().backward()
+    assert x.grad.shape == (0, 4)
+
+
 def test_mask_kernels_split_among_threads(monkeypatch):
     x = torch.randn(8 * 5000 + 3)
     one, one_bits = torch.empty_like(x), None

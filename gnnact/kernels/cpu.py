@@ -158,7 +158,10 @@ def _pool(workers: int, pid: int) -> ThreadPoolExecutor:
 def _by_groups(num_groups: int, group_size: int, call: Callable[[int, int], int],
                what: str = "bits must be in 1-8") -> None:
     """``call(g0, g1)`` for consecutive ranges of whole groups covering ``num_groups``: one
-    range, or one a thread (``torch.get_num_threads()``) when there are enough elements."""
+    range, or one a thread (``torch.get_num_threads()``) when there are enough elements; none
+    for none (an empty tensor)."""
+    if num_groups == 0:
+        return
     workers = min(torch.get_num_threads(),
                   max(1, num_groups * group_size // PARALLEL_ELEMENTS))
     step = -(-num_groups // workers)
