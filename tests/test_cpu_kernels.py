@@ -204,6 +204,14 @@ def test_the_build_is_kept_for_later_processes(fresh_build):
     assert list(fresh_build.glob("*")) == built and built[0].stat().st_mtime_ns == stamp
 
 
+def test_a_cache_that_cannot_be_written_builds_elsewhere(fresh_build, monkeypatch):
+    blocked = fresh_build / "file"
+    blocked.write_text("")  # (a file where the cache's folder would be)
+    monkeypatch.setenv("GNNACT_CACHE", str(blocked / "cache"))
+    lib = cpu.library()
+    assert "gnnact-cpu-" in lib._name and not (blocked / "cache").exists()
+
+
 def test_without_a_compiler_auto_says_so_and_keeps_the_torch_path(fresh_build, monkeypatch):
     monkeypatch.setenv("CXX", "no-such-compiler-gnnact")
     with pytest.raises(RuntimeError, match="CXX='no-such-compiler-gnnact' is not an executable"):

@@ -100,7 +100,8 @@ def _cache_dir() -> Path:
 
 @functools.cache
 def library() -> ctypes.CDLL:
-    """The built library (built once per source, compiler and CPU; loaded once per process).
+    """The built library (built once per source, compiler and CPU; loaded once per process;
+    where the cache cannot be written, built into a temporary folder of the process's).
     Raises ``RuntimeError`` with the compiler's message when there is no compiler or the build
     fails."""
     cxx = compiler()
@@ -111,12 +112,17 @@ def library() -> ctypes.CDLL:
     source = _SOURCE.read_bytes()
     key = hashlib.sha256(b"\0".join([source, cxx.encode(), compiler_version().encode(),
                                      " ".join(FLAGS).encode(), _cpu_signature().encode()]))
-    target = _cache_dir() / f"quantize_cpu-{key.hexdigest()[:20]}.so"
+    name = f"quantize_cpu-{key.hexdigest()[:20]}.so"
+    target = _cache_dir() / name
     if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        # Built beside its place and renamed into it: two processes building at once each
-        # rename a whole library.
-        fd, partial = tempfile.mkstemp(suffix=".so", dir=target.parent)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            # Built beside its place and renamed into it: two processes building at once each
+            # rename a whole library.
+            fd, partial = tempfile.mkstemp(suffix=".so", dir=target.parent)
+        except OSError:  # a cache that cannot be written: this process's own folder
+            target = Path(tempfile.mkdtemp(prefix="gnnact-cpu-")) / name
+            fd, partial = tempfile.mkstemp(suffix=".so", dir=target.parent)
         os.close(fd)
         result = subprocess.run([cxx, *FLAGS, "-shared", "-fPIC", "-o", partial, str(_SOURCE)],
                                 capture_output=True, text=True, check=False)
