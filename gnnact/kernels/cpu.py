@@ -180,6 +180,20 @@ def _by_groups(num_groups: int, group_size: int, call: Callable[[int, int], int]
         raise ValueError(f"gnnact CPU kernel: {what}")
 
 
+def _by_chunks(num_groups: int, group_size: int, numel: int, dtype: torch.dtype,
+               call: Callable[[int, int], int]) -> None:
+    """:func:`_by_groups` over all groups for float32; for another dtype, chunk after chunk of
+    whole groups (``reference.block_elements(numel)``: a few MiB), which ``call`` converts to or
+    from float32: the float32 copy never exists whole."""
+    if dtype == torch.float32:
+        _by_groups(num_groups, group_size, call)
+        return
+    step = max(1, reference.block_elements(numel) // group_size)
+    for g0 in range(0, num_groups, step):
+        _by_groups(min(num_groups, g0 + step) - g0, group_size,
+                   lambda a, b, g0=g0: call(g0 + a, g0 + b))
+
+
 def quantize_groups(x: Tensor, bits: int, group_size: int, *, seed: int | None = None,
                     noise: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """``gnnact.quant.reference.quantize_groups`` for a CPU tensor, its noise the seeded
@@ -208,13 +222,7 @@ def quantize_groups(x: Tensor, bits: int, group_size: int, *, seed: int | None =
                                    codes[g0].data_ptr(), scales[g0:].data_ptr(),
                                    zeros[g0:].data_ptr(), bytes_per_group)
 
-    if flat.dtype == torch.float32:
-        _by_groups(num_groups, group_size, call)
-    else:  # converted by chunks of whole groups (a few MiB of float32 at a time)
-        step = max(1, reference.block_elements(n) // group_size)
-        for g0 in range(0, num_groups, step):
-            _by_groups(min(num_groups, g0 + step) - g0, group_size,
-                       lambda a, b, g0=g0: call(g0 + a, g0 + b))
+    _by_chunks(num_groups, group_size, n, flat.dtype, call)
     return codes, scales, zeros
 
 
@@ -238,13 +246,7 @@ def dequantize_groups(codes: Tensor, scales: Tensor, zeros: Tensor, bits: int, g
             out[lo:hi] = target
         return status
 
-    if dtype == torch.float32:
-        _by_groups(num_groups, group_size, call)
-    else:
-        step = max(1, reference.block_elements(numel) // group_size)
-        for g0 in range(0, num_groups, step):
-            _by_groups(min(num_groups, g0 + step) - g0, group_size,
-                       lambda a, b, g0=g0: call(g0 + a, g0 + b))
+    _by_chunks(num_groups, group_size, numel, dtype, call)
     return out
 
 
