@@ -86,7 +86,7 @@ def cpu_kernels_built() -> bool:
     from gnnact.kernels import cpu
 
     return _self_check(lambda: cpu.library() is not None, "the compiled CPU kernels are not used",
-                       "quantization runs on the torch path on the CPU (same format, 2-4x "
+                       "quantization runs on the torch path on the CPU (same format, 3-5x "
                        "slower; the rounding noise drawn from another stream)")
 
 
