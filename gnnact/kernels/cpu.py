@@ -166,10 +166,11 @@ def _by_groups(num_groups: int, group_size: int, call: Callable[[int, int], int]
     """``call(g0, g1)`` for consecutive ranges of whole groups covering ``num_groups``: one
     range, or one a thread (``torch.get_num_threads()``) when there are enough elements; none
     for none (an empty tensor)."""
-    if num_groups == 0:
+    if num_groups * group_size < 2 * PARALLEL_ELEMENTS:  # (one range: no pool, no list)
+        if num_groups and call(0, num_groups):
+            raise ValueError(f"gnnact CPU kernel: {what}")
         return
-    workers = min(torch.get_num_threads(),
-                  max(1, num_groups * group_size // PARALLEL_ELEMENTS))
+    workers = min(torch.get_num_threads(), num_groups * group_size // PARALLEL_ELEMENTS)
     step = -(-num_groups // workers)
     ranges = [(g0, min(num_groups, g0 + step)) for g0 in range(0, num_groups, step)]
     if len(ranges) == 1:
@@ -212,15 +213,17 @@ def quantize_groups(x: Tensor, bits: int, group_size: int, *, seed: int | None =
     scales = torch.empty(num_groups, dtype=torch.float32)
     zeros = torch.empty_like(scales)
     s0, s1 = split_seed(seed)
+    # Addresses by arithmetic, not by slicing: a slice is a tensor made in Python, and a
+    # small tensor's call would spend more on four of them than on its values.
+    x_ptr, c_ptr, s_ptr, z_ptr = (flat.data_ptr(), codes.data_ptr(), scales.data_ptr(),
+                                  zeros.data_ptr())
 
     def call(g0: int, g1: int) -> int:
         lo, hi = g0 * group_size, min(n, g1 * group_size)
-        h = flat[lo:hi]
-        if h.dtype != torch.float32:
-            h = h.to(torch.float32)
-        return lib.gnnact_quantize(h.data_ptr(), lo, hi - lo, group_size, bits, s0, s1,
-                                   codes[g0].data_ptr(), scales[g0:].data_ptr(),
-                                   zeros[g0:].data_ptr(), bytes_per_group)
+        h = flat[lo:hi].to(torch.float32) if flat.dtype != torch.float32 else None
+        return lib.gnnact_quantize(x_ptr + 4 * lo if h is None else h.data_ptr(), lo, hi - lo,
+                                   group_size, bits, s0, s1, c_ptr + g0 * bytes_per_group,
+                                   s_ptr + 4 * g0, z_ptr + 4 * g0, bytes_per_group)
 
     _by_chunks(num_groups, group_size, n, flat.dtype, call)
     return codes, scales, zeros
@@ -235,14 +238,17 @@ def dequantize_groups(codes: Tensor, scales: Tensor, zeros: Tensor, bits: int, g
     bytes_per_group = codes.shape[1]
     num_groups = codes.shape[0]
     out = torch.empty(numel, dtype=dtype)
+    c_ptr, s_ptr, z_ptr, o_ptr = (codes.data_ptr(), scales.data_ptr(), zeros.data_ptr(),
+                                  out.data_ptr())  # (addresses by arithmetic, as above)
 
     def call(g0: int, g1: int) -> int:
         lo, hi = g0 * group_size, min(numel, g1 * group_size)
-        target = out[lo:hi] if dtype == torch.float32 else torch.empty(hi - lo)
-        status = lib.gnnact_dequantize(codes[g0].data_ptr(), scales[g0:].data_ptr(),
-                                       zeros[g0:].data_ptr(), hi - lo, group_size, bits,
-                                       bytes_per_group, target.data_ptr())
-        if dtype != torch.float32:
+        target = None if dtype == torch.float32 else torch.empty(hi - lo)
+        status = lib.gnnact_dequantize(c_ptr + g0 * bytes_per_group, s_ptr + 4 * g0,
+                                       z_ptr + 4 * g0, hi - lo, group_size, bits,
+                                       bytes_per_group,
+                                       o_ptr + 4 * lo if target is None else target.data_ptr())
+        if target is not None:
             out[lo:hi] = target
         return status
 
@@ -256,11 +262,11 @@ def sign_mask(x: Tensor, out: Tensor, mode: int, s: float) -> Tensor:
     lib = library()
     n = x.numel()
     data = torch.empty((n + 7) // 8, dtype=torch.uint8)
+    x_ptr, o_ptr, d_ptr = x.data_ptr(), out.data_ptr(), data.data_ptr()
 
     def call(k0: int, k1: int) -> int:  # (octets k0 .. k1 - 1)
         lo, hi = 8 * k0, min(n, 8 * k1)
-        return lib.gnnact_sign_mask(x[lo:].data_ptr(), out[lo:].data_ptr(), data[k0:].data_ptr(),
-                                    hi - lo, mode, s)
+        return lib.gnnact_sign_mask(x_ptr + 4 * lo, o_ptr + 4 * lo, d_ptr + k0, hi - lo, mode, s)
 
     _by_groups(data.numel(), 8, call, f"mode must be 0, 1 or 2, got {mode}")
     return data
@@ -272,11 +278,11 @@ def apply_packed_mask(x: Tensor, data: Tensor, out: Tensor, mode: int, s: float)
     lib = library()
     n = x.numel()
     data = data.contiguous()
+    x_ptr, d_ptr, o_ptr = x.data_ptr(), data.data_ptr(), out.data_ptr()
 
     def call(k0: int, k1: int) -> int:
         lo, hi = 8 * k0, min(n, 8 * k1)
-        return lib.gnnact_apply_mask(x[lo:].data_ptr(), data[k0:].data_ptr(),
-                                     out[lo:].data_ptr(), hi - lo, mode, s)
+        return lib.gnnact_apply_mask(x_ptr + 4 * lo, d_ptr + k0, o_ptr + 4 * lo, hi - lo, mode, s)
 
     _by_groups((n + 7) // 8, 8, call, f"mode must be 0, 1 or 2, got {mode}")
     return out

@@ -61,6 +61,7 @@ from gnnact.ops.probe import active_probe, restore
 from gnnact.ops.state import ForwardState, forward_state
 from gnnact.quant import PackedMask, PackedTensor, pack_mask, quantize, unpack_mask
 from gnnact.quant.backends import mask_backend
+from gnnact.quant.core import FLOAT_DTYPES
 from gnnact.quant.mixed import MixedPackedTensor, allocate_rows, quantize_rows
 from gnnact.quant.packed import QUANT_BITS
 from gnnact.quant.reference import MASK_MUL, MASK_SELECT, MASK_ZERO, combine_mask
@@ -564,9 +565,12 @@ def save_context(ctx: Any, config: Config, *items: Entry) -> None:
                     tensors.extend(t for t in parts if t is not None)
                 slots.append(("derived", start, layout))
                 continue
-            item = None if x is None else shared_quantize(x, bits, config, *role)
-            if isinstance(item, PackedTensor) and item.is_passthrough and item.codes is x:
-                item = x
+            if x is not None and bits == 32 and x.dtype in FLOAT_DTYPES:
+                item = x  # (what shared_quantize would keep: the tensor itself, by reference)
+            else:
+                item = None if x is None else shared_quantize(x, bits, config, *role)
+                if isinstance(item, PackedTensor) and item.is_passthrough and item.codes is x:
+                    item = x
         if item is None:
             slots.append(None)
         elif isinstance(item, Tensor):
