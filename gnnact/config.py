@@ -19,9 +19,9 @@ AUTO_START = 2
 
 #: Bytes below which a tensor is kept as it is (``Config.min_bytes=None``): 256 KiB, 64Ki
 #: float32 values. Compressing a tensor costs a fixed time (its op's bookkeeping and the
-#: quantizer's calls: 0.5–0.7 ms on a CPU core with the torch quantizer, 165–171 µs with the
-#: compiled one) plus a time per value (9–13 ns, and 2.4–3.4 ns); below 43–71K values
-#: (170–280 kB) the fixed part is the larger either way (``benchmarks/bench_floor.py``, rows
+#: quantizer's calls: 0.5–0.7 ms on a CPU core with the torch quantizer, 118–124 µs with the
+#: compiled one) plus a time per value (9–13 ns, and 2.5–3.6 ns); below 33–60K values
+#: (130–240 kB) the fixed part is the larger either way (``benchmarks/bench_floor.py``, rows
 #: ``floor.jsonl``: 256 KiB is the power of two above), and the bytes at stake, at most 256
 #: KiB a tensor, are negligible beside any device's memory.
 MIN_BYTES = 256 << 10
