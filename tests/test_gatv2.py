@@ -8,6 +8,7 @@
 * what the layer keeps at 2 bits, byte for byte, with no ``E x H x C`` tensor (PyG keeps
   several);
 * unbiasedness of the weight gradients at 2 bits;
+* input features that need no gradient restored once for ``lin_l``, ``lin_r`` and ``res``;
 * ``gnnact.convert`` on PyG's ``GAT(v2=True)``: the twin is swapped in, keeps several times
   less than the generic pipeline did, and trains.
 """
@@ -44,6 +45,7 @@ from gnnact.data import synthetic_graph
 from gnnact.memory import breakdown, saved_tensors
 from gnnact.nn.conv.gatv2_conv import GATv2Conv
 from gnnact.nn.convert import CONVERSIONS
+from gnnact.ops import dense
 from gnnact.ops import gatv2 as gatv2_ops
 from gnnact.ops.gatv2 import gatv2_attention
 from gnnact.ops.graph import Graph, graph_cache_for
@@ -698,3 +700,48 @@ def test_converted_gat_v2_trains():
         optimizer.step()
         losses.append(float(loss))
     assert losses[-1] < 0.7 * losses[0], losses
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_input_features_restored_once_for_both_projections(monkeypatch, residual):
+    """At 2 bits, on features that need no gradient, ``lin_l``, ``lin_r`` (and ``res``) are one
+    linear map over their stacked weights: backward restores ``x`` once, where each map
+    restored it; the values are the separate maps' (same packed copy of ``x``) up to float
+    summation order."""
+    config = Config(bits=2, min_bytes=0)
+    _, ours = _pair(config, in_channels=F_IN, out_channels=4, heads=3, residual=residual)
+    ours = ours.float()
+    x, ei = _feats(N, F_IN).float(), _edges()
+    restores = []
+    original = GATv2Conv._project
+
+    def run() -> tuple[Tensor, list[Tensor]]:
+        ours.zero_grad()
+        torch.manual_seed(0)
+        out = ours(x, ei)
+        out.pow(2).sum().backward()
+        return out, [p.grad.clone() for p in ours.parameters()]
+
+    def count(load):  # the linear maps' restores of their context
+        def spy(ctx, *args, **kwargs):
+            restores.append(ctx)
+            return load(ctx, *args, **kwargs)
+        return spy
+
+    monkeypatch.setattr(dense, "load_context", count(dense.load_context))
+    out, grads = run()
+    stacked = len(restores)
+    restores.clear()
+    monkeypatch.setattr(GATv2Conv, "_project_all",
+                        lambda self, lins, x: [original(self, lin, x) for lin in lins])
+    ref_out, ref_grads = run()
+    assert (stacked, len(restores)) == (1, 3 if residual else 2)
+    torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=1e-6)
+    for g, h in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(g, h, rtol=1e-5, atol=1e-5)
+    # Where x needs a gradient, the maps stay separate: the stacked weight would be kept.
+    monkeypatch.undo()
+    monkeypatch.setattr(dense, "load_context", count(dense.load_context))
+    restores.clear()
+    ours(x.clone().requires_grad_(), ei).sum().backward()
+    assert len(restores) == (3 if residual else 2)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+import torch
 import torch_geometric.nn as pyg_nn
 from torch import Tensor
 from torch_geometric.typing import Adj, OptTensor, PairTensor, SparseTensor
@@ -44,8 +45,9 @@ class GATv2Conv(CompressedConv, pyg_nn.GATv2Conv):
     ``gnnact.ops.gatv2.gatv2_attention``):
 
     * the layer input :math:`\mathbf{x}` at :math:`b` bits (or by reference when it is a
-      resident input), one packed copy shared by ``lin_l``, ``lin_r`` and ``res``; with
-      bipartite input the target features too;
+      resident input), one packed copy shared by ``lin_l``, ``lin_r`` and ``res`` (restored
+      once for the three when :math:`\mathbf{x}` needs no gradient: one product over their
+      stacked weights); with bipartite input the target features too;
     * :math:`\mathbf{\Theta}_s\mathbf{x}` (:math:`N \times H C`) at :math:`b` bits twice: the
       shared copy, and one rounded independently that only :math:`\nabla\mathbf{a}` reads
       (one rounding read by both factors of :math:`\nabla\mathbf{a}` would bias it by its
@@ -163,6 +165,26 @@ class GATv2Conv(CompressedConv, pyg_nn.GATv2Conv):
         """``lin(x)`` keeping ``x`` compressed (shared with every other consumer of ``x``)."""
         return ops.linear(x, linear_weight(lin, x), lin.bias, self.config)
 
+    def _project_all(self, lins: list[Any], x: Tensor) -> list[Tensor]:
+        r"""``[lin(x) for lin in lins]``, by one linear map over their stacked weights when
+        ``x`` is compressed: each map's backward restored the shared copy of ``x`` on its own
+        (on CiteSeer's 49 MB dropped-out features, a second full restore a step); stacked,
+        backward restores it once and reads it in one product,
+        :math:`\nabla [W_l; W_r] = [\nabla Y_l, \nabla Y_r]^\top \hat X`. Only for an
+        ``x`` that needs no gradient (the input features, the largest): :math:`\nabla X` would
+        need the stacked weight kept, a copy where the parameters cost nothing. Exact runs
+        (``Config(bits=32)``) keep PyG's separate products, and their rounding."""
+        if (len(lins) == 1 or x.requires_grad or self.config.exact
+                or self.config.keeps(x)):
+            return [self._project(lin, x) for lin in lins]
+        weights = [linear_weight(lin, x) for lin in lins]
+        bias = None
+        if any(lin.bias is not None for lin in lins):  # (res has none: zeros in its place)
+            bias = torch.cat([w.new_zeros(w.size(0)) if lin.bias is None else lin.bias
+                              for lin, w in zip(lins, weights, strict=True)])
+        out = ops.linear(x, torch.cat(weights), bias, self.config)
+        return list(out.split([w.size(0) for w in weights], dim=-1))
+
     def forward(  # type: ignore[override]
         self,
         x: Tensor | PairTensor,
@@ -194,10 +216,13 @@ class GATv2Conv(CompressedConv, pyg_nn.GATv2Conv):
         H, C = self.heads, self.out_channels
         res: Tensor | None = None
         if isinstance(x, Tensor):
+            lins = [self.lin_l, *(() if self.share_weights else (self.lin_r,)),
+                    *(() if self.res is None else (self.res,))]
+            projected = self._project_all(lins, x)
             if self.res is not None:
-                res = self._project(self.res, x)
-            x_l = self._project(self.lin_l, x).view(-1, H, C)
-            x_r = x_l if self.share_weights else self._project(self.lin_r, x).view(-1, H, C)
+                res = projected.pop()
+            x_l = projected[0].view(-1, H, C)
+            x_r = x_l if self.share_weights else projected[1].view(-1, H, C)
         else:
             x_l, x_r = x
             if x_r is None:
