@@ -77,34 +77,6 @@ def test_converted_conv_equals_pyg_bit_for_bit_in_chunks(cls):
         assert (a is None and b is None) or torch.equal(a, b)
 
 
-@pytest.mark.parametrize("cls", DECOMPOSABLE, ids=lambda c: c.__name__)
-def test_blocks_written_into_one_output_when_no_gradient(cls, monkeypatch):
-    """Messages that need no gradient (input features that need none, evaluation): each
-    block's sum goes into its columns of one output instead of a concatenation; the same
-    values bit for bit, and the parameters' gradients too."""
-    pyg = make(cls)
-    ours = gnnact.convert(copy.deepcopy(pyg), gnnact.Config(bits=32))
-    written = []
-    complete = chunked_module._IntoColumns.complete
-    monkeypatch.setattr(chunked_module._IntoColumns, "complete",
-                        lambda self, outs: written.append(complete(self, outs)) or written[-1])
-    x, *rest = inputs(cls)
-    want, got = pyg(x, *rest), ours(x, *rest)
-    assert ours.propagate.last_chunks > 1
-    assert torch.equal(want, got)
-    if want.requires_grad:  # (parameters: none in LGConv, SimpleConv)
-        grad = torch.randn_like(want)
-        want_grads = torch.autograd.grad(want, list(pyg.parameters()), grad, allow_unused=True)
-        got_grads = torch.autograd.grad(got, list(ours.parameters()), grad, allow_unused=True)
-        for a, b in zip(want_grads, got_grads, strict=True):
-            assert (a is None and b is None) or torch.equal(a, b)
-    with torch.no_grad():
-        assert torch.equal(pyg(x, *rest), ours(x, *rest))
-    # Propagating the input itself (as these do), every block was written in place.
-    if cls.__name__ in ("GINConv", "GraphConv", "ChebConv", "SimpleConv", "LGConv"):
-        assert written and all(written), written
-
-
 def test_pairs_and_bipartite_graphs_equal_pyg():
     g = torch.Generator().manual_seed(2)
     x_src, x_dst = torch.randn(N, F, generator=g), torch.randn(50, F, generator=g)

@@ -18,10 +18,7 @@ the message and the aggregation act on every feature column on its own,
     \qquad k = \lceil E / N_{\mathrm{src}} \rceil \text{ (at most } F\text{)}.
 
 Every output value is the same sum over the same edges in the same order, so the result and
-its gradient equal PyG's bit for bit. Where the messages need no gradient (the input
-features' propagation, evaluation) and the aggregation is a sum, each block is summed straight
-into its columns of one output rather than concatenated afterwards (a copy of the whole output,
-:class:`_IntoColumns`). This is PyG's own feature decomposition
+its gradient equal PyG's bit for bit. This is PyG's own feature decomposition
 (``decomposed_layers``), which fails on ``(source, target)`` pairs, as ``GINConv`` and
 ``GraphConv`` pass ``x``.
 
@@ -218,78 +215,10 @@ class FeatureChunks(_Chunks):
         # gradients once (slicing would make a full-size zero gradient per block).
         pieces = {n: _split(kwargs[n], step) for n in names}
         self.last_chunks = len(pieces[names[0]])
-        columns = _IntoColumns.fits(self.conv, kwargs, _source(kwargs[names[0]]).size(-1))
-        if columns is not None:
-            self.conv.aggregate = columns  # (an instance attribute: PyG's propagate calls it)
-        try:
-            outs = [self._propagate(edge_index, size,
-                                    {**kwargs, **{n: p[i] for n, p in pieces.items()}})
-                    for i in range(self.last_chunks)]
-        finally:
-            if columns is not None:
-                del self.conv.aggregate
-        if columns is not None and columns.complete(outs):
-            return columns.out
+        outs = [self._propagate(edge_index, size,
+                                {**kwargs, **{n: p[i] for n, p in pieces.items()}})
+                for i in range(self.last_chunks)]
         return torch.cat(outs, dim=-1)
-
-
-class _IntoColumns:
-    r"""A conv's ``aggregate`` while :class:`FeatureChunks` runs a call whose messages need no
-    gradient (the input features' propagation, evaluation): each block's sum scattered into its
-    own columns of one output (PyG's ``new_zeros(...).scatter_add_``, on a column view: every
-    value the same sum in the same order), where ``torch.cat`` put the blocks' outputs
-    together, a copy of the whole output: on CiteSeer's 3,703 features a fresh 49 MB tensor,
-    24 ms a ChebConv propagation on a CPU core, mostly page faults. A block that comes
-    otherwise (a ``ptr``, no ``dim_size``, messages that need a gradient) is PyG's own, and the
-    call's blocks are concatenated as before."""
-
-    def __init__(self, conv: MessagePassing, width: int) -> None:
-        self.conv, self.width = conv, width
-        self.out: Tensor | None = None
-        self.filled = 0  # columns written so far
-
-    @classmethod
-    def fits(cls, conv: MessagePassing, kwargs: dict[str, Any],
-             width: int) -> _IntoColumns | None:
-        """One for this call of ``conv`` (``width`` columns in all) if it takes it: a sum
-        aggregation, PyG's own
-        ``aggregate`` and ``update``, one decomposed layer, and no argument that needs a
-        gradient (an in-place scatter into a shared output would record a full-size copy per
-        block in backward)."""
-        tensors = [t for v in kwargs.values()
-                   for t in (v if isinstance(v, (tuple, list)) else (v,))
-                   if isinstance(t, Tensor)]
-        if (type(conv.aggr_module) is not pyg_aggr.SumAggregation
-                or type(conv).aggregate is not MessagePassing.aggregate
-                or type(conv).update is not MessagePassing.update
-                or conv.decomposed_layers != 1 or "aggregate" in conv.__dict__
-                or (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))):
-            return None
-        return cls(conv, width)
-
-    def __call__(self, inputs: Tensor, index: Tensor, ptr: Tensor | None = None,
-                 dim_size: int | None = None) -> Tensor:
-        dim = self.conv.node_dim % max(inputs.dim(), 1)
-        if (self.filled < 0 or ptr is not None or dim_size is None or inputs.requires_grad
-                or inputs.dim() < 2 or dim == inputs.dim() - 1):
-            self.filled = -1  # (from here PyG's own; the blocks are put together by torch.cat)
-            return MessagePassing.aggregate(self.conv, inputs, index, ptr, dim_size)
-        if self.out is None:
-            size = list(inputs.shape)
-            size[dim], size[-1] = dim_size, self.width
-            self.out = inputs.new_zeros(size)
-        view = self.out.narrow(-1, self.filled, inputs.size(-1))
-        shape = [1] * inputs.dim()
-        shape[dim] = -1
-        view.scatter_add_(dim, index.view(shape).expand_as(inputs), inputs)
-        self.filled += inputs.size(-1)
-        return view
-
-    def complete(self, outs: list[Any]) -> bool:
-        """Whether every block of the call was written into :attr:`out` and came back as its
-        view (``update`` left it as it is)."""
-        return (self.out is not None and self.filled == self.width
-                and all(isinstance(o, Tensor) and o._base is self.out for o in outs))
 
 
 class TargetChunks(_Chunks):
