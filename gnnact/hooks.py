@@ -355,7 +355,12 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         self._token: Token | None = None
         self.bits: dict[str, int] = {}  # tensor name -> width, set by gnnact.Controller
         self.reset_stats()
-        super().__init__(self._pack_outside_mode, self._unpack)
+        # Autograd calls the hooks from inside the op that saves, which may run in the eager
+        # part of a torch.compile-d model: Dynamo would take each hook's frame for one to
+        # compile (and inductor failed on what it traced of _pack: a converted GIN compiled).
+        # They are host bookkeeping: run as they are.
+        super().__init__(torch.compiler.disable(self._pack_outside_mode),
+                         torch.compiler.disable(self._unpack))
 
     def reset_stats(self) -> None:
         """Zero the tallies and forget what was seen, *e.g.* before measuring one forward."""

@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from test_benchmarks import _script
 from torch import nn
+from torch_geometric.data import Batch
+from torch_geometric.nn import MLP, GINConv, global_add_pool
 from torch_geometric.nn import models as pyg_models
 
 import gnnact
@@ -120,6 +122,49 @@ def test_inductor_follows_eager():
     assert got[0] == pytest.approx(expected[0], rel=1e-5)
     assert max(abs(a - b) for a, b in zip(got, expected, strict=True)) <= 0.05 * spread, (
         got, expected, other)
+
+
+class _GIN(nn.Module):
+    """PyG's GIN recipe in small: ``GINConv`` over PyG ``MLP`` s, ``global_add_pool`` (whose
+    ``int(index.max())`` is a graph break: the rest of the frame runs eagerly, inside the
+    compiled call)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.convs = nn.ModuleList([GINConv(MLP([F_IN if i == 0 else 16, 16, 16]))
+                                    for i in range(2)])
+        self.head = nn.Linear(16, CLASSES)
+
+    def forward(self, x, edge_index, batch):
+        for conv in self.convs:
+            x = conv(x, edge_index).relu()
+        return self.head(global_add_pool(x, batch))
+
+
+@pytest.mark.parametrize("min_bytes", [0, None], ids=["full-passes", "small-passes"])
+def test_saved_tensor_hooks_never_compiled(min_bytes):
+    """Autograd calls the pipeline's (or a small pass's watch's) pack hook from inside the op
+    that saves; in the eager part of a compiled frame Dynamo took the hook's own frame for one
+    to compile, and inductor failed on it (``torch.compile`` of a converted GIN: AttributeError
+    in ``_is_parameter``). No frame Dynamo compiles comes from the hooks; training runs."""
+    batch = Batch.from_data_list([synthetic_graph(20, 3, F_IN, CLASSES, seed=i)
+                                  for i in range(16)])
+    y = torch.arange(16) % CLASSES
+    torch.manual_seed(0)
+    model = gnnact.convert(_GIN(), Config(bits=2, min_bytes=min_bytes))
+    traced: set[str] = set()
+
+    def backend(gm: torch.fx.GraphModule, inputs: list) -> Callable:
+        traced.update(str(node.meta.get("stack_trace", "")) for node in gm.graph.nodes)
+        return gm.forward
+
+    compiled = torch.compile(model, backend=backend)
+    for _ in range(3):
+        loss = F.cross_entropy(compiled(batch.x, batch.edge_index, batch.batch), y)
+        loss.backward()
+        assert torch.isfinite(loss)
+    assert traced and not [t for t in traced if "gnnact/hooks.py" in t
+                           or "gnnact/nn/scope.py" in t]
 
 
 # The speed issue's target (issue 44, item 1): Dynamo captures gnnact's ops in its graphs, with

@@ -212,7 +212,7 @@ class _Watch(torch.autograd.graph.saved_tensors_hooks):
     ``floor`` bytes or more, or one that is no plain strided tensor."""
 
     def __init__(self, floor: int, skip: set[tuple], owners: list[nn.Module]) -> None:
-        super().__init__(self._pack, _same)
+        super().__init__(torch.compiler.disable(self._pack), _same)  # (as the pipeline's)
         self.floor, self.skip, self.owners = floor, skip, owners
         self.over = False
         self.count = self.nbytes = 0
