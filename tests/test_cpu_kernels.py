@@ -166,7 +166,7 @@ def test_mask_kernels_split_among_threads(monkeypatch):
 
 
 def test_mask_ops_take_the_kernels_for_float32_only():
-    assert backends.mask_kernels_agree(-1)
+    assert backends.cpu_mask_kernels_agree()
     assert backends.mask_backend(torch.randn(4)) is cpu
     assert backends.mask_backend(torch.randn(4, dtype=torch.float64)) is reference
 
@@ -186,7 +186,7 @@ def fresh_build(monkeypatch, tmp_path):
     """The library and the backend checks forgotten for the test (and again after it)."""
     monkeypatch.setenv("GNNACT_CACHE", str(tmp_path))
     caches = (cpu.library, cpu.available, cpu.compiler_version, backends.cpu_kernels_built,
-              backends.mask_kernels_agree)
+              backends.cpu_mask_kernels_agree)
     for fn in caches:
         fn.cache_clear()
     yield tmp_path

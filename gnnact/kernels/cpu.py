@@ -164,18 +164,16 @@ def _pool(workers: int, pid: int) -> ThreadPoolExecutor:
 def _by_groups(num_groups: int, group_size: int, call: Callable[[int, int], int],
                what: str = "bits must be in 1-8") -> None:
     """``call(g0, g1)`` for consecutive ranges of whole groups covering ``num_groups``: one
-    range, or one a thread (``torch.get_num_threads()``) when there are enough elements; none
-    for none (an empty tensor)."""
-    if num_groups * group_size < 2 * PARALLEL_ELEMENTS:  # (one range: no pool, no list)
-        if num_groups and call(0, num_groups):
-            raise ValueError(f"gnnact CPU kernel: {what}")
-        return
-    workers = min(torch.get_num_threads(), num_groups * group_size // PARALLEL_ELEMENTS)
-    step = -(-num_groups // workers)
-    ranges = [(g0, min(num_groups, g0 + step)) for g0 in range(0, num_groups, step)]
-    if len(ranges) == 1:
-        statuses = [call(*ranges[0])]
-    else:
+    range, or one a thread (``torch.get_num_threads()``, at most one a group) when there are
+    enough elements; none for none (an empty tensor)."""
+    n = num_groups * group_size
+    workers = (1 if n < 2 * PARALLEL_ELEMENTS  # (threads read for large calls only: most are small)
+               else min(torch.get_num_threads(), n // PARALLEL_ELEMENTS, num_groups))
+    if workers == 1:
+        statuses = [call(0, num_groups)] if num_groups else []
+    else:  # (ceil(num_groups / workers) a range: at least two ranges)
+        step = -(-num_groups // workers)
+        ranges = [(g0, min(num_groups, g0 + step)) for g0 in range(0, num_groups, step)]
         statuses = list(_pool(len(ranges), os.getpid()).map(lambda r: call(*r), ranges))
     if any(statuses):
         raise ValueError(f"gnnact CPU kernel: {what}")

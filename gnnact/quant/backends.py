@@ -21,8 +21,8 @@ from gnnact.quant.packed import DEFAULT_GROUP_SIZE, QUANT_BITS
 from gnnact.quant.rng import hash_uniform
 
 __all__ = ["BACKENDS", "Backend", "check_name", "cpu_kernel_agrees", "cpu_kernels_built",
-           "kernel_agrees", "kernel_matches", "mask_backend", "mask_kernels_agree",
-           "mask_kernels_match", "select"]
+           "cpu_mask_kernels_agree", "kernel_agrees", "kernel_matches", "mask_backend",
+           "mask_kernels_agree", "mask_kernels_match", "select"]
 
 #: The type of a ``backend=`` argument.
 Backend = Literal["auto", "torch", "cupy", "cpu"]
@@ -177,8 +177,7 @@ def mask_backend(x: Tensor) -> ModuleType:
     if x.device.type == "cpu":
         from gnnact.kernels import cpu
 
-        if (x.dtype in cpu.KERNEL_DTYPES and cpu_kernels_built()
-                and mask_kernels_agree(-1)):
+        if x.dtype in cpu.KERNEL_DTYPES and cpu_kernels_built() and cpu_mask_kernels_agree():
             return cpu
         return reference
     from gnnact.kernels import cupy_available
@@ -201,30 +200,38 @@ def _same_values(a: Tensor, b: Tensor) -> bool:
 
 @functools.cache
 def mask_kernels_agree(device_index: int) -> bool:
-    """Whether the fused mask kernels (``cuda/mask.cu`` on GPU ``device_index``; the compiled
-    CPU kernels for index -1: ``sign_mask``, ``apply_packed_mask``) reproduce the torch path
-    for every dtype they take and every mode, in place and not (values with NaN, infinities,
-    signed zeros and subnormals, a length that is no multiple of 32): checked once per device
-    in a process. Where they do not, the mask ops stay on the torch path there, with a warning
-    naming why.
+    """Whether the fused mask kernels (``cuda/mask.cu``: ``sign_mask``, ``apply_packed_mask``)
+    reproduce the torch path on GPU ``device_index`` for every dtype they take and every mode,
+    in place and not (values with NaN, infinities, signed zeros and subnormals, a length that
+    is no multiple of 32): checked once per device in a process. Where they do not, the mask
+    ops stay on the torch path there, with a warning naming why
+    (:func:`cpu_mask_kernels_agree`: the same for the compiled CPU kernels).
 
     Example:
         >>> from gnnact.quant.backends import mask_kernels_agree
         >>> mask_kernels_agree(0)  # doctest: +SKIP
         True
     """
-    if device_index < 0:
-        from gnnact.kernels import cpu as kernels
+    from gnnact.kernels import quantize as kernels
 
-        device, where = torch.device("cpu"), "the compiled CPU kernels"
-    else:
-        from gnnact.kernels import quantize as kernels
-
-        device, where = torch.device("cuda", device_index), f"cuda:{device_index}"
+    device = torch.device("cuda", device_index)
     return _self_check(lambda: mask_kernels_match(kernels, device),
-                       f"the fused mask kernels of {where} are not used",
-                       "ReLU, LeakyReLU and dropout run on the torch path there (same results, "
-                       "more passes)")
+                       f"the fused mask kernels are not used on cuda:{device_index}",
+                       _MASKS_INSTEAD)
+
+
+@functools.cache
+def cpu_mask_kernels_agree() -> bool:
+    """:func:`mask_kernels_agree` for the compiled CPU kernels (float32): checked once in a
+    process."""
+    from gnnact.kernels import cpu
+
+    return _self_check(lambda: mask_kernels_match(cpu, torch.device("cpu")),
+                       "the compiled CPU mask kernels are not used", _MASKS_INSTEAD)
+
+
+_MASKS_INSTEAD = ("ReLU, LeakyReLU and dropout run on the torch path there (same results, more "
+                  "passes)")
 
 
 def mask_kernels_match(kernels: ModuleType, device: torch.device) -> bool:
