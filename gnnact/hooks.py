@@ -429,11 +429,17 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         self._stack = []
 
     # The module hooks are process-wide: only modules run where this pipeline is active count.
+    # Inside a compiled region they trace to nothing (Dynamo cannot read a context variable):
+    # what a compiled graph saves counts for the module whose eager call holds it.
     def _enter_module(self, module: nn.Module, args: Any) -> None:
+        if torch.compiler.is_compiling():
+            return
         if _ACTIVE.get() is self:
             self._stack.append(module)
 
     def _model_called(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        if torch.compiler.is_compiling():
+            return
         if _ACTIVE.get() is self and self._stack == [module]:
             # The model's own call (after _enter_module): its arguments are the pass's inputs,
             # resident whatever backward keeps; any other tensor that needs no gradient (a
@@ -445,6 +451,8 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
                 state.resident = self._inputs  # (the live set: later calls add to it)
 
     def _leave_module(self, module: nn.Module, args: Any, output: Any) -> None:
+        if torch.compiler.is_compiling():
+            return
         if _ACTIVE.get() is self and self._stack and self._stack[-1] is module:
             self._stack.pop()
 

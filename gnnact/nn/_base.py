@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import torch
 from torch import nn
 
 from gnnact.config import Config
+from gnnact.ops import library
 
-__all__ = ["_Compressed", "torchscript_unsupported"]
+__all__ = ["_Compressed", "same_shape", "torchscript_unsupported"]
 
 
 def torchscript_unsupported(module: nn.Module) -> TypeError:
@@ -16,6 +20,11 @@ def torchscript_unsupported(module: nn.Module) -> TypeError:
                      f"({cls.__module__}.{cls.__qualname__}): its forward runs gnnact's autograd "
                      f"Functions on compressed tensors, in eager mode only. Script the model "
                      f"as it was before gnnact.convert instead")
+
+
+def same_shape(x: torch.Tensor, *args: Any, **kwargs: Any) -> list[int]:
+    """``_compiled_shape`` of a layer whose output has its input's shape."""
+    return list(x.shape)
 
 
 def _check_config(config: object) -> None:
@@ -35,6 +44,7 @@ class _Compressed:
     def _init_gnnact(self, config: Config | None) -> None:
         _check_config(config)
         self.config = config or Config()
+        library.bind(self)  # type: ignore[arg-type]
 
     @classmethod
     def supports(cls, module: nn.Module) -> bool:
@@ -49,6 +59,20 @@ class _Compressed:
         module.__class__ = cls
         module._init_gnnact(config)
         return module
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # Inside a compiled frame: one custom operator (gnnact.ops.library), which calls this
+        # very module eagerly at run time; Dynamo traces no further.
+        if torch.compiler.is_compiling():
+            out = library.call_compiled(self, args, kwargs)  # type: ignore[arg-type]
+            if out is not NotImplemented:
+                return out
+        return super().__call__(*args, **kwargs)  # type: ignore[misc]
+
+    def _compiled_shape(self, *args: Any, **kwargs: Any) -> list[int] | None:
+        """The shape of this layer's output for these arguments, for
+        ``gnnact::module_call``'s fake kernel; ``None``: not called that way."""
+        return None
 
     def __prepare_scriptable__(self) -> nn.Module:
         # torch.jit.script calls this on the module and on each of its submodules before

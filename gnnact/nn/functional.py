@@ -305,6 +305,9 @@ _MARKS: dict[Callable, str] = {**dict.fromkeys(EXACT_FUNCTIONS, "exact"),
                                **dict.fromkeys(FINE_FUNCTIONS, "fine"),
                                **dict.fromkeys(GATE_FUNCTIONS, "gate")}
 
+#: What the mode does anything with: under torch.compile, every other call is traced as is.
+_ROUTED = frozenset(HANDLERS) | frozenset(_MARKS)
+
 
 class FunctionalOps(PassMode):
     """Routes the functional calls of :data:`HANDLERS` to gnnact's ops (see the module
@@ -327,16 +330,27 @@ class FunctionalOps(PassMode):
         self.min_bytes = min_bytes
         self.probe: _Probe | None = None  # set by temporary_counts only
 
-    # Never compiled as a frame of its own: under torch.compile, Dynamo compiled this
-    # dispatcher for the functions it routed, recompiled it for each new one, and a converted
-    # GCN compiled on CiteSeer after one on Cora in the same process then failed in ``x.dim()``
-    # (RuntimeError: Boolean value of Tensor with more than one value; bench_speed.py, the
-    # Physics and arxiv-shape cases after Computers alike). It routes calls: nothing to compile.
-    # A mark on the code (Dynamo's ``skip``), not torch.compiler.disable's wrapper, which costs
-    # ~5 µs on each of the ~700 calls of a GIN step, eager or not.
-    @_not_compiled
+    # Inside a compiled frame Dynamo inlines this for every torch call it traces: the calls
+    # gnnact neither routes nor marks are traced as they are (the compiled graph's own saved
+    # tensors go through the pass's pipeline at run time); the others run eagerly, routed as
+    # in eager mode, behind a graph break. Never compiled as a frame of its own (skip_code
+    # below): called from eager code, it routes.
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
+        if torch.compiler.is_compiling() and func not in _ROUTED:
+            return func(*args, **(kwargs or {}))
+        return self._route(func, types, args, kwargs)
+
+    # Under torch.compile, Dynamo compiled this dispatcher for the functions it routed,
+    # recompiled it for each new one, and a converted GCN compiled on CiteSeer after one on
+    # Cora in the same process then failed in ``x.dim()`` (RuntimeError: Boolean value of
+    # Tensor with more than one value; bench_speed.py, the Physics and arxiv-shape cases after
+    # Computers alike). It routes calls: nothing to compile. A mark on the code (Dynamo's
+    # ``skip``), not torch.compiler.disable's wrapper, which costs ~5 µs on each of the ~700
+    # calls of a GIN step, eager or not.
+    @_not_compiled
+    def _route(self, func: Callable, types: Any, args: tuple = (),
+               kwargs: dict | None = None) -> Any:
         # Counted before anything here refers to the input (temporary_counts counts here too).
         counts = (_counts(args[0]) if func in _IN_PLACE and args and type(args[0]) is Tensor
                   else None)
@@ -378,10 +392,10 @@ class CollectingOps(FunctionalOps):
         super().__init__(config_for, marks, min_bytes)
         self.collect = collect
 
-    @_not_compiled  # (as FunctionalOps')
-    def __torch_function__(self, func: Callable, types: Any, args: tuple = (),
-                           kwargs: dict | None = None) -> Any:
-        out = super().__torch_function__(func, types, args, kwargs)
+    @_not_compiled  # (as FunctionalOps._route)
+    def _route(self, func: Callable, types: Any, args: tuple = (),
+               kwargs: dict | None = None) -> Any:
+        out = super()._route(func, types, args, kwargs)
         self.collect(out)
         return out
 
@@ -394,3 +408,11 @@ def _temporary(func: Callable, x: Tensor, counts: tuple[int, int]) -> bool:
     known = temporary_counts().get(func)
     return (known is not None and counts[0] <= known[0] and counts[1] == known[1]
             and x.grad_fn is not None and overwritable(x) and not torch.compiler.is_compiling())
+
+
+# The dispatcher's frame is never compiled on its own (it must route when eager code calls it),
+# yet Dynamo inlines it into the frames it compiles (skip_code, unlike skip, leaves inlining
+# alone). Private: where a PyTorch lacks it, those frames break at each torch call instead.
+_skip_code = getattr(torch._dynamo.eval_frame, "skip_code", None)
+if _skip_code is not None:
+    _skip_code(FunctionalOps.__torch_function__.__code__)

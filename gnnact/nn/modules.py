@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from gnnact import ops
 from gnnact.config import Config
-from gnnact.nn._base import _Compressed
+from gnnact.nn._base import _Compressed, same_shape
 
 __all__ = ["BatchNorm1d", "Dropout", "LeakyReLU", "Linear", "ReLU"]
 
@@ -75,6 +75,9 @@ class Linear(_Compressed, nn.Linear):
 
     def forward(self, x: Tensor) -> Tensor:
         return ops.linear(x, self.weight, self.bias, self.config)
+
+    def _compiled_shape(self, x: Tensor) -> list[int]:
+        return [*x.shape[:-1], self.out_features]
 
 
 class BatchNorm1d(_Compressed, nn.BatchNorm1d):
@@ -130,6 +133,8 @@ class BatchNorm1d(_Compressed, nn.BatchNorm1d):
                          dtype)
         self._init_gnnact(config)
 
+    _compiled_shape = staticmethod(same_shape)
+
     def forward(self, x: Tensor) -> Tensor:
         # The same bookkeeping as torch.nn.modules.batchnorm._BatchNorm.forward.
         self._check_input_dim(x)
@@ -179,6 +184,8 @@ class ReLU(_Compressed, nn.ReLU):
         super().__init__(inplace)
         self._init_gnnact(config)
 
+    _compiled_shape = staticmethod(same_shape)
+
     def forward(self, x: Tensor) -> Tensor:
         return ops.relu(x, config=self.config)
 
@@ -220,6 +227,8 @@ class LeakyReLU(_Compressed, nn.LeakyReLU):
                  config: Config | None = None) -> None:
         super().__init__(negative_slope, inplace)
         self._init_gnnact(config)
+
+    _compiled_shape = staticmethod(same_shape)
 
     def forward(self, x: Tensor) -> Tensor:
         return ops.leaky_relu(x, self.negative_slope, config=self.config)
@@ -263,6 +272,8 @@ class Dropout(_Compressed, nn.Dropout):
                  config: Config | None = None) -> None:
         super().__init__(p, inplace)
         self._init_gnnact(config)
+
+    _compiled_shape = staticmethod(same_shape)
 
     def forward(self, x: Tensor) -> Tensor:
         return ops.dropout(x, self.p, self.training, config=self.config)

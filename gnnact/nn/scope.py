@@ -113,7 +113,7 @@ class _Pass:
         self.scope = scope
         self.root = root  # the converted model
         self.module = module  # the module whose call is the pass: the root or a child
-        self.depth = 1  # converted modules (this one included) running inside the pass
+        self.depth = 1  # calls of ``module`` running (it may call itself)
         self.marks = Marks()  # raised while a loss head (exact) or a tanh (fine) runs
         self.inputs = argument_tensors((args, kwargs))
         self.pipeline: compress_saved_tensors | None = None
@@ -313,21 +313,31 @@ class Scope:
             if not any(_is_scope_hook(h) for h in module._forward_pre_hooks.values()):
                 module.register_forward_pre_hook(functools.partial(self._pre, root=root),
                                                   with_kwargs=True, prepend=True)
-                module.register_forward_hook(self._post, with_kwargs=True, always_call=True)
+                module.register_forward_hook(functools.partial(self._post, root=root),
+                                             with_kwargs=True, always_call=True)
         if isinstance(model, GraphModule):
             _keep_through_copies(model)
 
     # Module hooks, not a wrapped forward: they see the module they run for (a replica made by
-    # DataParallel included) and survive deepcopy and pickling with the model. Under
-    # torch.compile they run eagerly (not eager_op, which takes the pass's mode off the stack
-    # while it runs: these push and pop it): a pass's state is context variables, hooks and a
-    # torch function mode, entered here and left in _post, not a tensor program.
-    @torch.compiler.disable
+    # DataParallel included) and survive deepcopy and pickling with the model. A pass's state is
+    # context variables, hooks and a torch function mode, entered and left eagerly (not eager_op,
+    # which takes the pass's mode off the stack while it runs: these push and pop it). Under
+    # torch.compile the model's own call enters it eagerly, and the children's calls inside the
+    # compiled forward are part of that pass: their hooks trace to nothing, so the forward is
+    # one graph (gnnact's ops in it as custom operators, gnnact.ops.library).
     def _pre(self, module: nn.Module, args: tuple, kwargs: dict, *,
              root: nn.Module | None = None) -> None:
+        if root is not None and torch.compiler.is_compiling():
+            return
+        self._enter(module, args, kwargs, root)
+
+    @torch.compiler.disable
+    def _enter(self, module: nn.Module, args: tuple, kwargs: dict,
+               root: nn.Module | None) -> None:
         active = _PASS.get()
         if active is not None:  # inside a pass (of this model, or of an enclosing one)
-            active.depth += 1
+            if module is active.module:
+                active.depth += 1
             return
         if not torch.is_grad_enabled():
             return  # nothing will be kept
@@ -335,10 +345,16 @@ class Scope:
             return  # a child recomputed inside backward (reentrant checkpointing): no step
         _Pass(self, module if root is None else root, module, args, kwargs).enter()
 
+    def _post(self, module: nn.Module, args: tuple, kwargs: dict, output: Any, *,
+              root: nn.Module | None = None) -> None:
+        if root is not None and torch.compiler.is_compiling():
+            return
+        self._exit(module, output)
+
     @torch.compiler.disable
-    def _post(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+    def _exit(self, module: nn.Module, output: Any) -> None:
         active = _PASS.get()
-        if active is None:
+        if active is None or module is not active.module:
             return
         active.depth -= 1
         if active.depth == 0:

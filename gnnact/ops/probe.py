@@ -225,11 +225,16 @@ class NoiseProbe:
         self._grads, self._reads = {}, {}
         self._alternates = [None] * len(self._alternates)  # (their bytes back at once)
 
-    def _rerun(self, node: Any, grad_inputs: tuple, grad_outputs: tuple) -> None:
+    def finish_with_backward(self) -> None:
+        """Finish when the backward pass running now ends (once). A layer run as a custom
+        operator in a compiled graph (:mod:`gnnact.ops.library`) calls it before its own
+        nested backward: the probe then ends with the outer pass, not the first nested one."""
         if not self.done and not self._queued:
-            # Called once, when the engine has finished this backward pass.
             self._queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._finish)
+
+    def _rerun(self, node: Any, grad_inputs: tuple, grad_outputs: tuple) -> None:
+        self.finish_with_backward()
         grads = self._grads.pop(id(node), grad_outputs)
         entry = self._reads.pop(id(node), None)
         if entry is None:

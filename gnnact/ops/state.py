@@ -22,7 +22,9 @@ Nothing here holds a tensor strongly except :attr:`ForwardState.held`, filled on
 :meth:`ForwardState.hold` (while offloading) and emptied when that ends.
 
 Under :func:`torch.compile` every op that reads or writes these registries runs eagerly, as one
-opaque call (:func:`eager_op`): Dynamo compiles the code between gnnact's ops.
+opaque call (:func:`eager_op`): Dynamo compiles the code between gnnact's ops. A compressed
+layer called from a compiled frame runs all of its ops inside one custom operator instead
+(:mod:`gnnact.ops.library`), with no graph break.
 
 A converted model's pass also runs under a torch function mode (a :class:`PassMode`,
 :class:`gnnact.nn.functional.FunctionalOps`) that routes the model's functional calls to

@@ -11,6 +11,7 @@ from torch_geometric.typing import OptTensor
 
 from gnnact import ops
 from gnnact.config import Config
+from gnnact.nn._base import same_shape
 from gnnact.nn._lazy import linear_weight
 from gnnact.nn.conv.base import CompressedConv
 from gnnact.nn.conv.norm import normalized_graph
@@ -86,6 +87,8 @@ class APPNP(CompressedConv, pyg_nn.APPNP):
         super().reset_parameters()
         self._cached_graph = None
 
+    _compiled_shape = staticmethod(same_shape)
+
     def forward(self, x: Tensor, edge_index: Any, edge_weight: OptTensor = None) -> Tensor:
         if ((self.dropout > 0 and self.training) or x.dim() != 2
                 or self._compressed_reduce() != "sum" or self._takes_pyg_path()):
@@ -145,6 +148,9 @@ class SGConv(CompressedConv, pyg_nn.SGConv):
         super().__init__(in_channels, out_channels, K=K, cached=cached,
                          add_self_loops=add_self_loops, bias=bias, **kwargs)
         self._init_gnnact(config)
+
+    def _compiled_shape(self, x: Tensor, *args: Any, **kwargs: Any) -> list[int]:
+        return [*x.shape[:-1], self.out_channels]
 
     def forward(self, x: Tensor, edge_index: Any, edge_weight: OptTensor = None) -> Tensor:
         if x.dim() != 2 or self._compressed_reduce() != "sum" or self._takes_pyg_path():

@@ -140,6 +140,10 @@ class GATConv(CompressedConv, pyg_nn.GATConv):
         folded = (weight.view(H, C, -1) * self.att_edge.view(H, C, 1)).sum(dim=1)  # [H, D]
         return ops.linear(edge_attr, folded, None, self.config)
 
+    def _compiled_shape(self, x: Tensor, *args: Any, **kwargs: Any) -> list[int] | None:
+        out = self.heads * self.out_channels if self.concat else self.out_channels
+        return [x.size(0), out] if x.dim() == 2 else None
+
     def forward(  # type: ignore[override]
         self,
         x: Tensor | OptPairTensor,

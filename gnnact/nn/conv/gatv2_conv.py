@@ -185,6 +185,10 @@ class GATv2Conv(CompressedConv, pyg_nn.GATv2Conv):
         out = ops.linear(x, torch.cat(weights), bias, self.config)
         return list(out.split([w.size(0) for w in weights], dim=-1))
 
+    def _compiled_shape(self, x: Tensor, *args: Any, **kwargs: Any) -> list[int] | None:
+        out = self.heads * self.out_channels if self.concat else self.out_channels
+        return [x.size(0), out] if x.dim() == 2 else None
+
     def forward(  # type: ignore[override]
         self,
         x: Tensor | PairTensor,

@@ -10,6 +10,7 @@ from torch_geometric.typing import Adj, OptTensor
 
 from gnnact import ops
 from gnnact.config import Config
+from gnnact.nn._base import same_shape
 from gnnact.nn.conv.base import CompressedConv
 from gnnact.nn.conv.gcn_cache import gcn_graph
 from gnnact.ops.gcn2 import gcn2_conv, gcn2_residual
@@ -118,6 +119,8 @@ class GCN2Conv(CompressedConv, pyg_nn.GCN2Conv):
     def reset_parameters(self) -> None:
         super().reset_parameters()  # empties PyG's cache, and so the graph built from it
         self._cached_graph = None
+
+    _compiled_shape = staticmethod(same_shape)
 
     def forward(self, x: Tensor, x_0: Tensor, edge_index: Adj,
                 edge_weight: OptTensor = None) -> Tensor:

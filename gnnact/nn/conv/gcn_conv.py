@@ -89,6 +89,9 @@ class GCNConv(CompressedConv, pyg_nn.GCNConv):
         super().reset_parameters()  # empties PyG's cache, and so the graph built from it
         self._cached_graph = None
 
+    def _compiled_shape(self, x: Tensor, *args: Any, **kwargs: Any) -> list[int]:
+        return [*x.shape[:-1], self.out_channels]
+
     def forward(self, x: Tensor, edge_index: Adj, edge_weight: OptTensor = None) -> Tensor:
         reduce = self._compressed_reduce()
         if isinstance(x, (tuple, list)) or reduce is None or self._takes_pyg_path():

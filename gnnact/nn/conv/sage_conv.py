@@ -92,6 +92,9 @@ class SAGEConv(CompressedConv, pyg_nn.SAGEConv):
                          root_weight=root_weight, project=project, bias=bias, **kwargs)
         self._init_gnnact(config)
 
+    def _compiled_shape(self, x: Tensor, *args: Any, **kwargs: Any) -> list[int] | None:
+        return [x.size(0), self.out_channels] if x.dim() == 2 else None
+
     def forward(self, x: Tensor | OptPairTensor, edge_index: Adj, size: Size = None) -> Tensor:
         reduce = self._compressed_reduce()
         if reduce is None or self._takes_pyg_path():
