@@ -1,6 +1,6 @@
 """Converted models under :func:`torch.compile`: forward and backward run, training follows the
 eager run step for step, and a model's compressed layers are custom operators in one captured
-graph (``gnnact::module_call``, :mod:`gnnact.ops.library`: each runs its layer eagerly inside
+graph (``gnnact::call``, :mod:`gnnact.ops.library`: each runs its layer eagerly inside
 the pass; the graph cache validates an ``edge_index`` once, when it builds the graph).
 
 The CPU tests use the ``aot_eager`` backend: it runs the captured graphs as the same ATen ops
@@ -175,30 +175,27 @@ def test_saved_tensor_hooks_never_compiled(min_bytes):
 # no graph break. Not yet: every gnnact op is an opaque eager call (``eager_op``), the pass's
 # module hooks read a ContextVar, and one break inside PyG's layer loop makes Dynamo run the
 # frame eagerly: ``explain`` finds no op at all. Strict, so the day it passes, this says so.
-@pytest.mark.parametrize("name", [
-    "gcn", "gat",
-    *(pytest.param(name, marks=pytest.mark.slow) for name in ("sage", "gcnii")),
-    # F.relu and F.dropout, which the pass routes to gnnact's ops, run eagerly behind a break.
-    pytest.param("gcn-functional", marks=[pytest.mark.slow, pytest.mark.xfail(
-        strict=True, raises=AssertionError, reason="routed functional calls break the graph")]),
-])
+@pytest.mark.parametrize("name", _models({"gcn", "gat", "gcn-functional", "pyg-GCN"}))
 def test_dynamo_captures_gnnact_ops_without_breaks(name):
     data = _data()
     model = _pair(name, 2)[0]
     explained = torch._dynamo.explain(model)(data.x, data.edge_index)
     captured = [node for graph in explained.graphs for node in graph.graph.nodes
-                if node.target in (torch.ops.gnnact.module_call,
-                                   torch.ops.gnnact.module_call.default)]
+                if node.target in (torch.ops.gnnact.call,
+                                   torch.ops.gnnact.call.default)]
     calls = []
     handles = [m.register_forward_hook(lambda m, i, o: calls.append(m))
                for m in model.modules() if isinstance(m, _Compressed)]
     model(data.x, data.edge_index)
     for handle in handles:
         handle.remove()
-    # One graph, every compressed layer's call an operator in it.
+    # One graph, every compressed layer's call an operator in it (and, in the functional
+    # style, every routed call: F.relu, F.dropout).
     assert explained.graph_count == 1 and explained.graph_break_count == 0, \
         explained.break_reasons
-    assert len(captured) == len(calls) > 0
+    functional = sum(1 for node in captured if node.args[1])
+    assert len(captured) - functional == len(calls) > 0
+    assert functional > 0 if "functional" in name else functional == 0
 
 
 def test_compiled_layer_records_freed_with_the_graph():

@@ -64,14 +64,14 @@ class _Compressed:
         # Inside a compiled frame: one custom operator (gnnact.ops.library), which calls this
         # very module eagerly at run time; Dynamo traces no further.
         if torch.compiler.is_compiling():
-            out = library.call_compiled(self, args, kwargs)  # type: ignore[arg-type]
+            out = library.call_module(self, args, kwargs)  # type: ignore[arg-type]
             if out is not NotImplemented:
                 return out
         return super().__call__(*args, **kwargs)  # type: ignore[misc]
 
     def _compiled_shape(self, *args: Any, **kwargs: Any) -> list[int] | None:
         """The shape of this layer's output for these arguments, for
-        ``gnnact::module_call``'s fake kernel; ``None``: not called that way."""
+        ``gnnact::call``'s fake kernel; ``None``: not called that way."""
         return None
 
     def __prepare_scriptable__(self) -> nn.Module:

@@ -60,10 +60,12 @@ from torch import Tensor, nn
 from gnnact import ops
 from gnnact.compress.gather import mark_gathered
 from gnnact.config import Config
+from gnnact.ops import library
 from gnnact.ops.context import overwritable
 from gnnact.ops.state import PassMode
 
-__all__ = ["EXACT_FUNCTIONS", "FINE_FUNCTIONS", "FLOORED", "GATE_FUNCTIONS", "CollectingOps",
+__all__ = ["CAPTURED", "EXACT_FUNCTIONS", "FINE_FUNCTIONS", "FLOORED", "GATE_FUNCTIONS",
+           "CollectingOps",
            "FunctionalOps", "Marks", "temporary_counts"]
 
 #: Functions whose saved tensors stay exact: the loss head (a softmax, or a sigmoid outside
@@ -305,8 +307,44 @@ _MARKS: dict[Callable, str] = {**dict.fromkeys(EXACT_FUNCTIONS, "exact"),
                                **dict.fromkeys(FINE_FUNCTIONS, "fine"),
                                **dict.fromkeys(GATE_FUNCTIONS, "gate")}
 
-#: What the mode does anything with: under torch.compile, every other call is traced as is.
-_ROUTED = frozenset(HANDLERS) | frozenset(_MARKS)
+#: What the mode does anything with inside a compiled frame; every other call is traced as
+#: is (gathers too: their handlers take none there).
+_ROUTED = (frozenset(HANDLERS) | frozenset(_MARKS)) - {torch.index_select, Tensor.index_select,
+                                                       Tensor.__getitem__}
+
+#: Routed calls that run as one ``gnnact::call`` inside a compiled frame (no graph break), by
+#: the name the operator calls them by: those whose output has their input's shape, and
+#: ``F.linear``. (The losses run eagerly behind a break; so do in-place calls.)
+CAPTURED: dict[Callable, str] = {
+    F.relu: "F.relu", torch.relu: "torch.relu", Tensor.relu: "Tensor.relu",
+    F.leaky_relu: "F.leaky_relu", F.elu: "F.elu", F.dropout: "F.dropout",
+    torch.dropout: "torch.dropout", F.linear: "F.linear", F.batch_norm: "F.batch_norm",
+    F.softmax: "F.softmax", F.log_softmax: "F.log_softmax", torch.softmax: "torch.softmax",
+    torch.log_softmax: "torch.log_softmax", Tensor.softmax: "Tensor.softmax",
+    Tensor.log_softmax: "Tensor.log_softmax", torch.tanh: "torch.tanh", F.tanh: "F.tanh",
+    Tensor.tanh: "Tensor.tanh", torch.sigmoid: "torch.sigmoid", F.sigmoid: "F.sigmoid",
+    Tensor.sigmoid: "Tensor.sigmoid"}
+library.FUNCTIONS.update({name: func for func, name in CAPTURED.items()})
+
+# Where an in-place flag sits among the positional arguments.
+_INPLACE_AT = {F.relu: 1, F.leaky_relu: 2, F.elu: 2, F.dropout: 3}
+
+
+def _captured(island: library.Island, func: Callable, args: tuple, kwargs: dict) -> Any:
+    """``func(*args, **kwargs)`` as ``gnnact::call``, or ``NotImplemented``."""
+    at = _INPLACE_AT.get(func)
+    if kwargs.get("inplace") or (at is not None and len(args) > at and args[at]):
+        return NotImplemented  # (an operator's output may not be its input)
+    x = args[0] if args else None
+    if not isinstance(x, Tensor):
+        return NotImplemented
+    shape = list(x.shape)
+    if func is F.linear:
+        weight = args[1] if len(args) > 1 else kwargs.get("weight")
+        if not isinstance(weight, Tensor) or weight.dim() != 2:
+            return NotImplemented
+        shape[-1] = weight.size(0)
+    return library.call_function(island, CAPTURED[func], args, kwargs, shape)
 
 
 class FunctionalOps(PassMode):
@@ -320,25 +358,35 @@ class FunctionalOps(PassMode):
         min_bytes (int, optional): a call of :data:`FLOORED` whose input has fewer bytes
             runs as PyTorch's (its context kept as is: :attr:`gnnact.Config.floor`).
             (default: :obj:`0`)
+        island (Island, optional): where the calls of :data:`CAPTURED` inside a compiled
+            frame keep their records (:mod:`gnnact.ops.library`); without one they break the
+            graph. (default: :obj:`None`)
     """
 
     def __init__(self, config_for: Callable[[str], Config], marks: Marks,
-                 min_bytes: int = 0) -> None:
+                 min_bytes: int = 0, island: library.Island | None = None) -> None:
         super().__init__()
         self.config_for = config_for
         self.marks = marks
         self.min_bytes = min_bytes
+        self.island = island
         self.probe: _Probe | None = None  # set by temporary_counts only
 
     # Inside a compiled frame Dynamo inlines this for every torch call it traces: the calls
     # gnnact neither routes nor marks are traced as they are (the compiled graph's own saved
-    # tensors go through the pass's pipeline at run time); the others run eagerly, routed as
-    # in eager mode, behind a graph break. Never compiled as a frame of its own (skip_code
-    # below): called from eager code, it routes.
+    # tensors go through the pass's pipeline at run time); those of CAPTURED become one
+    # gnnact::call each, which routes them eagerly at run time (gnnact.ops.library); the rest
+    # run eagerly, routed as in eager mode, behind a graph break. Never compiled as a frame of
+    # its own (skip_code below): called from eager code, it routes.
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
-        if torch.compiler.is_compiling() and func not in _ROUTED:
-            return func(*args, **(kwargs or {}))
+        if torch.compiler.is_compiling():
+            if func not in _ROUTED:
+                return func(*args, **(kwargs or {}))
+            if func in CAPTURED and self.island is not None:
+                out = _captured(self.island, func, args, kwargs or {})
+                if out is not NotImplemented:
+                    return out
         return self._route(func, types, args, kwargs)
 
     # Under torch.compile, Dynamo compiled this dispatcher for the functions it routed,
@@ -388,8 +436,9 @@ class CollectingOps(FunctionalOps):
     nothing for it."""
 
     def __init__(self, config_for: Callable[[str], Config], marks: Marks,
-                 collect: Callable[[Any], None], min_bytes: int = 0) -> None:
-        super().__init__(config_for, marks, min_bytes)
+                 collect: Callable[[Any], None], min_bytes: int = 0,
+                 island: library.Island | None = None) -> None:
+        super().__init__(config_for, marks, min_bytes, island)
         self.collect = collect
 
     @_not_compiled  # (as FunctionalOps._route)

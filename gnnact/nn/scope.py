@@ -34,6 +34,11 @@ inputs at least as large found (:meth:`Scope.small_pass`), runs as PyTorch's: it
 and the graph cache, no mode and no pipeline (on a small graph they cost as much as the
 arithmetic), everything it saves kept as it is and counted (``PassRecord.as_pytorch``).
 
+Under :func:`torch.compile` the model's own call enters and leaves the pass eagerly; inside the
+compiled forward, the children's hooks and the pipeline's module tracking trace to nothing, and
+the compressed layers and routed functional calls are custom operators that make their calls
+eagerly, inside this pass, at run time (:mod:`gnnact.ops.library`): one graph, no break.
+
 A call of one of the model's children made outside the model's own call (a model used through
 its methods: GAE's ``encode`` and ``recon_loss``) is a pass too. Evaluation
 (``torch.no_grad``) runs the plain forward: nothing is kept, so nothing is done. What the last
@@ -63,6 +68,7 @@ from gnnact.hooks import SavedEntry, _is_parameter, active_pipeline, compress_sa
 from gnnact.memory import argument_tensors, storage_key, storage_keys
 from gnnact.nn.functional import CollectingOps, FunctionalOps, Marks
 from gnnact.ops.graph import GraphCache, use_graph_cache
+from gnnact.ops.library import Island
 from gnnact.ops.probe import NoiseProbe, probing
 from gnnact.ops.state import forward_pass
 from gnnact.quant.rng import PassSeeds
@@ -119,6 +125,7 @@ class _Pass:
         self.pipeline: compress_saved_tensors | None = None
         self.enclosing: compress_saved_tensors | None = None  # the caller's pipeline, if any
         self.watch: _Watch | None = None  # a pass run as PyTorch's
+        self.mode: FunctionalOps | None = None  # routes the functional calls
         self.probe: NoiseProbe | None = None
         self._stack = contextlib.ExitStack()
         self._token: Any = None
@@ -151,9 +158,11 @@ class _Pass:
                 pipeline._stack.append(self.module)
             self.pipeline = pipeline
             floor = scope.config.floor
-            stack.enter_context(
-                FunctionalOps(self.config_for, self.marks, floor) if self.probe is None
-                else CollectingOps(self.config_for, self.marks, self.probe.collect, floor))
+            self.mode = stack.enter_context(
+                FunctionalOps(self.config_for, self.marks, floor, scope.island)
+                if self.probe is None
+                else CollectingOps(self.config_for, self.marks, self.probe.collect, floor,
+                                   scope.island))
         except BaseException:
             stack.close()
             raise
@@ -199,6 +208,15 @@ class _Pass:
         assert self.pipeline is not None
         path = self.pipeline._where()[0]
         return self.scope.config_for(path, role)
+
+
+def _route_in_pass(func: Any, *args: Any, **kwargs: Any) -> Any:
+    """``func(*args, **kwargs)`` as the running pass's mode routes it (a functional call of a
+    compiled frame, run by ``gnnact::call``, sees no mode on the stack)."""
+    active = _PASS.get()
+    if active is None or active.mode is None:
+        return func(*args, **kwargs)
+    return active.mode._route(func, (), args, kwargs)
 
 
 def _same(t: Any) -> Any:
@@ -260,6 +278,8 @@ class Scope:
             :class:`gnnact.Controller`.
         graphs (GraphCache): the model's graph cache.
         seeds (PassSeeds): the source of each pass's rounding seeds.
+        island (Island): the records of the routed functional calls that compiled frames make
+            as custom operators (:mod:`gnnact.ops.library`).
         last (PassRecord or None): what the last training forward pass kept.
         small_inputs (WeakKeyDictionary): for the module whose call makes a pass (the model,
             or a child called on its own), the largest element count of each input of its
@@ -274,6 +294,8 @@ class Scope:
         self.graphs = GraphCache()
         self.row_gradients: dict[tuple, Tensor] = {}
         self.seeds = PassSeeds()
+        # The records of functional calls inside compiled frames, routed as in eager mode.
+        self.island = Island(route=_route_in_pass)
         self.last: PassRecord | None = None
         self.small_inputs: weakref.WeakKeyDictionary[nn.Module, tuple[int, ...]] = (
             weakref.WeakKeyDictionary())
@@ -472,6 +494,7 @@ class Scope:
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
+        self.__dict__.setdefault("island", Island(route=_route_in_pass))  # (pickled before)
         self.small_inputs = weakref.WeakKeyDictionary()
         self._buffer_owners = weakref.WeakKeyDictionary()
 

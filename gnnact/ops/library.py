@@ -1,4 +1,5 @@
-r"""gnnact's layers as PyTorch custom operators, for :func:`torch.compile`.
+r"""gnnact's layers and routed functional calls as PyTorch custom operators, for
+:func:`torch.compile`.
 
 A converted model's layers run gnnact's ops, whose context lives outside any tensor program:
 packed copies shared through the registries of the running
@@ -7,35 +8,43 @@ rounding noise from the pass's seeds. Called from a compiled frame, each such op
 break, and a break inside a model's layer loop makes Dynamo give up the whole frame: the
 converted model ran eagerly, whatever ``torch.compile`` was asked.
 
-Here a compressed layer's call inside a compiled frame is **one custom operator**,
-``gnnact::module_call``, with a fake kernel (the layer's output shape, from
-``_compiled_shape``) and an autograd formula (``gnnact::module_backward``). Dynamo traces
+Here a compressed layer's call inside a compiled frame (and a functional call the pass routes,
+``F.relu(x)``, ``F.dropout(x, p, training)``: :data:`gnnact.nn.functional.CAPTURED`) is **one
+custom operator**, ``gnnact::call``, with a fake kernel (the output's shape: a layer's
+``_compiled_shape``) and an autograd formula (``gnnact::call_backward``). Dynamo traces
 through it without a break, and inductor compiles and fuses the model's code around it. At run
-time the operator calls the layer eagerly, inside the pass its model's call opened
-(:mod:`gnnact.nn.scope`): the same ops, the same registries, the same noise stream, so that a
-compiled step computes and keeps what an eager step does, bit for bit. The layer's compressed
-context is what its own autograd record keeps, as in eager mode; the graph holds a
-*ticket*, a one-element tensor that finds that record in the layer's :class:`Island`, and the
-record goes with the ticket: when autograd frees the graph's saved tensors, or when backward
-has read it.
+time the operator makes the call eagerly, inside the pass its model's call opened
+(:mod:`gnnact.nn.scope`; a functional call routed by that pass's mode): the same ops, the same
+registries, the same noise stream, so that a compiled step computes and keeps what an eager
+step does, bit for bit. The compressed context is what the call's own autograd record keeps,
+as in eager mode; the graph holds a *ticket*, a one-element tensor that finds that record in
+the call's :class:`Island`, and the record goes with the ticket: when autograd frees the
+graph's saved tensors, or when backward has read it.
 
 .. math::
-    \text{forward:}\quad (Y, \tau) = \text{module\_call}(X_1, \dots, X_k, \Theta), \qquad
-    \text{backward:}\quad (\nabla X_i, \nabla\Theta) = \text{module\_backward}(\tau,
+    \text{forward:}\quad (Y, \tau) = \text{call}(X_1, \dots, X_k, \Theta), \qquad
+    \text{backward:}\quad (\nabla X_i, \nabla\Theta) = \text{call\_backward}(\tau,
     \nabla Y),
 
 with :math:`\Theta` the layer's parameters that need a gradient (inputs of the operator so
-that the compiled graph routes their gradients) and :math:`\tau` the ticket.
+that the compiled graph routes their gradients) and :math:`\tau` the ticket (8 bytes, counted
+in the pass's context).
 
-A layer is called this way when every argument is a strided tensor or ``None`` and the layer
-knows its output's shape; any other call (a bipartite pair, ``return_attention_weights``,
-a ``SparseTensor``) runs as before, as an eager call behind a graph break.
+A call is made this way when every argument is a strided tensor, ``None`` or a plain constant
+(a bool, int, finite float or string) and its output's shape is known; any other (a bipartite
+pair, ``return_attention_weights``, a ``SparseTensor``, an in-place call) runs as before, as an
+eager call behind a graph break.
 """
 
 from __future__ import annotations
 
+import ast
+import copy
+import functools
 import itertools
+import math
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -45,7 +54,7 @@ from torch.autograd.graph import get_gradient_edge
 from gnnact.ops.context import mark_own
 from gnnact.ops.probe import active_probe
 
-__all__ = ["Island", "available", "bind", "call_compiled"]
+__all__ = ["FUNCTIONS", "Island", "available", "bind", "call_function", "call_module"]
 
 try:  # opaque objects as custom-operator arguments: PyTorch 2.10 and later
     from torch._library.opaque_object import register_opaque_type
@@ -55,26 +64,40 @@ except ImportError:  # pragma: no cover (older PyTorch: layers break the graph, 
 
 
 class Island(OpaqueBase):  # type: ignore[misc,valid-type]
-    """A compressed layer's handle inside compiled graphs: the layer, and the autograd records
-    of its calls made through ``gnnact::module_call`` whose backward has not run yet, by
-    ticket. Kept on the layer (``module.__dict__``); a copy of the layer gets a handle of its
-    own with no records."""
+    """The handle of a compressed layer (or of a converted model's functional calls) inside
+    compiled graphs: the layer, and the autograd records of its calls made through
+    ``gnnact::call`` whose backward has not run yet, by ticket. Kept on the layer
+    (``module.__dict__``), or on the model's scope; a copy gets a handle of its own with no
+    records.
 
-    def __init__(self, module: nn.Module) -> None:
+    Args:
+        module (torch.nn.Module, optional): the layer. (default: :obj:`None`: functional
+            calls)
+        route (callable, optional): ``route(func, *args, **kwargs)`` runs a functional call at
+            run time (the pass's routing: the operator runs with no torch function mode on
+            the stack). (default: :obj:`None`: ``func`` itself)
+    """
+
+    def __init__(self, module: nn.Module | None = None,
+                 route: Callable[..., Any] | None = None) -> None:
         self.module = module  # (a cycle through the module's __dict__: collected with it)
+        self.route = route
         self.records: dict[int, tuple] = {}
         self._tickets = itertools.count()
 
     def __getstate__(self) -> dict:
-        return {"module": self.module}
+        return {"module": self.module, "route": self.route}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["module"])  # type: ignore[misc]
+        self.__init__(state["module"], state["route"])  # type: ignore[misc]
 
     def __deepcopy__(self, memo: dict) -> Island:
-        import copy
+        return Island(copy.deepcopy(self.module, memo), self.route)
 
-        return Island(copy.deepcopy(self.module, memo))
+    @property
+    def name(self) -> str:
+        """What the records are of, for messages."""
+        return "a functional call" if self.module is None else type(self.module).__name__
 
     def record(self, out: Tensor, inputs: list) -> Tensor:
         """Keep ``out``'s autograd record for backward; the ticket that finds it. In a probe
@@ -132,35 +155,48 @@ class _RecordingGrad:
         self._guard.__exit__(*exc)
 
 
-def _split(args: list[Tensor], present: list[bool], names: str) -> tuple[list, dict]:
-    """The call's positional and keyword arguments: ``args`` where ``present``, ``None``
-    elsewhere (an operator's argument list holds tensors only, for their gradients), the
-    last ones named by ``names``."""
-    given = iter(args)
-    args = [next(given) if here else None for here in present]
+#: Functions ``gnnact::call`` calls by name (a converted model's routed functional calls,
+#: :mod:`gnnact.nn.functional`): ``name -> function``.
+FUNCTIONS: dict[str, Callable[..., Any]] = {}
+
+
+def _arguments(args: list[Tensor], layout: str, names: str,
+               consts: str) -> tuple[list, dict]:
+    """The call's positional and keyword arguments from an operator's: one character of
+    ``layout`` per argument, ``t`` the next of ``args`` (an operator's tensor list holds
+    tensors only, for their gradients), ``n`` ``None``, ``c`` the next of the constants
+    (``consts``, a Python literal list); the last ones named by ``names``."""
+    tensors = iter(args)
+    values = iter(ast.literal_eval(consts) if consts else ())
+    every = [next(tensors) if kind == "t" else None if kind == "n" else next(values)
+             for kind in layout]
     keys = names.split(",") if names else []
-    cut = len(args) - len(keys)
-    return args[:cut], dict(zip(keys, args[cut:], strict=True))
+    cut = len(every) - len(keys)
+    return every[:cut], dict(zip(keys, every[cut:], strict=True))
 
 
-def _parameters(module: nn.Module) -> list[nn.Parameter]:
-    return [p for p in module.parameters() if p.requires_grad]
+def _parameters(module: nn.Module | None) -> list[nn.Parameter]:
+    return [] if module is None else [p for p in module.parameters() if p.requires_grad]
 
 
-@torch.library.custom_op("gnnact::module_call", mutates_args=())
-def module_call(island: Island, args: list[Tensor], present: list[bool], names: str,
-                params: list[Tensor], needs: list[bool], grad: bool,
-                shape: list[int]) -> list[Tensor]:
-    """``island.module(*args)`` eagerly (``present``: where the call has a tensor rather than
-    ``None``; ``names``: the keywords of its last arguments, joined by commas),
-    in grad mode as traced (``grad``), recorded for backward when an argument (``needs``) or
-    a parameter needs a gradient; ``[output, ticket]``."""
-    module = island.module
-    positional, keywords = _split(args, present, names)
+@torch.library.custom_op("gnnact::call", mutates_args=())
+def call(island: Island, fn: str, args: list[Tensor], layout: str, names: str, consts: str,
+         params: list[Tensor], needs: list[bool], grad: bool, shape: list[int]) -> list[Tensor]:
+    """``island.module(...)`` (``fn`` empty) or ``FUNCTIONS[fn](...)`` eagerly, on the
+    arguments :func:`_arguments` puts together, in grad mode as traced (``grad``), recorded
+    for backward when an argument (``needs``) or a parameter (``params``, the module's) needs
+    a gradient; ``[output, ticket]``."""
+    if not fn:
+        target = island.module
+    elif island.route is None:
+        target = FUNCTIONS[fn]
+    else:
+        target = functools.partial(island.route, FUNCTIONS[fn])
+    positional, keywords = _arguments(args, layout, names, consts)
     wanted = [t for t, need in zip(args, needs, strict=True) if need]
     if not (wanted or params):  # nothing to record (in grad mode ops still note what they
         with torch.set_grad_enabled(grad):  # derive from the input: a dropout's mask, say)
-            return [_own(module(*positional, **keywords), args), torch.tensor(-1)]
+            return [_own(target(*positional, **keywords), args), torch.tensor(-1)]
     flipped = [t for t in wanted if not t.requires_grad]
     with _RecordingGrad():
         # The arguments themselves become the record's leaves (not detached aliases): the
@@ -168,13 +204,15 @@ def module_call(island: Island, args: list[Tensor], present: list[bool], names: 
         for t in flipped:
             t.requires_grad_(True)
         try:
-            out = module(*positional, **keywords)
-            inputs = [get_gradient_edge(t) for t in [*wanted, *_parameters(module)]]
+            out = target(*positional, **keywords)
+            inputs = [get_gradient_edge(t)
+                      for t in [*wanted, *_parameters(None if fn else island.module)]]
         finally:
             for t in flipped:
                 t.requires_grad_(False)
+        out = _own(out, args)  # (inside: a copy of an argument is recorded)
         if not out.requires_grad:  # nothing reached the output: no record to keep
-            return [_own(out, args), torch.tensor(-1)]
+            return [out, torch.tensor(-1)]
         ticket = island.record(out, inputs)
         # Detached in place when it can be, so that it stays the object the pass registered
         # (a BatchNorm output the next layer rebuilds rather than keeps, say). (Inside: the
@@ -188,39 +226,46 @@ def module_call(island: Island, args: list[Tensor], present: list[bool], names: 
 
 def _own(out: Tensor, args: list[Tensor]) -> Tensor:
     """``out`` itself (the object the pass may have registered), or a copy where it is one of
-    the arguments (a layer that returns its input: dropout in evaluation), which an
-    operator's output may not be."""
-    return out.clone() if any(out is t for t in args) else out
+    the arguments or a view of one (a layer that returns its input: dropout in evaluation, or
+    with ``p=0``), which an operator's output may not be."""
+    ptr = out.untyped_storage().data_ptr()
+    return out.clone() if any(t.untyped_storage().data_ptr() == ptr for t in args) else out
 
 
-@module_call.register_fake
-def _(island: Island, args: list[Tensor], present: list[bool], names: str,
+@call.register_fake
+def _(island: Island, fn: str, args: list[Tensor], layout: str, names: str, consts: str,
       params: list[Tensor], needs: list[bool], grad: bool, shape: list[int]) -> list[Tensor]:
     x = args[0]
     return [x.new_empty(shape), x.new_empty((), dtype=torch.int64)]
 
 
-@torch.library.custom_op("gnnact::module_backward", mutates_args=())
-def module_backward(island: Island, ticket: Tensor, grad: Tensor, shapes: list[int],
-                    ranks: list[int]) -> list[Tensor]:
+@torch.library.custom_op("gnnact::call_backward", mutates_args=())
+def call_backward(island: Island, ticket: Tensor, grad: Tensor, shapes: list[int],
+                  ranks: list[int]) -> list[Tensor]:
     """The gradients of the arguments that needed one, then of the parameters, from the
     record ``ticket`` finds (read once: its buffers are freed)."""
     record = island.records.pop(int(ticket), None)
     if record is None:
         raise RuntimeError(
-            f"gnnact: backward through {type(island.module).__name__} a second time, or after "
-            f"its record was freed: a compressed layer's record is read once (call backward "
-            f"once per forward pass)")
+            f"gnnact: backward through {island.name} a second time, or after its record was "
+            f"freed: a compressed layer's record is read once (call backward once per forward "
+            f"pass)")
     out_edge, inputs, probe = record
     if probe is not None:  # (it ends with the backward pass this one runs inside)
         probe.finish_with_backward()
     grads = torch.autograd.grad([out_edge], inputs, [grad], allow_unused=True)
-    sizes = _shapes(shapes, ranks)
-    return [grad.new_zeros(size) if g is None else g
-            for g, size in zip(grads, sizes, strict=True)]
+    out, taken = [], {grad.untyped_storage().data_ptr()}
+    for g, size in zip(grads, _shapes(shapes, ranks), strict=True):
+        if g is None:
+            g = grad.new_zeros(size)
+        elif g.untyped_storage().data_ptr() in taken:  # (an identity's gradient: its input)
+            g = g.clone()
+        taken.add(g.untyped_storage().data_ptr())
+        out.append(g)
+    return out
 
 
-@module_backward.register_fake
+@call_backward.register_fake
 def _(island: Island, ticket: Tensor, grad: Tensor, shapes: list[int],
       ranks: list[int]) -> list[Tensor]:
     return [grad.new_empty(size) for size in _shapes(shapes, ranks)]
@@ -232,7 +277,7 @@ def _shapes(flat: list[int], ranks: list[int]) -> list[list[int]]:
 
 
 def _setup(ctx: Any, inputs: tuple, output: list[Tensor]) -> None:
-    island, args, _present, _names, params, needs, _grad, _shape = inputs
+    island, _fn, args, _layout, _names, _consts, params, needs, _grad, _shape = inputs
     ctx.island = island
     ctx.needs = needs
     ctx.num_params = len(params)
@@ -244,38 +289,66 @@ def _setup(ctx: Any, inputs: tuple, output: list[Tensor]) -> None:
 
 def _backward(ctx: Any, grads: list[Tensor]) -> tuple:
     (ticket,) = ctx.saved_tensors
-    got = iter(module_backward(ctx.island, ticket, grads[0], ctx.shapes, ctx.ranks))
+    got = iter(call_backward(ctx.island, ticket, grads[0], ctx.shapes, ctx.ranks))
     arg_grads = [next(got) if need else None for need in ctx.needs]
-    return (None, arg_grads, None, None, [next(got) for _ in range(ctx.num_params)], None,
-            None, None)
+    params = [next(got) for _ in range(ctx.num_params)]
+    return None, None, arg_grads, None, None, None, params, None, None, None
 
 
-module_call.register_autograd(_backward, setup_context=_setup)
+call.register_autograd(_backward, setup_context=_setup)
+
+_CONSTANTS = (bool, int, float, str)
 
 
-def call_compiled(module: nn.Module, args: tuple, kwargs: dict) -> Any:
-    """``module(*args, **kwargs)`` inside a compiled frame, as ``gnnact::module_call``; or
-    ``NotImplemented`` when the call is not one it takes (see the module docstring)."""
-    island = module.__dict__.get(ATTRIBUTE)
-    if island is None:
+def _call(island: Island, fn: str, args: tuple, kwargs: dict, shape: list[int] | None,
+          params: list[nn.Parameter]) -> Any:
+    """``gnnact::call`` of these arguments, or ``NotImplemented`` when it does not take them:
+    every argument a strided tensor, ``None`` or a plain constant, the first a tensor, and
+    the gradients it needs of ``x``'s dtype and device (its backward's fake kernel gives
+    every gradient ``x``'s)."""
+    every = [*args, *kwargs.values()]
+    if shape is None or not args or not isinstance(args[0], Tensor):
         return NotImplemented
-    tensors = [*args, *kwargs.values()]
-    if not tensors or not isinstance(args[0], Tensor) or any(
-            t is not None and (not isinstance(t, Tensor) or t.layout != torch.strided)
-            for t in tensors):
-        return NotImplemented
-    shape = module._compiled_shape(*args, **kwargs)
-    if shape is None:
-        return NotImplemented
-    params = _parameters(module) if torch.is_grad_enabled() else []
-    given = [t for t in tensors if t is not None]
-    needs = [t.requires_grad and torch.is_grad_enabled() for t in given]
+    layout, given, consts = [], [], []
+    for value in every:
+        if isinstance(value, Tensor):
+            if value.layout != torch.strided:
+                return NotImplemented
+            layout.append("t")
+            given.append(value)
+        elif value is None:
+            layout.append("n")
+        elif isinstance(value, _CONSTANTS) and (not isinstance(value, float)
+                                                or math.isfinite(value)):
+            layout.append("c")
+            consts.append(value)
+        else:
+            return NotImplemented
+    grad = torch.is_grad_enabled()
+    needs = [t.requires_grad and grad for t in given]
     x = args[0]
     if any(t.dtype != x.dtype or t.device != x.device
            for t, need in zip(given, needs, strict=True) if need) or any(
             p.dtype != x.dtype or p.device != x.device for p in params):
-        return NotImplemented  # (the backward's fake kernel gives every gradient x's dtype)
-    out, _ = torch.ops.gnnact.module_call(island, given, [t is not None for t in tensors],
-                                          ",".join(kwargs), params, needs,
-                                          torch.is_grad_enabled(), list(shape))
+        return NotImplemented
+    out, _ = torch.ops.gnnact.call(island, fn, given, "".join(layout), ",".join(kwargs),
+                                   repr(consts) if consts else "", params, needs, grad,
+                                   list(shape))
     return out
+
+
+def call_module(module: nn.Module, args: tuple, kwargs: dict) -> Any:
+    """``module(*args, **kwargs)`` inside a compiled frame, as ``gnnact::call``; or
+    ``NotImplemented`` when the call is not one it takes (see the module docstring)."""
+    island = module.__dict__.get(ATTRIBUTE)
+    if island is None:
+        return NotImplemented
+    params = _parameters(module) if torch.is_grad_enabled() else []
+    return _call(island, "", args, kwargs, module._compiled_shape(*args, **kwargs), params)
+
+
+def call_function(island: Island, fn: str, args: tuple, kwargs: dict,
+                  shape: list[int] | None) -> Any:
+    """``FUNCTIONS[fn](*args, **kwargs)`` inside a compiled frame, as ``gnnact::call``
+    recorded in ``island`` (its output's shape ``shape``); or ``NotImplemented``."""
+    return _call(island, fn, args, kwargs, shape, [])
