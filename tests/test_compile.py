@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from test_benchmarks import _script
 from torch import nn
 from torch_geometric.data import Batch
-from torch_geometric.nn import MLP, GINConv, global_add_pool
+from torch_geometric.nn import MLP, GCNConv, GINConv, global_add_pool
 from torch_geometric.nn import models as pyg_models
 
 import gnnact
@@ -225,6 +225,28 @@ def test_compiled_evaluation_equals_eager():
         assert torch.equal(run(data.x, data.edge_index), eager(data.x, data.edge_index))
     assert not any(m.__dict__[ATTRIBUTE].records for m in compiled.modules()
                    if isinstance(m, _Compressed))
+
+
+class _Identities(nn.Module):
+    """Calls whose output is their input (dropout with ``p=0``) or a view of it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = GCNConv(F_IN, 16)
+        self.drop = nn.Dropout(0.0)
+        self.conv2 = GCNConv(16, CLASSES)
+
+    def forward(self, x, edge_index):
+        x = F.dropout(self.conv1(x, edge_index), p=0.0, training=self.training)
+        return self.conv2(self.drop(x).relu(), edge_index)
+
+
+def test_compiled_identities_train_as_eager():
+    data = _data()
+    torch.manual_seed(0)
+    eager = gnnact.convert(_Identities(), Config(bits=2))
+    compiled = copy.deepcopy(eager)
+    assert _train(compiled, data, 3, "aot_eager") == _train(eager, data, 3, None)
 
 
 def test_copies_get_their_own_island():

@@ -60,6 +60,10 @@ class _Compressed:
         module._init_gnnact(config)
         return module
 
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)  # type: ignore[misc]
+        library.bind(self)  # type: ignore[arg-type]  # (a copy's handle is its own)
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # Inside a compiled frame: one custom operator (gnnact.ops.library), which calls this
         # very module eagerly at run time; Dynamo traces no further.

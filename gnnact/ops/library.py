@@ -39,7 +39,6 @@ eager call behind a graph break.
 from __future__ import annotations
 
 import ast
-import copy
 import functools
 import itertools
 import math
@@ -85,14 +84,11 @@ class Island(OpaqueBase):  # type: ignore[misc,valid-type]
         self.records: dict[int, tuple] = {}
         self._tickets = itertools.count()
 
-    def __getstate__(self) -> dict:
-        return {"module": self.module, "route": self.route}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__init__(state["module"], state["route"])  # type: ignore[misc]
-
-    def __deepcopy__(self, memo: dict) -> Island:
-        return Island(copy.deepcopy(self.module, memo), self.route)
+    def __reduce__(self) -> tuple:
+        # Copies and pickles carry neither the layer nor records: a copied or unpickled layer
+        # binds a handle of its own (_Compressed.__setstate__). (Inductor pickles a graph's
+        # opaque inputs into its cache key: not a whole model.)
+        return Island, (None, self.route)
 
     @property
     def name(self) -> str:
@@ -128,8 +124,9 @@ def available() -> bool:
 
 
 def bind(module: nn.Module) -> None:
-    """Give ``module`` (a compressed layer) its :class:`Island` if it has none."""
-    if available() and not isinstance(module.__dict__.get(ATTRIBUTE), Island):
+    """Give ``module`` (a compressed layer) its :class:`Island`, unless it has its own."""
+    island = module.__dict__.get(ATTRIBUTE)
+    if available() and not (isinstance(island, Island) and island.module is module):
         module.__dict__[ATTRIBUTE] = Island(module)
 
 
@@ -204,13 +201,13 @@ def call(island: Island, fn: str, args: list[Tensor], layout: str, names: str, c
         for t in flipped:
             t.requires_grad_(True)
         try:
-            out = target(*positional, **keywords)
+            # (A copy of an argument, recorded while the argument still needs its gradient.)
+            out = _own(target(*positional, **keywords), args)
             inputs = [get_gradient_edge(t)
                       for t in [*wanted, *_parameters(None if fn else island.module)]]
         finally:
             for t in flipped:
                 t.requires_grad_(False)
-        out = _own(out, args)  # (inside: a copy of an argument is recorded)
         if not out.requires_grad:  # nothing reached the output: no record to keep
             return [out, torch.tensor(-1)]
         ticket = island.record(out, inputs)
