@@ -164,12 +164,18 @@ def _arguments(args: list[Tensor], layout: str, names: str,
     tensors only, for their gradients), ``n`` ``None``, ``c`` the next of the constants
     (``consts``, a Python literal list); the last ones named by ``names``."""
     tensors = iter(args)
-    values = iter(ast.literal_eval(consts) if consts else ())
+    values = iter(_constants(consts))
     every = [next(tensors) if kind == "t" else None if kind == "n" else next(values)
              for kind in layout]
     keys = names.split(",") if names else []
     cut = len(every) - len(keys)
     return every[:cut], dict(zip(keys, every[cut:], strict=True))
+
+
+@functools.lru_cache(maxsize=256)
+def _constants(consts: str) -> tuple:
+    # (A graph's calls repeat the same few: parsed once each.)
+    return tuple(ast.literal_eval(consts)) if consts else ()
 
 
 def _parameters(module: nn.Module | None) -> list[nn.Parameter]:
