@@ -114,13 +114,23 @@ class Island(OpaqueBase):  # type: ignore[misc,valid-type]
 
 ATTRIBUTE = "_gnnact_island"
 
-if register_opaque_type is not None:
-    register_opaque_type(Island, typ="reference")
+def _register() -> bool:
+    if register_opaque_type is None:
+        return False
+    try:
+        register_opaque_type(Island, typ="reference")
+    except (TypeError, ValueError):  # pragma: no cover (an earlier form of the API)
+        return False
+    return True
+
+
+_AVAILABLE = _register()
 
 
 def available() -> bool:
-    """Whether this PyTorch takes an :class:`Island` as a custom operator's argument."""
-    return register_opaque_type is not None
+    """Whether this PyTorch takes an :class:`Island` as a custom operator's argument (the
+    operators below exist only then; elsewhere a compressed layer breaks the graph)."""
+    return _AVAILABLE
 
 
 def bind(module: nn.Module) -> None:
@@ -182,8 +192,7 @@ def _parameters(module: nn.Module | None) -> list[nn.Parameter]:
     return [] if module is None else [p for p in module.parameters() if p.requires_grad]
 
 
-@torch.library.custom_op("gnnact::call", mutates_args=())
-def call(island: Island, fn: str, args: list[Tensor], layout: str, names: str, consts: str,
+def _call(island: Island, fn: str, args: list[Tensor], layout: str, names: str, consts: str,
          params: list[Tensor], needs: list[bool], grad: bool, shape: list[int]) -> list[Tensor]:
     """``island.module(...)`` (``fn`` empty) or ``FUNCTIONS[fn](...)`` eagerly, on the
     arguments :func:`_arguments` puts together, in grad mode as traced (``grad``), recorded
@@ -235,15 +244,13 @@ def _own(out: Tensor, args: list[Tensor]) -> Tensor:
     return out.clone() if any(t.untyped_storage().data_ptr() == ptr for t in args) else out
 
 
-@call.register_fake
-def _(island: Island, fn: str, args: list[Tensor], layout: str, names: str, consts: str,
+def _call_fake(island: Island, fn: str, args: list[Tensor], layout: str, names: str, consts: str,
       params: list[Tensor], needs: list[bool], grad: bool, shape: list[int]) -> list[Tensor]:
     x = args[0]
     return [x.new_empty(shape), x.new_empty((), dtype=torch.int64)]
 
 
-@torch.library.custom_op("gnnact::call_backward", mutates_args=())
-def call_backward(island: Island, ticket: Tensor, grad: Tensor, shapes: list[int],
+def _call_backward(island: Island, ticket: Tensor, grad: Tensor, shapes: list[int],
                   ranks: list[int]) -> list[Tensor]:
     """The gradients of the arguments that needed one, then of the parameters, from the
     record ``ticket`` finds (read once: its buffers are freed)."""
@@ -268,8 +275,7 @@ def call_backward(island: Island, ticket: Tensor, grad: Tensor, shapes: list[int
     return out
 
 
-@call_backward.register_fake
-def _(island: Island, ticket: Tensor, grad: Tensor, shapes: list[int],
+def _call_backward_fake(island: Island, ticket: Tensor, grad: Tensor, shapes: list[int],
       ranks: list[int]) -> list[Tensor]:
     return [grad.new_empty(size) for size in _shapes(shapes, ranks)]
 
@@ -298,19 +304,25 @@ def _backward(ctx: Any, grads: list[Tensor]) -> tuple:
     return None, None, arg_grads, None, None, None, params, None, None, None
 
 
-call.register_autograd(_backward, setup_context=_setup)
+if _AVAILABLE:
+    call = torch.library.custom_op("gnnact::call", _call, mutates_args=())
+    call.register_fake(_call_fake)
+    call_backward = torch.library.custom_op("gnnact::call_backward", _call_backward,
+                                            mutates_args=())
+    call_backward.register_fake(_call_backward_fake)
+    call.register_autograd(_backward, setup_context=_setup)
 
 _CONSTANTS = (bool, int, float, str)
 
 
-def _call(island: Island, fn: str, args: tuple, kwargs: dict, shape: list[int] | None,
-          params: list[nn.Parameter]) -> Any:
+def _make_call(island: Island, fn: str, args: tuple, kwargs: dict, shape: list[int] | None,
+               params: list[nn.Parameter]) -> Any:
     """``gnnact::call`` of these arguments, or ``NotImplemented`` when it does not take them:
     every argument a strided tensor, ``None`` or a plain constant, the first a tensor, and
     the gradients it needs of ``x``'s dtype and device (its backward's fake kernel gives
     every gradient ``x``'s)."""
     every = [*args, *kwargs.values()]
-    if shape is None or not args or not isinstance(args[0], Tensor):
+    if not _AVAILABLE or shape is None or not args or not isinstance(args[0], Tensor):
         return NotImplemented
     layout, given, consts = [], [], []
     for value in every:
@@ -347,11 +359,12 @@ def call_module(module: nn.Module, args: tuple, kwargs: dict) -> Any:
     if island is None:
         return NotImplemented
     params = _parameters(module) if torch.is_grad_enabled() else []
-    return _call(island, "", args, kwargs, module._compiled_shape(*args, **kwargs), params)
+    return _make_call(island, "", args, kwargs, module._compiled_shape(*args, **kwargs),
+                      params)
 
 
 def call_function(island: Island, fn: str, args: tuple, kwargs: dict,
                   shape: list[int] | None) -> Any:
     """``FUNCTIONS[fn](*args, **kwargs)`` inside a compiled frame, as ``gnnact::call``
     recorded in ``island`` (its output's shape ``shape``); or ``NotImplemented``."""
-    return _call(island, fn, args, kwargs, shape, [])
+    return _make_call(island, fn, args, kwargs, shape, [])
