@@ -79,6 +79,36 @@ class _SharedSwap:
     broadcast: torch.Size | None = None
 
 
+@dataclass(frozen=True)
+class _Strided:
+    """A saved tensor whose values are laid out otherwise than row-major (a transposed view):
+    read back in its own strides. A compiled graph's backward checks the strides of what it
+    saved; eager ops take any."""
+
+    inner: Any
+    stride: tuple[int, ...]
+
+
+def _dense(t: Tensor) -> bool:
+    """Whether ``t``'s strides are a permutation of row-major ones: no gaps, no overlap."""
+    expected = 1
+    for size, stride in sorted(((n, s) for n, s in zip(t.shape, t.stride(), strict=True)
+                                if n != 1), key=lambda item: item[1]):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _laid_out(saved: Any, t: Tensor) -> Any:
+    """What the pack hook returns for ``t``: ``saved``, read back in ``t``'s strides when they
+    are a permutation of row-major ones (and ``saved`` is not ``t`` itself)."""
+    if (saved is t or t.layout != torch.strided or t.is_contiguous()
+            or not _dense(t)):
+        return saved
+    return _Strided(saved, t.stride())
+
+
 # The format key of compact index copies in gnnact's cache of shared copies.
 _INDEX_FMT = ("index",)
 
@@ -474,7 +504,7 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         # Autograd calls the hook inside the op that saves: the pack is gnnact's own work, not
         # the model's calls a converted model's mode routes (gnnact.ops.state.own_work).
         with own_work():
-            return self._pack(t)
+            return _laid_out(self._pack(t), t)
 
     def _pack(self, t: Tensor) -> Any:
         if self.compact_indices and t.dtype in INDEX_DTYPES and self._storable(t):
@@ -613,6 +643,10 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         return shared if shared is not None else cached(core, fmt)
 
     def _unpack(self, saved: Any) -> Tensor:
+        if isinstance(saved, _Strided):
+            values = self._unpack(saved.inner)
+            out = values.new_empty_strided(values.shape, saved.stride)
+            return out.copy_(values)
         if isinstance(saved, Gathered):
             return self._unpack(saved.source).index_select(saved.dim, self._unpack(saved.index))
         shape = broadcast = None

@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import gc
 import json
+import math
 import pickle
 from collections.abc import Callable
 
@@ -26,7 +27,7 @@ import torch.nn.functional as F
 from test_benchmarks import _script
 from torch import nn
 from torch_geometric.data import Batch
-from torch_geometric.nn import MLP, GCNConv, GINConv, global_add_pool
+from torch_geometric.nn import MLP, GCNConv, GINConv, SAGEConv, global_add_pool
 from torch_geometric.nn import models as pyg_models
 
 import gnnact
@@ -35,6 +36,7 @@ from gnnact.data import synthetic_graph
 from gnnact.models import build
 from gnnact.nn._base import _Compressed
 from gnnact.nn.conv import norm as norm_module
+from gnnact.nn.scope import scope_of
 from gnnact.ops import graph as graph_module
 from gnnact.ops.library import ATTRIBUTE
 
@@ -198,6 +200,20 @@ def test_dynamo_captures_gnnact_ops_without_breaks(name):
     assert functional > 0 if "functional" in name else functional == 0
 
 
+@pytest.mark.parametrize("name", ["gcn", "gcn-functional"])
+def test_compiled_pass_keeps_what_eager_keeps(name):
+    data = _data()
+    eager, compiled = _pair(name, 2)
+    _train(compiled, data, 2, "aot_eager")
+    _train(eager, data, 2, None)
+    kept, expected = scope_of(compiled).last.bytes_by_module, scope_of(eager).last.bytes_by_module
+    # Module by module the same bytes, and one 8-byte ticket per recorded call (two convs,
+    # BatchNorm, ReLU, dropout), counted for the model (where the functional style's own
+    # calls count too).
+    assert kept.pop("") == expected.pop("", 0) + 5 * 8
+    assert kept == expected
+
+
 def test_compiled_layer_records_freed_with_the_graph():
     data = _data()
     model = _pair("gcn", 2)[0]
@@ -247,6 +263,53 @@ def test_compiled_identities_train_as_eager():
     eager = gnnact.convert(_Identities(), Config(bits=2))
     compiled = copy.deepcopy(eager)
     assert _train(compiled, data, 3, "aot_eager") == _train(eager, data, 3, None)
+
+
+class _Bipartite(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = SAGEConv(F_IN, CLASSES)
+
+    def forward(self, x, edge_index):
+        return self.conv((x, x[:60]), edge_index[:, edge_index[1] < 60])
+
+
+def test_layer_called_with_a_pair_runs_eagerly_and_trains_as_eager():
+    data = _data()
+    torch.manual_seed(0)
+    eager = gnnact.convert(_Bipartite(), Config(bits=2))
+    compiled = copy.deepcopy(eager)
+    run = torch.compile(compiled, backend="aot_eager")
+    for call in (eager, run):
+        torch.manual_seed(1)
+        call(data.x, data.edge_index).square().sum().backward()
+    assert torch.equal(eager.conv.lin_l.weight.grad, compiled.conv.lin_l.weight.grad)
+
+
+class _Gelu(nn.Module):
+    """Two linear maps around a function the pass does not route (F.gelu)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin1, self.lin2 = nn.Linear(F_IN, 32), nn.Linear(32, CLASSES)
+
+    def forward(self, x, edge_index):
+        return self.lin2(F.gelu(self.lin1(x)))
+
+
+def test_compiled_probe_passes_measure_what_eager_ones_do():
+    # Automatic widths probe the first steps: the probe hooks the layers' records inside the
+    # compiled graph as it hooks the eager graph, and ends with the outer backward.
+    data = _data()
+    widths = []
+    for compile_with in (None, "aot_eager"):
+        torch.manual_seed(0)
+        model = gnnact.convert(_Gelu())
+        losses = _train(model, data, 4, compile_with)
+        auto = scope_of(model).auto
+        assert all(math.isfinite(loss) for loss in losses) and not auto.failures
+        widths.append(auto.tensors)
+    assert widths[0] == widths[1] and all(t.measured is not None for t in widths[0].values())
 
 
 def test_copies_get_their_own_island():

@@ -117,6 +117,20 @@ def test_views_of_the_same_data_share_one_copy():
     assert ((x.grad - expected).norm() / expected.norm()).item() < 0.05
 
 
+def test_a_compressed_view_comes_back_in_its_strides():
+    # (A compiled graph's backward checks the strides of what it saved.)
+    x = torch.randn(64, 128, requires_grad=True)
+    with quantized_saved_tensors(8, min_numel=0) as hooks:
+        transposed = (x * 2).t()
+        strided = (x * 3).view(8, 8, 128).permute(2, 0, 1)
+        a, b = transposed.sin(), strided.sin()
+    assert hooks.num_packed == 2
+    for out, view in ((a, transposed), (b, strided)):
+        restored = out.grad_fn._saved_self
+        assert restored.stride() == view.stride()
+        assert ((restored - view).norm() / view.norm()).item() < 0.01  # (8 bits)
+
+
 def test_in_place_change_is_a_new_version():
     hooks = quantized_saved_tensors(8, min_numel=0)
     x = torch.randn(64, 128, requires_grad=True)

@@ -237,11 +237,14 @@ def _call(island: Island, fn: str, args: list[Tensor], layout: str, names: str, 
 
 
 def _own(out: Tensor, args: list[Tensor]) -> Tensor:
-    """``out`` itself (the object the pass may have registered), or a copy where it is one of
-    the arguments or a view of one (a layer that returns its input: dropout in evaluation, or
-    with ``p=0``), which an operator's output may not be."""
+    """``out`` itself (the object the pass may have registered), or a contiguous copy where it
+    is one of the arguments or a view of one (a layer that returns its input: dropout in
+    evaluation, or with ``p=0``), which an operator's output may not be, or is not contiguous
+    (the fake kernel's output is: inductor checks the strides)."""
     ptr = out.untyped_storage().data_ptr()
-    return out.clone() if any(t.untyped_storage().data_ptr() == ptr for t in args) else out
+    if any(t.untyped_storage().data_ptr() == ptr for t in args):
+        return out.clone(memory_format=torch.contiguous_format)
+    return out.contiguous()
 
 
 def _call_fake(island: Island, fn: str, args: list[Tensor], layout: str, names: str, consts: str,
@@ -356,8 +359,8 @@ def call_module(module: nn.Module, args: tuple, kwargs: dict) -> Any:
     """``module(*args, **kwargs)`` inside a compiled frame, as ``gnnact::call``; or
     ``NotImplemented`` when the call is not one it takes (see the module docstring)."""
     island = module.__dict__.get(ATTRIBUTE)
-    if island is None:
-        return NotImplemented
+    if island is None or not args or not isinstance(args[0], Tensor):
+        return NotImplemented  # (before the shape: a bipartite pair has none)
     params = _parameters(module) if torch.is_grad_enabled() else []
     return _make_call(island, "", args, kwargs, module._compiled_shape(*args, **kwargs),
                       params)

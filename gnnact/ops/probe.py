@@ -244,6 +244,7 @@ class NoiseProbe:
             self.unmeasurable.update(self._names[key] for key in entry[1])
             return
         runs = {key: self._run(node, grads, key) for key in sorted(entry[1])}
+        runs = {key: again for key, again in runs.items() if again is not None}  # (failed)
         ratios = {key: noise_ratio(grad_inputs, again, reference=self._reference[key])
                   for key, again in runs.items()}
         if any(r is not None and r > _CONTROL for r in ratios.values()):
@@ -289,7 +290,10 @@ REFERENCE_BITS = 8
 #: collective (batch norm over all ranks, the halo exchange) would wait for ranks that do not
 #: run it again. What only they read is kept at :data:`UNMEASURED_BITS`.
 NOT_RUN_TWICE = frozenset({"CheckpointFunctionBackward", "_SyncBatchNormBackward",
-                           "SyncBatchNormBackward", "_ExchangeBackward"})
+                           "SyncBatchNormBackward", "_ExchangeBackward",
+                           # A compiled graph's whole backward (torch.compile): it reads what
+                           # the pass's pipeline kept for the graph, and runs once.
+                           "CompiledFunctionBackward"})
 
 #: The width of a tensor that only nodes in :data:`NOT_RUN_TWICE` read (it cannot be measured):
 #: the width that won back nearly all that 2 bits lost on the models where 2 bits lost most
