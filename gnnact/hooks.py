@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 import weakref
 from collections.abc import Callable, Iterable
 from contextvars import ContextVar, Token
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.modules.module as module_hooks
 from torch import Tensor, nn
 from torch.nn.modules.module import (
     register_module_forward_hook,
@@ -67,6 +69,63 @@ _ACTIVE: ContextVar[compress_saved_tensors | None] = ContextVar("gnnact_pipeline
 def active_pipeline() -> compress_saved_tensors | None:
     """The :class:`compress_saved_tensors` whose hooks are active in this context, if any."""
     return _ACTIVE.get()
+
+
+def _enter_any(module: nn.Module, args: Any) -> None:
+    # Inside a compiled region: nothing (Dynamo cannot read a context variable); what a
+    # compiled graph saves counts for the module whose eager call holds it.
+    if not torch.compiler.is_compiling():
+        pipeline = _ACTIVE.get()
+        if pipeline is not None:
+            pipeline._enter_module(module)
+
+
+def _leave_any(module: nn.Module, args: Any, output: Any) -> None:
+    if not torch.compiler.is_compiling():
+        pipeline = _ACTIVE.get()
+        if pipeline is not None:
+            pipeline._leave_module(module)
+
+
+class _ModuleTracking:
+    """The two process-wide module hooks through which the active pipeline (this context's:
+    :func:`active_pipeline`) follows the running module: registered while some pipeline is
+    active, each time under the ids of their first registration. (A compiled frame guards on
+    the keys of PyTorch's global hook dicts: hooks registered anew for each pass, under new
+    ids, made Dynamo recompile a converted GIN's forward at every pass until its
+    recompilation limit, and run it eagerly from then on.) Process-wide because PyTorch's
+    global hooks are; which pipeline they serve is per context."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._users = 0
+        self._ids: tuple[int, int] | None = None
+
+    def acquire(self) -> None:
+        with self._lock:
+            self._users += 1
+            if self._users > 1:
+                return
+            if self._ids is None:
+                self._ids = (register_module_forward_pre_hook(_enter_any).id,
+                             register_module_forward_hook(_leave_any, always_call=True).id)
+                return
+            pre, post = self._ids
+            module_hooks._global_forward_pre_hooks[pre] = _enter_any
+            module_hooks._global_forward_hooks[post] = _leave_any
+            module_hooks._global_forward_hooks_always_called[post] = True
+
+    def release(self) -> None:
+        with self._lock:
+            self._users -= 1
+            if self._users == 0 and self._ids is not None:
+                pre, post = self._ids
+                module_hooks._global_forward_pre_hooks.pop(pre, None)
+                module_hooks._global_forward_hooks.pop(post, None)
+                module_hooks._global_forward_hooks_always_called.pop(post, None)
+
+
+_TRACKING = _ModuleTracking()
 
 
 @dataclass(frozen=True)
@@ -427,8 +486,8 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         # Forget the host copies autograd has dropped since.
         self._swapped = {k: v for k, v in self._swapped.items() if v[2]() is not None}
         self._stack = []
-        self._handles = [register_module_forward_pre_hook(self._enter_module),
-                         register_module_forward_hook(self._leave_module, always_call=True)]
+        _TRACKING.acquire()
+        self._handles = [_TRACKING]
         if self.model is not None:  # (module hooks run after the global ones)
             self._handles.append(self.model.register_forward_pre_hook(self._model_called,
                                                                       with_kwargs=True))
@@ -454,18 +513,17 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
             self._token = None
         self._region.close()
         for handle in self._handles:
-            handle.remove()
+            if handle is _TRACKING:
+                handle.release()
+            else:
+                handle.remove()
         self._handles = []
         self._stack = []
 
-    # The module hooks are process-wide: only modules run where this pipeline is active count.
-    # Inside a compiled region they trace to nothing (Dynamo cannot read a context variable):
-    # what a compiled graph saves counts for the module whose eager call holds it.
-    def _enter_module(self, module: nn.Module, args: Any) -> None:
-        if torch.compiler.is_compiling():
-            return
-        if _ACTIVE.get() is self:
-            self._stack.append(module)
+    # Called by the process-wide module hooks (_ModuleTracking) while this pipeline is the
+    # active one.
+    def _enter_module(self, module: nn.Module) -> None:
+        self._stack.append(module)
 
     def _model_called(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         if torch.compiler.is_compiling():
@@ -480,10 +538,8 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
             if state is not None and state.resident is None:
                 state.resident = self._inputs  # (the live set: later calls add to it)
 
-    def _leave_module(self, module: nn.Module, args: Any, output: Any) -> None:
-        if torch.compiler.is_compiling():
-            return
-        if _ACTIVE.get() is self and self._stack and self._stack[-1] is module:
+    def _leave_module(self, module: nn.Module) -> None:
+        if self._stack and self._stack[-1] is module:
             self._stack.pop()
 
     def _where(self) -> tuple[str, nn.Module | None]:

@@ -119,6 +119,7 @@ def test_views_of_the_same_data_share_one_copy():
 
 def test_a_compressed_view_comes_back_in_its_strides():
     # (A compiled graph's backward checks the strides of what it saved.)
+    torch.manual_seed(0)
     x = torch.randn(64, 128, requires_grad=True)
     with quantized_saved_tensors(8, min_numel=0) as hooks:
         transposed = (x * 2).t()
@@ -128,7 +129,8 @@ def test_a_compressed_view_comes_back_in_its_strides():
     for out, view in ((a, transposed), (b, strided)):
         restored = out.grad_fn._saved_self
         assert restored.stride() == view.stride()
-        assert ((restored - view).norm() / view.norm()).item() < 0.01  # (8 bits)
+        # 8 bits: a value's rounding error is at most a 255th of its group's range.
+        assert ((restored - view).norm() / view.norm()).item() < 0.03
 
 
 def test_in_place_change_is_a_new_version():
