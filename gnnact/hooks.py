@@ -51,8 +51,9 @@ from gnnact.ops.context import (
     remember,
     resident,
 )
+from gnnact.ops.library import TICKET
 from gnnact.ops.probe import active_probe, restore
-from gnnact.ops.state import ForwardState, forward_pass, own_work
+from gnnact.ops.state import ForwardState, forward_pass, inlined_only, own_work
 from gnnact.quant import PackedMask, PackedTensor, pack_mask, unpack_mask
 from gnnact.quant.core import FLOAT_DTYPES
 from gnnact.quant.mixed import MixedPackedTensor
@@ -71,6 +72,7 @@ def active_pipeline() -> compress_saved_tensors | None:
     return _ACTIVE.get()
 
 
+@inlined_only
 def _enter_any(module: nn.Module, args: Any) -> None:
     # Inside a compiled region: nothing (Dynamo cannot read a context variable); what a
     # compiled graph saves counts for the module whose eager call holds it.
@@ -80,6 +82,7 @@ def _enter_any(module: nn.Module, args: Any) -> None:
             pipeline._enter_module(module)
 
 
+@inlined_only
 def _leave_any(module: nn.Module, args: Any, output: Any) -> None:
     if not torch.compiler.is_compiling():
         pipeline = _ACTIVE.get()
@@ -563,6 +566,11 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
             return _laid_out(self._pack(t), t)
 
     def _pack(self, t: Tensor) -> Any:
+        if getattr(t, TICKET, False):
+            # A compiled graph's handle on a layer's record (gnnact.ops.library): kept and
+            # counted, neither compressed context nor a reason for full passes.
+            self._pass(t, self._where()[0])
+            return t
         if self.compact_indices and t.dtype in INDEX_DTYPES and self._storable(t):
             saved = self._compact(t, unbroadcast(t), compact)
             if saved is None:

@@ -9,6 +9,7 @@ from torch import nn
 
 from gnnact.config import Config
 from gnnact.ops import library
+from gnnact.ops.state import inlined_only
 
 __all__ = ["_Compressed", "same_shape", "torchscript_unsupported"]
 
@@ -64,6 +65,7 @@ class _Compressed:
         super().__setstate__(state)  # type: ignore[misc]
         library.bind(self)  # type: ignore[arg-type]  # (a copy's handle is its own)
 
+    @inlined_only
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # Inside a compiled frame: one custom operator (gnnact.ops.library), which calls this
         # very module eagerly at run time; Dynamo traces no further.

@@ -62,7 +62,7 @@ from gnnact.compress.gather import mark_gathered
 from gnnact.config import Config
 from gnnact.ops import library
 from gnnact.ops.context import overwritable
-from gnnact.ops.state import PassMode
+from gnnact.ops.state import PassMode, inlined_only
 
 __all__ = ["CAPTURED", "EXACT_FUNCTIONS", "FINE_FUNCTIONS", "FLOORED", "GATE_FUNCTIONS",
            "CollectingOps",
@@ -377,7 +377,8 @@ class FunctionalOps(PassMode):
     # tensors go through the pass's pipeline at run time); those of CAPTURED become one
     # gnnact::call each, which routes them eagerly at run time (gnnact.ops.library); the rest
     # run eagerly, routed as in eager mode, behind a graph break. Never compiled as a frame of
-    # its own (skip_code below): called from eager code, it routes.
+    # its own: called from eager code, it routes.
+    @inlined_only
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
         if torch.compiler.is_compiling():
@@ -457,11 +458,3 @@ def _temporary(func: Callable, x: Tensor, counts: tuple[int, int]) -> bool:
     known = temporary_counts().get(func)
     return (known is not None and counts[0] <= known[0] and counts[1] == known[1]
             and x.grad_fn is not None and overwritable(x) and not torch.compiler.is_compiling())
-
-
-# The dispatcher's frame is never compiled on its own (it must route when eager code calls it),
-# yet Dynamo inlines it into the frames it compiles (skip_code, unlike skip, leaves inlining
-# alone). Private: where a PyTorch lacks it, those frames break at each torch call instead.
-_skip_code = getattr(torch._dynamo.eval_frame, "skip_code", None)
-if _skip_code is not None:
-    _skip_code(FunctionalOps.__torch_function__.__code__)

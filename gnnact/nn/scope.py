@@ -70,7 +70,7 @@ from gnnact.nn.functional import CollectingOps, FunctionalOps, Marks
 from gnnact.ops.graph import GraphCache, use_graph_cache
 from gnnact.ops.library import Island
 from gnnact.ops.probe import NoiseProbe, probing
-from gnnact.ops.state import forward_pass
+from gnnact.ops.state import forward_pass, inlined_only
 from gnnact.quant.rng import PassSeeds
 
 __all__ = ["PassRecord", "Scope", "scope_of"]
@@ -347,6 +347,7 @@ class Scope:
     # torch.compile the model's own call enters it eagerly, and the children's calls inside the
     # compiled forward are part of that pass: their hooks trace to nothing, so the forward is
     # one graph (gnnact's ops in it as custom operators, gnnact.ops.library).
+    @inlined_only
     def _pre(self, module: nn.Module, args: tuple, kwargs: dict, *,
              root: nn.Module | None = None) -> None:
         if root is not None and torch.compiler.is_compiling():
@@ -367,6 +368,7 @@ class Scope:
             return  # a child recomputed inside backward (reentrant checkpointing): no step
         _Pass(self, module if root is None else root, module, args, kwargs).enter()
 
+    @inlined_only
     def _post(self, module: nn.Module, args: tuple, kwargs: dict, output: Any, *,
               root: nn.Module | None = None) -> None:
         if root is not None and torch.compiler.is_compiling():

@@ -68,7 +68,7 @@ from gnnact.quant.reference import MASK_MUL, MASK_SELECT, MASK_ZERO, combine_mas
 
 __all__ = ["alias_derived", "apply_mask", "cache_key", "cached", "controlled_noise", "derive",
            "derive_from_input", "derived_steps", "hold_parts", "independent_quantize",
-           "input_bits", "load_context", "mark_own", "mask_mode", "noise_generator", "overwritable",
+           "input_bits", "load_context", "mask_mode", "noise_generator", "overwritable",
            "own_context", "per_node_quantize", "records_graph", "release", "remember",
            "resident", "save_context", "shared_quantize", "transient", "width_of"]
 
@@ -534,17 +534,6 @@ def own_context(t: Tensor) -> bool:
     return ref is not None and ref() is t
 
 
-def mark_own(tensors: list[Tensor]) -> ForwardState:
-    """Mark ``tensors`` as gnnact's own context (:func:`own_context`) in the running pass;
-    returns the pass's state."""
-    state = forward_state()
-    for t in tensors:
-        key = id(t)
-        if key not in state.own or state.own[key]() is not t:
-            state.own[key] = weakref.ref(t, state.callback("forget_own", key))
-    return state
-
-
 Entry = (tuple[Tensor | None, int] | tuple[Tensor | None, int, str] | PackedTensor | PackedMask
          | Tensor | None)
 
@@ -594,7 +583,11 @@ def save_context(ctx: Any, config: Config, *items: Entry) -> None:
             parts = item.tensors()
             slots.append(("packed", len(tensors), len(parts), type(item), item.meta))
             tensors.extend(parts)
-    state = mark_own(tensors)
+    state = forward_state()
+    for t in tensors:
+        key = id(t)
+        if key not in state.own or state.own[key]() is not t:
+            state.own[key] = weakref.ref(t, state.callback("forget_own", key))
     ctx.save_for_backward(*tensors)
     ctx.gnnact_slots = slots
     # Backward releases shared copies in the pass that made them (it may run in another

@@ -50,7 +50,6 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.graph import get_gradient_edge
 
-from gnnact.ops.context import mark_own
 from gnnact.ops.probe import active_probe
 
 __all__ = ["FUNCTIONS", "Island", "available", "bind", "call_function", "call_module"]
@@ -105,14 +104,17 @@ class Island(OpaqueBase):  # type: ignore[misc,valid-type]
             probe.collect(out)
         self.records[key] = (get_gradient_edge(out), inputs, probe)
         ticket = torch.tensor(key)
-        # The record lives as long as the ticket (autograd frees it with the graph), and a
-        # pipeline around the model keeps the ticket as it is (gnnact's own context).
+        # The record lives as long as the ticket (autograd frees it with the graph); a
+        # pipeline around the model keeps the ticket as it is.
         weakref.finalize(ticket, self.records.pop, key, None)
-        mark_own([ticket])
+        setattr(ticket, TICKET, True)
         return ticket
 
 
 ATTRIBUTE = "_gnnact_island"
+
+#: The attribute that marks a ticket.
+TICKET = "_gnnact_ticket"
 
 def _register() -> bool:
     if register_opaque_type is None:

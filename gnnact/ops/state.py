@@ -50,7 +50,8 @@ from torch.overrides import TorchFunctionMode
 
 from gnnact.quant.rng import PassSeeds
 
-__all__ = ["ForwardState", "PassMode", "eager_op", "forward_pass", "forward_state", "own_work"]
+__all__ = ["ForwardState", "PassMode", "eager_op", "forward_pass", "forward_state", "inlined_only",
+           "own_work"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -74,6 +75,18 @@ def eager_op(fn: _F) -> _F:
             return fn(*args, **kwargs)
 
     return torch.compiler.disable(op)  # type: ignore[return-value]
+
+
+def inlined_only(fn: _F) -> _F:
+    """``fn``, never compiled by Dynamo as a frame of its own, yet traced into the frames it
+    compiles. For the code of gnnact's hooks and dispatchers, which eager code calls for every
+    module or torch call: compiled as frames, each call would pay Dynamo's guards, and a
+    dispatcher compiled for one call would stand in for the eager one (which routes).
+    (Dynamo's ``skip_code``, private: where a PyTorch lacks it, ``fn`` is left as it is.)"""
+    skip = getattr(torch._dynamo.eval_frame, "skip_code", None)
+    if skip is not None:
+        skip(fn.__code__)
+    return fn
 
 
 class PassMode(TorchFunctionMode):
