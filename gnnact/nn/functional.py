@@ -65,8 +65,7 @@ from gnnact.ops.context import overwritable
 from gnnact.ops.state import PassMode, inlined_only
 
 __all__ = ["CAPTURED", "EXACT_FUNCTIONS", "FINE_FUNCTIONS", "FLOORED", "GATE_FUNCTIONS",
-           "CollectingOps",
-           "FunctionalOps", "Marks", "temporary_counts"]
+           "CollectingOps", "FunctionalOps", "Marks", "temporary_counts"]
 
 #: Functions whose saved tensors stay exact: the loss head (a softmax, or a sigmoid outside
 #: message passing, :data:`GATE_FUNCTIONS`), and the losses a model computes in its

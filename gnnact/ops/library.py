@@ -116,6 +116,7 @@ ATTRIBUTE = "_gnnact_island"
 #: The attribute that marks a ticket.
 TICKET = "_gnnact_ticket"
 
+
 def _register() -> bool:
     if register_opaque_type is None:
         return False
@@ -195,7 +196,8 @@ def _parameters(module: nn.Module | None) -> list[nn.Parameter]:
 
 
 def _call(island: Island, fn: str, args: list[Tensor], layout: str, names: str, consts: str,
-         params: list[Tensor], needs: list[bool], grad: bool, shape: list[int]) -> list[Tensor]:
+          params: list[Tensor], needs: list[bool], grad: bool,
+          shape: list[int]) -> list[Tensor]:
     """``island.module(...)`` (``fn`` empty) or ``FUNCTIONS[fn](...)`` eagerly, on the
     arguments :func:`_arguments` puts together, in grad mode as traced (``grad``), recorded
     for backward when an argument (``needs``) or a parameter (``params``, the module's) needs
@@ -249,14 +251,15 @@ def _own(out: Tensor, args: list[Tensor]) -> Tensor:
     return out.contiguous()
 
 
-def _call_fake(island: Island, fn: str, args: list[Tensor], layout: str, names: str, consts: str,
-      params: list[Tensor], needs: list[bool], grad: bool, shape: list[int]) -> list[Tensor]:
+def _call_fake(island: Island, fn: str, args: list[Tensor], layout: str, names: str,
+               consts: str, params: list[Tensor], needs: list[bool], grad: bool,
+               shape: list[int]) -> list[Tensor]:
     x = args[0]
     return [x.new_empty(shape), x.new_empty((), dtype=torch.int64)]
 
 
 def _call_backward(island: Island, ticket: Tensor, grad: Tensor, shapes: list[int],
-                  ranks: list[int]) -> list[Tensor]:
+                   ranks: list[int]) -> list[Tensor]:
     """The gradients of the arguments that needed one, then of the parameters, from the
     record ``ticket`` finds (read once: its buffers are freed)."""
     record = island.records.pop(int(ticket), None)
@@ -281,7 +284,7 @@ def _call_backward(island: Island, ticket: Tensor, grad: Tensor, shapes: list[in
 
 
 def _call_backward_fake(island: Island, ticket: Tensor, grad: Tensor, shapes: list[int],
-      ranks: list[int]) -> list[Tensor]:
+                        ranks: list[int]) -> list[Tensor]:
     return [grad.new_empty(size) for size in _shapes(shapes, ranks)]
 
 
@@ -316,6 +319,7 @@ if _AVAILABLE:
                                             mutates_args=())
     call_backward.register_fake(_call_backward_fake)
     call.register_autograd(_backward, setup_context=_setup)
+
 
 _CONSTANTS = (bool, int, float, str)
 
