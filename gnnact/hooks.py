@@ -145,9 +145,10 @@ class _SharedSwap:
 class _Strided:
     """A saved tensor whose values are laid out otherwise than row-major (a transposed view):
     read back in its own strides. A compiled graph's backward checks the strides of what it
-    saved; eager ops take any."""
+    saved; eager ops take any. (``item``, as :class:`_SharedSwap`'s: where
+    :func:`gnnact.saved_bytes` finds the tensors.)"""
 
-    inner: Any
+    item: Any
     stride: tuple[int, ...]
 
 
@@ -708,7 +709,7 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
 
     def _unpack(self, saved: Any) -> Tensor:
         if isinstance(saved, _Strided):
-            values = self._unpack(saved.inner)
+            values = self._unpack(saved.item)
             out = values.new_empty_strided(values.shape, saved.stride)
             return out.copy_(values)
         if isinstance(saved, Gathered):
