@@ -13,7 +13,7 @@ from gnnact import ops
 from gnnact.config import Config
 from gnnact.nn._base import same_shape
 from gnnact.nn._lazy import linear_weight
-from gnnact.nn.conv.base import CompressedConv
+from gnnact.nn.conv.base import CompressedConv, channels_shape
 from gnnact.nn.conv.norm import normalized_graph
 from gnnact.ops.graph import Graph, graph_cache_for
 
@@ -149,8 +149,7 @@ class SGConv(CompressedConv, pyg_nn.SGConv):
                          add_self_loops=add_self_loops, bias=bias, **kwargs)
         self._init_gnnact(config)
 
-    def _compiled_shape(self, x: Tensor, *args: Any, **kwargs: Any) -> list[int]:
-        return [*x.shape[:-1], self.out_channels]
+    _compiled_shape = channels_shape
 
     def forward(self, x: Tensor, edge_index: Any, edge_weight: OptTensor = None) -> Tensor:
         if x.dim() != 2 or self._compressed_reduce() != "sum" or self._takes_pyg_path():

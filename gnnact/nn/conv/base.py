@@ -31,7 +31,8 @@ from gnnact.config import Config
 from gnnact.nn._base import _Compressed, torchscript_unsupported
 from gnnact.ops.graph import Graph, check_sparse_flow, is_sparse_tensor
 
-__all__ = ["MESSAGE_PASSING_HOOKS", "CompressedConv", "add_into", "propagate_sizes"]
+__all__ = ["MESSAGE_PASSING_HOOKS", "CompressedConv", "add_into", "channels_shape", "heads_shape",
+           "propagate_sizes"]
 
 #: The hook dictionaries of PyG's :class:`~torch_geometric.nn.conv.MessagePassing` (one per
 #: ``register_*_forward_pre_hook`` / ``register_*_forward_hook`` method).
@@ -42,6 +43,18 @@ MESSAGE_PASSING_HOOKS: tuple[str, ...] = tuple(
 
 #: Aggregation modules (exact classes) that :func:`gnnact.ops.spmm` computes, by its reduce.
 _COMPRESSED_REDUCE: dict[type, str] = {SumAggregation: "sum", MeanAggregation: "mean"}
+
+
+def channels_shape(conv: Any, x: Tensor, *args: Any, **kwargs: Any) -> list[int]:
+    """``_compiled_shape`` of a conv whose output has ``out_channels`` features per node."""
+    return [*x.shape[:-1], conv.out_channels]
+
+
+def heads_shape(conv: Any, x: Tensor, *args: Any, **kwargs: Any) -> list[int] | None:
+    """``_compiled_shape`` of an attention conv: ``heads`` times ``out_channels`` features
+    per node when they are concatenated (2-D features only)."""
+    out = conv.heads * conv.out_channels if conv.concat else conv.out_channels
+    return [x.size(0), out] if x.dim() == 2 else None
 
 
 class CompressedConv(_Compressed):

@@ -12,7 +12,7 @@ from gnnact import ops
 from gnnact.config import Config
 from gnnact.nn._lazy import linear_weight
 from gnnact.nn.conv.attention import attention_graph, attention_output, sparse_edge_features
-from gnnact.nn.conv.base import CompressedConv
+from gnnact.nn.conv.base import CompressedConv, heads_shape
 from gnnact.ops.gat import gat_attention
 
 __all__ = ["GATConv"]
@@ -140,9 +140,7 @@ class GATConv(CompressedConv, pyg_nn.GATConv):
         folded = (weight.view(H, C, -1) * self.att_edge.view(H, C, 1)).sum(dim=1)  # [H, D]
         return ops.linear(edge_attr, folded, None, self.config)
 
-    def _compiled_shape(self, x: Tensor, *args: Any, **kwargs: Any) -> list[int] | None:
-        out = self.heads * self.out_channels if self.concat else self.out_channels
-        return [x.size(0), out] if x.dim() == 2 else None
+    _compiled_shape = heads_shape
 
     def forward(  # type: ignore[override]
         self,

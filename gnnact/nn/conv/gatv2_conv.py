@@ -13,7 +13,7 @@ from gnnact import ops
 from gnnact.config import Config
 from gnnact.nn._lazy import linear_weight
 from gnnact.nn.conv.attention import attention_graph, attention_output, sparse_edge_features
-from gnnact.nn.conv.base import CompressedConv
+from gnnact.nn.conv.base import CompressedConv, heads_shape
 from gnnact.ops.gatv2 import gatv2_attention
 
 __all__ = ["GATv2Conv"]
@@ -185,9 +185,7 @@ class GATv2Conv(CompressedConv, pyg_nn.GATv2Conv):
         out = ops.linear(x, torch.cat(weights), bias, self.config)
         return list(out.split([w.size(0) for w in weights], dim=-1))
 
-    def _compiled_shape(self, x: Tensor, *args: Any, **kwargs: Any) -> list[int] | None:
-        out = self.heads * self.out_channels if self.concat else self.out_channels
-        return [x.size(0), out] if x.dim() == 2 else None
+    _compiled_shape = heads_shape
 
     def forward(  # type: ignore[override]
         self,

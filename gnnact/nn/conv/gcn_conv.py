@@ -11,7 +11,7 @@ from torch_geometric.typing import Adj, OptTensor
 from gnnact import ops
 from gnnact.config import Config
 from gnnact.nn._lazy import linear_weight
-from gnnact.nn.conv.base import CompressedConv, add_into
+from gnnact.nn.conv.base import CompressedConv, add_into, channels_shape
 from gnnact.nn.conv.gcn_cache import gcn_graph
 from gnnact.ops.graph import graph_cache_for
 
@@ -89,8 +89,7 @@ class GCNConv(CompressedConv, pyg_nn.GCNConv):
         super().reset_parameters()  # empties PyG's cache, and so the graph built from it
         self._cached_graph = None
 
-    def _compiled_shape(self, x: Tensor, *args: Any, **kwargs: Any) -> list[int]:
-        return [*x.shape[:-1], self.out_channels]
+    _compiled_shape = channels_shape
 
     def forward(self, x: Tensor, edge_index: Adj, edge_weight: OptTensor = None) -> Tensor:
         reduce = self._compressed_reduce()
