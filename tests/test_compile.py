@@ -312,6 +312,72 @@ def test_compiled_probe_passes_measure_what_eager_ones_do():
     assert widths[0] == widths[1] and all(t.measured is not None for t in widths[0].values())
 
 
+def _gin_batch():
+    batch = Batch.from_data_list([synthetic_graph(20, 3, F_IN, CLASSES, seed=i)
+                                  for i in range(16)])
+    return batch, torch.arange(16) % CLASSES
+
+
+def _train_gin(model: nn.Module, steps: int, compile_with: Callable | str | None) -> list[float]:
+    batch, y = _gin_batch()
+    run = model if compile_with is None else torch.compile(model, backend=compile_with)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    losses = []
+    for step in range(steps):
+        torch.manual_seed(step)
+        opt.zero_grad()
+        loss = F.cross_entropy(run(batch.x, batch.edge_index, batch.batch), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.default_floor
+def test_small_pass_traces_the_layers_as_pytorch():
+    # Every tensor of this GIN stays under the default floor: after its first (full) pass,
+    # its passes run as PyTorch's, and a compiled frame traces its layers (Linear and
+    # BatchNorm1d twins) as PyTorch's: no gnnact::call in those graphs, for inductor to
+    # compile whole, and the same training as eager mode's.
+    torch.manual_seed(0)
+    eager = gnnact.convert(_GIN(), Config(bits=2))
+    compiled = copy.deepcopy(eager)
+    calls: list[int] = []
+
+    def backend(gm: torch.fx.GraphModule, inputs: list) -> Callable:
+        calls.append(sum(node.target in (torch.ops.gnnact.call, torch.ops.gnnact.call.default)
+                         for node in gm.graph.nodes))
+        return torch._dynamo.backends.debugging.aot_eager(gm, inputs)
+
+    assert _train_gin(compiled, 4, backend) == _train_gin(eager, 4, None)
+    assert scope_of(compiled).last.as_pytorch and scope_of(eager).last.as_pytorch
+    # The first pass's graphs hold the layers' operators, the small passes' none.
+    assert calls[0] > 0 and calls[-1] == 0 and len(calls) > 1
+    layers = [m for m in compiled.modules() if isinstance(m, _Compressed)]
+    assert layers and not any("_gnnact_as_pytorch" in m.__dict__ for m in layers)
+
+
+@pytest.mark.default_floor
+def test_small_pass_keeps_a_hooked_layer_an_operator():
+    # A layer with a forward hook of its own stays one operator in a small pass (its twinned
+    # forward, traced, would leave the hook out): the hook runs every step.
+    torch.manual_seed(0)
+    model = gnnact.convert(_GIN(), Config(bits=2))
+    seen = []
+    model.head.register_forward_hook(lambda m, i, o: seen.append(o.shape))
+    _train_gin(model, 3, "aot_eager")
+    assert scope_of(model).last.as_pytorch and len(seen) == 3
+
+
+@pytest.mark.parametrize("name", ["gcnii", "gcn"])
+def test_eager_backend_trains_as_eager(name):
+    # backend="eager" runs the graph's ops on the caller's tensors, history and all: GCN2Conv's
+    # x and x_0 come with theirs (one leads to the other), and its record starts at aliases.
+    data = _data()
+    eager, compiled = _pair(name, 2)
+    assert _train(compiled, data, 3, "eager") == _train(eager, data, 3, None)
+
+
 def test_copies_get_their_own_island():
     model = _pair("gcn", 2)[0]
     for copied in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):

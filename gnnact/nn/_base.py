@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -41,6 +42,20 @@ class _Compressed:
     """
 
     config: Config
+    #: Raised by a pass of the layer's model that runs as PyTorch's (every tensor under the
+    #: floor, :meth:`gnnact.nn.scope.Scope.small_pass`): a compiled frame then traces the
+    #: layer as the class it twins (:attr:`_twinned_forward`), and inductor compiles it whole.
+    _gnnact_as_pytorch: bool = False
+    #: The ``forward`` of the class this one twins (PyG's or PyTorch's), or ``None``.
+    _twinned_forward: Callable[..., Any] | None = None
+    #: Whether an eager pass run as PyTorch's still calls this class's own ``forward``.
+    _own_forward_when_small: bool = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        plain = (base.__dict__.get("forward") for base in cls.__mro__
+                 if not issubclass(base, _Compressed) and issubclass(base, nn.Module))
+        cls._twinned_forward = next((f for f in plain if f is not None), None)
 
     def _init_gnnact(self, config: Config | None) -> None:
         _check_config(config)
@@ -67,9 +82,14 @@ class _Compressed:
 
     @inlined_only
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        # Inside a compiled frame: one custom operator (gnnact.ops.library), which calls this
-        # very module eagerly at run time; Dynamo traces no further.
-        if torch.compiler.is_compiling():
+        # In a pass run as PyTorch's, the twinned class's forward (the pass flags only layers
+        # that have one and no hooks but the scope's, which do nothing inside a pass); traced
+        # inside a compiled frame. Otherwise, inside a compiled frame: one custom operator
+        # (gnnact.ops.library), which calls this very module eagerly at run time.
+        compiling = torch.compiler.is_compiling()
+        if self._gnnact_as_pytorch and (compiling or not self._own_forward_when_small):
+            return self._twinned_forward(*args, **kwargs)  # type: ignore[misc]
+        if compiling:
             out = library.call_module(self, args, kwargs)  # type: ignore[arg-type]
             if out is not NotImplemented:
                 return out

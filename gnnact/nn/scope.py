@@ -66,6 +66,7 @@ from gnnact.compress import Policy, Quantize, Rule
 from gnnact.config import Config
 from gnnact.hooks import SavedEntry, _is_parameter, active_pipeline, compress_saved_tensors
 from gnnact.memory import argument_tensors, storage_key, storage_keys
+from gnnact.nn._base import _Compressed
 from gnnact.nn.functional import CollectingOps, FunctionalOps, Marks
 from gnnact.ops.graph import GraphCache, use_graph_cache
 from gnnact.ops.library import Island
@@ -179,6 +180,12 @@ class _Pass:
         stack.enter_context(use_graph_cache(scope.graphs))
         self.watch = _Watch(scope.config.floor, state.resident, scope.buffer_owners(self.root))
         stack.enter_context(self.watch)
+        # Under torch.compile its layers are traced as the classes they twin (a layer with a
+        # hook of its own stays a custom operator: the twinned forward would skip the hook).
+        layers = [m for m in scope.twin_layers(self.module) if not _own_hooks(m)]
+        for layer in layers:
+            layer.__dict__[_AS_PYTORCH] = True
+        stack.callback(_clear_as_pytorch, layers)
 
     def exit(self, output: Any = None) -> None:
         _PASS.reset(self._token)
@@ -301,6 +308,8 @@ class Scope:
             weakref.WeakKeyDictionary())
         self._buffer_owners: weakref.WeakKeyDictionary[nn.Module, list[nn.Module]] = (
             weakref.WeakKeyDictionary())
+        self._twin_layers: weakref.WeakKeyDictionary[nn.Module, list[nn.Module]] = (
+            weakref.WeakKeyDictionary())
         self._configs: dict[tuple[str, str, int], Config] = {}
 
     # ------------------------------------------------------------------ installation
@@ -313,6 +322,7 @@ class Scope:
             scope.config = config
             scope.small_inputs.clear()
             scope._buffer_owners.clear()
+            scope._twin_layers.clear()
             scope._configs.clear()
             scope.bits.clear()
             scope._automate(model)
@@ -412,6 +422,16 @@ class Scope:
         return (ref is not None and len(inputs) == len(ref) and active_pipeline() is None
                 and all(t.numel() <= n for t, n in zip(inputs, ref, strict=True)))
 
+    def twin_layers(self, model: nn.Module) -> list[nn.Module]:
+        """The layers of ``model`` that have a twinned class's forward to run as PyTorch's
+        (:class:`~gnnact.nn._base._Compressed`), found once."""
+        layers = self._twin_layers.get(model)
+        if layers is None:
+            layers = self._twin_layers[model] = [
+                m for m in model.modules()
+                if isinstance(m, _Compressed) and m._twinned_forward is not None]
+        return layers
+
     def buffer_owners(self, model: nn.Module) -> list[nn.Module]:
         """The modules of ``model`` that have buffers, found once (a pass run as PyTorch's
         reads their buffers as they are then, to leave them out of its count)."""
@@ -491,7 +511,7 @@ class Scope:
         state = dict(self.__dict__)
         state["last"] = None  # a record of one pass, not part of the model
         # (Of these very modules: not picklable, and a copy has modules of its own.)
-        del state["small_inputs"], state["_buffer_owners"]
+        del state["small_inputs"], state["_buffer_owners"], state["_twin_layers"]
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -499,6 +519,7 @@ class Scope:
         self.__dict__.setdefault("island", Island(route=_route_in_pass))  # (pickled before)
         self.small_inputs = weakref.WeakKeyDictionary()
         self._buffer_owners = weakref.WeakKeyDictionary()
+        self._twin_layers = weakref.WeakKeyDictionary()
 
 
 # A module's hooks and attributes go with it through copy.deepcopy and pickle. A
@@ -542,6 +563,21 @@ def _per_edge_and_head(name: str, module: nn.Module | None, t: Tensor) -> bool:
     heads = getattr(module, "heads", None)
     return (isinstance(module, MessagePassing) and isinstance(heads, int) and t.dim() in (2, 3)
             and t.size(1) == heads and t.numel() == t.size(0) * heads)
+
+
+#: The flag of a layer in a pass run as PyTorch's (:attr:`_Compressed._gnnact_as_pytorch`).
+_AS_PYTORCH = "_gnnact_as_pytorch"
+
+
+def _clear_as_pytorch(layers: list[nn.Module]) -> None:
+    for layer in layers:
+        layer.__dict__.pop(_AS_PYTORCH, None)
+
+
+def _own_hooks(module: nn.Module) -> bool:
+    """Whether ``module`` has forward hooks other than a :class:`Scope`'s."""
+    return not all(map(_is_scope_hook, (*module._forward_pre_hooks.values(),
+                                        *module._forward_hooks.values())))
 
 
 def _is_scope_hook(hook: Any) -> bool:

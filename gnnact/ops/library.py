@@ -208,6 +208,13 @@ def _call(island: Island, fn: str, args: list[Tensor], layout: str, names: str, 
         target = FUNCTIONS[fn]
     else:
         target = functools.partial(island.route, FUNCTIONS[fn])
+    if sum(t.grad_fn is not None for t in args) > 1:
+        # A backend that runs the graph's ops on the caller's tensors (backend="eager") hands
+        # over arguments with their history. Where one argument's may lead to another's (x
+        # and x_0 of GCN2Conv), the record starts at detached aliases: its backward would
+        # run on through the layers between them (spending their records) and count the
+        # gradient of the earlier one twice. (A single one stays itself, for the registries.)
+        args = [t.detach().requires_grad_() if t.grad_fn is not None else t for t in args]
     positional, keywords = _arguments(args, layout, names, consts)
     wanted = [t for t, need in zip(args, needs, strict=True) if need]
     if not (wanted or params):  # nothing to record (in grad mode ops still note what they

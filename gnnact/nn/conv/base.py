@@ -69,6 +69,11 @@ class CompressedConv(_Compressed):
     propagate = MessagePassing.propagate
     edge_updater = MessagePassing.edge_updater
 
+    # A conv's own forward builds its graph once per adjacency (the model's graph cache),
+    # where PyG's rebuilds it every pass: eager passes run as PyTorch's keep it. (Compiled
+    # ones trace PyG's: the cache is eager code.)
+    _own_forward_when_small = True
+
     def _takes_pyg_path(self) -> bool:
         """Whether PyG's own ``forward`` must run: a message-passing hook is registered, explain
         mode is on, or ``decomposed_layers > 1`` (see the module docstring)."""
