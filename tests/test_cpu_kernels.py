@@ -109,6 +109,61 @@ def test_auto_takes_the_cpu_kernels_once_they_agree():
     assert torch.equal(gnnact.dequantize(packed), gnnact.dequantize(packed, backend="torch"))
 
 
+@pytest.mark.parametrize("n", [1, 7, 8, 311, 1000, 1247, 5003])
+@pytest.mark.parametrize("before", [0, 1, 622, 623, 624, 1000])
+@pytest.mark.parametrize("q", [0.5, 0.9, 0.23])
+def test_bernoulli_bits_are_bernoulli_draws(n, before, q):
+    """The kernel's bits are bernoulli_(q)'s, from any point of the engine's block (its
+    twists included), and its state after them is the generator's after bernoulli_."""
+    generator = torch.Generator().manual_seed(11)
+    torch.empty(before, dtype=torch.int64).random_(generator=generator)  # (one word each)
+    start = generator.get_state()
+    want = reference.pack_mask_bits(torch.empty(n).bernoulli_(q, generator=generator).bool())
+    state = start.clone()
+    got = cpu.bernoulli_bits(state, n, q)
+    assert torch.equal(got, want)
+    assert torch.equal(state, generator.get_state())
+
+
+def test_bernoulli_bits_refuse_a_state_that_is_not_one():
+    state = torch.Generator().get_state()
+    state[8:12] = torch.tensor([9999], dtype=torch.int32).view(torch.uint8)  # left > 624
+    with pytest.raises(ValueError, match="not an MT19937 state"):
+        cpu.bernoulli_bits(state, 10, 0.5)
+    with pytest.raises(ValueError, match="q must be in"):
+        cpu.bernoulli_bits(torch.Generator().get_state(), 10, 1.5)
+
+
+def test_dropout_masks_take_the_kernel_once_it_agrees(monkeypatch):
+    from gnnact.ops import draws
+
+    assert draws.cpu_draws_agree()
+    x = torch.ones(3000, 7)
+    torch.manual_seed(0)
+    calls = []
+    original = cpu.bernoulli_bits
+    monkeypatch.setattr(cpu, "bernoulli_bits", lambda *a: calls.append(a[1]) or original(*a))
+    bits = draws.keep_bits(x, 0.4)
+    torch.manual_seed(0)
+    assert calls == [x.numel()]
+    assert torch.equal(gnnact.quant.unpack_mask(bits), torch.nn.functional.dropout(x, 0.4) != 0)
+    # A kernel that does not draw bernoulli_'s numbers is said so, and not used.
+    monkeypatch.setattr(draws, "_cpu_draws_match", lambda: False)
+    draws.cpu_draws_agree.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="compiled CPU draw is not used"):
+            assert not draws.cpu_draws_agree()
+        calls.clear()
+        torch.manual_seed(0)
+        bits = draws.keep_bits(x, 0.4)
+        torch.manual_seed(0)
+        assert not calls
+        assert torch.equal(gnnact.quant.unpack_mask(bits),
+                           torch.nn.functional.dropout(x, 0.4) != 0)
+    finally:
+        draws.cpu_draws_agree.cache_clear()
+
+
 MODES = [(reference.MASK_MUL, 1.0), (reference.MASK_MUL, 2.0), (reference.MASK_ZERO, 1.0),
          (reference.MASK_SELECT, 0.2)]
 

@@ -1,6 +1,7 @@
-r"""The packed format's quantizer and dequantizer, and the mask ops of ReLU, LeakyReLU and
-dropout, compiled for the CPU (``quantize_cpu.cpp``), with the signatures of the torch reference
-(``gnnact.quant.reference``).
+r"""The packed format's quantizer and dequantizer, the mask ops of ReLU, LeakyReLU and
+dropout, and dropout's draws, compiled for the CPU (``quantize_cpu.cpp``), with the signatures
+of the torch reference (``gnnact.quant.reference``; for the draws, PyTorch's ``bernoulli_``:
+:func:`bernoulli_bits`).
 
 The torch path makes about ten passes over memory for each chunk of a quantization; the
 compiled one reads a group's values twice (the second time from the cache) and writes its
@@ -28,6 +29,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import math
 import os
 import platform
 import shutil
@@ -45,7 +47,7 @@ from gnnact.quant.packed import packed_code_bytes
 from gnnact.quant.reference import pack_mask_bits, unpack_mask_bits
 from gnnact.quant.rng import split_seed
 
-__all__ = ["FLAGS", "KERNEL_DTYPES", "apply_packed_mask", "available", "compiler",
+__all__ = ["FLAGS", "KERNEL_DTYPES", "apply_packed_mask", "available", "bernoulli_bits", "compiler",
            "compiler_version", "dequantize_groups", "library", "pack_mask_bits", "quantize_groups",
            "sign_mask", "unpack_mask_bits"]
 
@@ -138,8 +140,9 @@ def library() -> ctypes.CDLL:
     lib.gnnact_dequantize.argtypes = [ptr, ptr, ptr, i64, i64, ctypes.c_int, i64, ptr]
     lib.gnnact_apply_mask.argtypes = [ptr, ptr, ptr, i64, ctypes.c_int, ctypes.c_float]
     lib.gnnact_sign_mask.argtypes = [ptr, ptr, ptr, i64, ctypes.c_int, ctypes.c_float]
+    lib.gnnact_bernoulli_bits.argtypes = [ptr, i64, ctypes.c_uint64, ptr]
     for fn in (lib.gnnact_quantize, lib.gnnact_dequantize, lib.gnnact_apply_mask,
-               lib.gnnact_sign_mask):
+               lib.gnnact_sign_mask, lib.gnnact_bernoulli_bits):
         fn.restype = ctypes.c_int
     return lib
 
@@ -284,3 +287,28 @@ def apply_packed_mask(x: Tensor, data: Tensor, out: Tensor, mode: int, s: float)
 
     _by_groups((n + 7) // 8, 8, call, f"mode must be 0, 1 or 2, got {mode}")
     return out
+
+
+def bernoulli_bits(state: Tensor, numel: int, q: float) -> Tensor:
+    r"""The keep bits (packed as :func:`pack_mask_bits` packs, ``ceil(numel / 8)`` bytes) of
+    ``numel`` draws of PyTorch's CPU ``bernoulli_(q)`` from the generator state ``state`` (what
+    :meth:`torch.Generator.get_state` returns for a CPU generator), advanced in place as the
+    draws advance it: element :math:`j` is kept when the 53 low bits of
+    :math:`(a_j \ll 32) \mid b_j` (the MT19937 engine's outputs :math:`2j` and :math:`2j + 1`),
+    times :math:`2^{-53}`, are below ``q`` (see :func:`gnnact.ops.draws.keep_bits`)."""
+    if state.dtype != torch.uint8 or state.dim() != 1 or state.numel() < _STATE_BYTES:
+        raise ValueError(f"state must be a CPU generator's state (get_state()), got "
+                         f"{state.dtype} {tuple(state.shape)}")
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"q must be in [0, 1], got {q}")
+    bits = torch.empty((numel + 7) // 8, dtype=torch.uint8)
+    # u 2^-53 < q  <=>  u < q 2^53 (exact: a power of two)  <=>  u < ceil(q 2^53), u an integer
+    threshold = math.ceil(q * 2.0 ** 53)
+    if library().gnnact_bernoulli_bits(state.data_ptr(), numel, threshold, bits.data_ptr()):
+        raise ValueError("gnnact CPU kernel: state is not an MT19937 state as get_state() "
+                         "lays it out")
+    return bits
+
+
+#: Bytes of a CPU generator's state the kernel reads: ``left``, ``next`` and the 624 words.
+_STATE_BYTES = 24 + 624 * 8

@@ -21,6 +21,7 @@
 // (-O3 -march=native): 16 vector lanes for the range, whole octets for the noise (one inner
 // mix, four outer ones), plain element loops for the rounding and the dequantizer's scale.
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -318,6 +319,47 @@ inline __attribute__((always_inline)) void sign_mask_body(const float* x, float*
 GNNACT_MASK_OP(apply_mask)
 GNNACT_MASK_OP(sign_mask)
 
+// PyTorch's CPU generator: MT19937 as ATen's mt19937 engine runs it (state words, `left`
+// calls until the next twist, index `next` of the next word), and its Bernoulli draw for a
+// float tensor, one element after the other: two 32-bit outputs a, b, the 53 low bits of
+// (a << 32) | b as the uniform u 2^-53, kept when u < q. With T = ceil(q 2^53) that is
+// (u 2^53) < T in integers, exactly (gnnact.kernels.cpu.bernoulli_bits computes T).
+constexpr int MT_N = 624, MT_M = 397;
+
+inline u32 mt_twist(u32 u, u32 v) {
+    return (((u & 0x80000000u) | (v & 0x7fffffffu)) >> 1) ^ ((v & 1u) ? 0x9908b0dfu : 0u);
+}
+
+void mt_next_state(u32* s) {
+    int i = 0;
+    for (; i < MT_N - MT_M; ++i) s[i] = s[i + MT_M] ^ mt_twist(s[i], s[i + 1]);
+    for (; i < MT_N - 1; ++i) s[i] = s[i + MT_M - MT_N] ^ mt_twist(s[i], s[i + 1]);
+    s[MT_N - 1] = s[MT_M - 1] ^ mt_twist(s[MT_N - 1], s[0]);
+}
+
+// `count` outputs of the engine into out, as `count` calls of it would return them.
+void mt_fill(u32* s, i64& left, i64& next, u32* out, i64 count) {
+    for (i64 k = 0; k < count;) {
+        if (left == 1) {  // the next call twists (and leaves left = MT_N after its draw)
+            mt_next_state(s);
+            left = MT_N + 1;
+            next = 0;
+        }
+        const i64 take = std::min(left - 1, count - k);
+        const u32* w = s + next;
+        for (i64 t = 0; t < take; ++t) {  // (the tempering: vectorised)
+            u32 y = w[t];
+            y ^= y >> 11;
+            y ^= (y << 7) & 0x9d2c5680u;
+            y ^= (y << 15) & 0xefc60000u;
+            out[k + t] = y ^ (y >> 18);
+        }
+        next += take;
+        left -= take;
+        k += take;
+    }
+}
+
 }  // namespace
 
 #define GNNACT_WIDTHS(F) F(1) F(2) F(3) F(4) F(5) F(6) F(7) F(8)
@@ -358,6 +400,51 @@ int gnnact_dequantize(const u8* codes, const float* scales, const float* zeros, 
 int gnnact_apply_mask(const float* x, const u8* data, float* out, i64 n, int mode, float s) {
     // (data read only: the two ops' shared signature)
     return by_mode<apply_mask_op>(mode, x, out, const_cast<u8*>(data), n, s);
+}
+
+// The keep bits of n Bernoulli(q) draws (threshold = ceil(q 2^53)) from the CPU generator
+// state `state` (the bytes of torch.Generator.get_state(): ATen's THGeneratorState, whose
+// int32 `left` is at byte 8, uint64 `next` at 16 and 624 uint64 words at 24), advanced in
+// place as the draws advance it; element j in bit j % 8 of byte j / 8 of bits (ceil(n / 8)
+// bytes, the last one's unused bits 0). Returns 0, or -1 for a state the engine could not be
+// in (not that layout).
+int gnnact_bernoulli_bits(u8* state, i64 n, u64 threshold, u8* bits) {
+    int32_t left32;
+    u64 next64, stored[MT_N];
+    std::memcpy(&left32, state + 8, 4);
+    std::memcpy(&next64, state + 16, 8);
+    std::memcpy(stored, state + 24, sizeof stored);
+    i64 left = left32, next = (i64)next64;
+    if (left < 1 || left > MT_N || next < 0 || next + left - 1 > MT_N) return -1;
+    u32 words32[MT_N];
+    for (int i = 0; i < MT_N; ++i) {
+        if (stored[i] >> 32) return -1;
+        words32[i] = (u32)stored[i];
+    }
+    constexpr i64 CHUNK = 1024;  // elements a round (a multiple of 8)
+    u32 drawn[2 * CHUNK];
+    constexpr u64 LOW53 = (u64(1) << 53) - 1;
+    for (i64 j0 = 0; j0 < n; j0 += CHUNK) {
+        const i64 m = std::min(CHUNK, n - j0);
+        mt_fill(words32, left, next, drawn, 2 * m);
+        u8* out = bits + (j0 >> 3);
+        for (i64 k = 0; k < (m + 7) / 8; ++k) {
+            u32 byte = 0;
+            for (int l = 0; l < 8 && 8 * k + l < m; ++l) {
+                const i64 e = 8 * k + l;
+                const u64 u = (((u64)drawn[2 * e] << 32) | drawn[2 * e + 1]) & LOW53;
+                byte |= (u32)(u < threshold) << l;
+            }
+            out[k] = (u8)byte;
+        }
+    }
+    for (int i = 0; i < MT_N; ++i) stored[i] = words32[i];
+    left32 = (int32_t)left;
+    next64 = (u64)next;
+    std::memcpy(state + 8, &left32, 4);
+    std::memcpy(state + 16, &next64, 8);
+    std::memcpy(state + 24, stored, sizeof stored);
+    return 0;
 }
 
 // [x > 0] of float32 x[0 .. n) into data (ceil(n / 8) bytes) and the mode's combination into

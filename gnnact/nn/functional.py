@@ -62,7 +62,7 @@ from gnnact.compress.gather import mark_gathered
 from gnnact.config import Config
 from gnnact.ops import library
 from gnnact.ops.context import overwritable
-from gnnact.ops.state import PassMode, inlined_only
+from gnnact.ops.state import PassMode, inlined_only, not_compiled
 
 __all__ = ["CAPTURED", "EXACT_FUNCTIONS", "FINE_FUNCTIONS", "FLOORED", "GATE_FUNCTIONS",
            "CollectingOps", "FunctionalOps", "Marks", "temporary_counts"]
@@ -298,10 +298,6 @@ def temporary_counts() -> dict[Callable, tuple[int, int]]:
     return found
 
 
-# Dynamo's frame-skipping mark (torch._dynamo.decorators.skip; private): where a PyTorch lacks
-# it, torch.compiler.disable does the same behind a wrapper.
-_not_compiled = getattr(torch._dynamo.decorators, "skip", torch.compiler.disable)
-
 _MARKS: dict[Callable, str] = {**dict.fromkeys(EXACT_FUNCTIONS, "exact"),
                                **dict.fromkeys(FINE_FUNCTIONS, "fine"),
                                **dict.fromkeys(GATE_FUNCTIONS, "gate")}
@@ -396,7 +392,7 @@ class FunctionalOps(PassMode):
     # Computers alike). It routes calls: nothing to compile. A mark on the code (Dynamo's
     # ``skip``), not torch.compiler.disable's wrapper, which costs ~5 µs on each of the ~700
     # calls of a GIN step, eager or not.
-    @_not_compiled
+    @not_compiled
     def _route(self, func: Callable, types: Any, args: tuple = (),
                kwargs: dict | None = None) -> Any:
         # Counted before anything here refers to the input (temporary_counts counts here too).
@@ -441,7 +437,7 @@ class CollectingOps(FunctionalOps):
         super().__init__(config_for, marks, min_bytes, island)
         self.collect = collect
 
-    @_not_compiled  # (as FunctionalOps._route)
+    @not_compiled  # (as FunctionalOps._route)
     def _route(self, func: Callable, types: Any, args: tuple = (),
                kwargs: dict | None = None) -> Any:
         out = super()._route(func, types, args, kwargs)

@@ -32,12 +32,16 @@ on) then runs as one gnnact forward pass:
 A pass whose every tensor stays under the floor (``config.min_bytes``), as a full pass on
 inputs at least as large found (:meth:`Scope.small_pass`), runs as PyTorch's: its own state
 and the graph cache, no mode and no pipeline (on a small graph they cost as much as the
-arithmetic), everything it saves kept as it is and counted (``PassRecord.as_pytorch``).
+arithmetic), its layers run as the classes they twin (PyG's or PyTorch's ``forward``; the
+convs keep their own in eager mode, which builds their graph once), everything it saves kept
+as it is and counted (``PassRecord.as_pytorch``).
 
 Under :func:`torch.compile` the model's own call enters and leaves the pass eagerly; inside the
 compiled forward, the children's hooks and the pipeline's module tracking trace to nothing, and
 the compressed layers and routed functional calls are custom operators that make their calls
-eagerly, inside this pass, at run time (:mod:`gnnact.ops.library`): one graph, no break.
+eagerly, inside this pass, at run time (:mod:`gnnact.ops.library`): one graph, no break. A
+pass run as PyTorch's is traced as PyTorch's (its layers as the classes they twin): no
+operator, and inductor compiles it whole, as it compiles the original model.
 
 A call of one of the model's children made outside the model's own call (a model used through
 its methods: GAE's ``encode`` and ``recon_loss``) is a pass too. Evaluation
@@ -64,14 +68,14 @@ from torch_geometric.nn.conv import MessagePassing
 from gnnact.adaptive.auto import AutoPrecision
 from gnnact.compress import Policy, Quantize, Rule
 from gnnact.config import Config
-from gnnact.hooks import SavedEntry, _is_parameter, active_pipeline, compress_saved_tensors
-from gnnact.memory import argument_tensors, storage_key, storage_keys
+from gnnact.hooks import SavedEntry, active_pipeline, compress_saved_tensors
+from gnnact.memory import argument_tensors, storage_keys
 from gnnact.nn._base import _Compressed
 from gnnact.nn.functional import CollectingOps, FunctionalOps, Marks
 from gnnact.ops.graph import GraphCache, use_graph_cache
 from gnnact.ops.library import Island
 from gnnact.ops.probe import NoiseProbe, probing
-from gnnact.ops.state import forward_pass, inlined_only
+from gnnact.ops.state import forward_pass, inlined_only, not_compiled
 from gnnact.quant.rng import PassSeeds
 
 __all__ = ["PassRecord", "Scope", "scope_of"]
@@ -197,10 +201,11 @@ class _Pass:
         finally:
             pipeline, watch = self.pipeline, self.watch
             if watch is not None:
-                if watch.over:  # sizes the full passes did not bound: full passes again
+                count, nbytes, over = watch.finish()
+                if over:  # sizes the full passes did not bound: full passes again
                     self.scope.small_inputs.pop(self.module, None)
-                self.scope.last = PassRecord({"": watch.nbytes}, {}, self.scope.graphs.nbytes(),
-                                             (watch.count, watch.nbytes), as_pytorch=True)
+                self.scope.last = PassRecord({"": nbytes}, {}, self.scope.graphs.nbytes(),
+                                             (count, nbytes), as_pytorch=True)
             elif pipeline is not None:
                 self.scope.last = PassRecord(dict(pipeline.bytes_by_module),
                                              dict(pipeline.tensors),
@@ -233,38 +238,47 @@ def _same(t: Any) -> Any:
 class _Watch(torch.autograd.graph.saved_tensors_hooks):
     """What a pass run as PyTorch's saves: kept as it is, whatever its size; counted (each
     storage once; parameters, the inputs' storages ``skip`` and the buffers of the modules
-    ``owners`` left out, as a full pass leaves them), and ``over`` is raised by one of
-    ``floor`` bytes or more, or one that is no plain strided tensor."""
+    ``owners`` left out, as a full pass leaves them) by :meth:`finish`, which also says
+    whether one of them has ``floor`` bytes or more, or one is no plain strided tensor."""
 
     def __init__(self, floor: int, skip: set[tuple], owners: list[nn.Module]) -> None:
-        super().__init__(torch.compiler.disable(self._pack), _same)  # (as the pipeline's)
+        super().__init__(self._pack, _same)
         self.floor, self.skip, self.owners = floor, skip, owners
-        self.over = False
-        self.count = self.nbytes = 0
-        self._seen: set[tuple] = set()
-        self._buffers: set[tuple] | None = None  # (read when a leaf needing no gradient comes)
+        self._odd = False  # a tensor that is no plain strided one
+        # storage -> (bytes, whether a leaf needing no gradient: a buffer, perhaps)
+        self._seen: dict[tuple, tuple[int, bool]] = {}
 
+    # Called for each tensor autograd saves, eagerly (Dynamo never compiles it: it may run
+    # inside a compiled call); sorted out once, in finish(): a small graph's step saves a
+    # hundred tensors, and each call here costs as much as the ops that save them.
+    @not_compiled
     def _pack(self, t: Tensor) -> Tensor:
         if type(t) is not Tensor or t.layout != torch.strided:
             if not isinstance(t, nn.Parameter):
-                self.over = True
+                self._odd = True
+            return t
+        base = t._base
+        if base is None:
+            base = t
+        if base.requires_grad and base.grad_fn is None:  # a parameter, or a view of one
             return t
         storage = t.untyped_storage()
-        key = storage_key(storage)
-        if key in self._seen or key in self.skip or _is_parameter(t):
-            return t
-        if t.grad_fn is None and not t.requires_grad:  # a buffer (running statistics)?
-            if self._buffers is None:  # (the buffers as they are now: .to() replaces them)
-                self._buffers = storage_keys([b for m in self.owners for b in m._buffers.values()
-                                              if b is not None])
-            if key in self._buffers:
-                return t
-        self._seen.add(key)
-        nbytes = storage.nbytes()
-        self.over |= nbytes >= self.floor
-        self.count += 1
-        self.nbytes += nbytes
+        device = storage.device
+        key = (device.type, device.index, storage.data_ptr())  # (memory.storage_key)
+        if key not in self._seen:
+            self._seen[key] = (storage.nbytes(), t.grad_fn is None and not t.requires_grad)
         return t
+
+    def finish(self) -> tuple[int, int, bool]:
+        """``(count, bytes, over)`` of what the pass saved."""
+        seen = {key: entry for key, entry in self._seen.items() if key not in self.skip}
+        if any(leaf for _, leaf in seen.values()):  # (the buffers as they are now)
+            buffers = {(b.device.type, b.device.index, b.untyped_storage().data_ptr())
+                       for m in self.owners for b in m._buffers.values() if b is not None}
+            seen = {key: entry for key, entry in seen.items()
+                    if not (entry[1] and key in buffers)}
+        sizes = [nbytes for nbytes, _ in seen.values()]
+        return len(sizes), sum(sizes), self._odd or any(n >= self.floor for n in sizes)
 
 
 class Scope:
@@ -423,8 +437,8 @@ class Scope:
                 and all(t.numel() <= n for t, n in zip(inputs, ref, strict=True)))
 
     def twin_layers(self, model: nn.Module) -> list[nn.Module]:
-        """The layers of ``model`` that have a twinned class's forward to run as PyTorch's
-        (:class:`~gnnact.nn._base._Compressed`), found once."""
+        """The gnnact layers of ``model`` whose class twins one with a ``forward`` (PyG's or
+        PyTorch's) to run in passes run as PyTorch's, found once."""
         layers = self._twin_layers.get(model)
         if layers is None:
             layers = self._twin_layers[model] = [

@@ -8,6 +8,17 @@ the tensor's size, dtype and alignment and differ from ``bernoulli_``'s. :func:`
 computes that kernel's draws itself where it can (:mod:`gnnact.quant.philox`: float32,
 contiguous, 16-byte aligned, a multiple of 4 values), straight into packed bits; elsewhere the
 kernel's own mask is taken, beside a transient output of the input's size.
+
+PyTorch's CPU ``bernoulli_`` runs its generator (MT19937) once per element, serially, at
+about 15 ns an element: on a CPU the input dropout of a Planetoid model (Cora's 3.9 M
+features) is most of its step, for PyTorch and PyG as much as for gnnact. Where the compiled
+CPU kernels build (:mod:`gnnact.kernels.cpu`), :func:`keep_bits` and :func:`keep_mask` draw
+the same numbers from the same generator state in one tight loop, straight into bits
+(``gnnact_bernoulli_bits``: 5 ms for Cora's features where ``bernoulli_`` takes 75-90 ms, one
+thread), and leave the generator where
+``bernoulli_`` leaves it. Checked once per process against ``bernoulli_`` itself
+(:func:`cpu_draws_agree`); tensors under :data:`CPU_DRAW_ELEMENTS` values keep PyTorch's
+draw (reading and writing the generator's 5 KB state costs more).
 """
 
 from __future__ import annotations
@@ -18,10 +29,14 @@ import threading
 import torch
 from torch import Tensor
 
-from gnnact.quant import PackedMask, pack_mask
+from gnnact.quant import PackedMask, pack_mask, unpack_mask
 from gnnact.quant.philox import VALUES_PER_DRAW, dropout_launch
 
-__all__ = ["fused_draws_agree", "keep_bits", "keep_mask"]
+__all__ = ["CPU_DRAW_ELEMENTS", "cpu_draws_agree", "fused_draws_agree", "keep_bits",
+           "keep_mask"]
+
+#: Values from which the CPU draws take the compiled kernel (:func:`cpu_draws_agree`).
+CPU_DRAW_ELEMENTS = 1 << 10
 
 
 def keep_mask(like: Tensor, p: float, dtype: torch.dtype = torch.bool) -> Tensor:
@@ -46,6 +61,9 @@ def keep_mask(like: Tensor, p: float, dtype: torch.dtype = torch.bool) -> Tensor
         if like.is_cuda and like.numel() > 0:  # where F.dropout takes the fused kernel
             mask = torch.native_dropout(like, p, True)[1]
             return mask if dtype == torch.bool else mask.to(dtype)
+        if _draws_on_cpu(like):
+            bits = _draw_bits_cpu(like.numel(), 1 - p)
+            return unpack_mask(PackedMask(bits, like.shape)).to(dtype)
         return torch.empty_like(like, dtype=dtype).bernoulli_(1 - p)
 
 
@@ -73,6 +91,8 @@ def keep_bits(like: Tensor, p: float) -> PackedMask:
         raise ValueError(f"p must be in (0, 1) to draw a mask, got {p}")
     if _computes_draws(like) and fused_draws_agree(like.device.index):
         return PackedMask(_draw_bits(like.numel(), p, like.device), like.shape)
+    if _draws_on_cpu(like):
+        return PackedMask(_draw_bits_cpu(like.numel(), 1 - p), like.shape)
     return pack_mask(keep_mask(like, p))
 
 
@@ -137,6 +157,62 @@ def _draws_match(device_index: int) -> bool:
             generator.set_offset(start)
             got = _draw_bits(numel, p, device)
             if generator.get_offset() != after or not torch.equal(got, want.data):
+                return False
+        return True
+    finally:
+        generator.set_state(state)
+
+
+def _draws_on_cpu(like: Tensor) -> bool:
+    """Whether ``like``'s mask is drawn by the compiled CPU kernel: a CPU tensor of at least
+    :data:`CPU_DRAW_ELEMENTS` values, outside a function being compiled, where the kernel
+    builds and draws what ``bernoulli_`` draws."""
+    from gnnact.kernels import cpu
+
+    return (like.device.type == "cpu" and like.numel() >= CPU_DRAW_ELEMENTS
+            and not torch.compiler.is_compiling() and cpu.available() and cpu_draws_agree())
+
+
+def _draw_bits_cpu(numel: int, q: float) -> Tensor:
+    """The packed keep bits of ``numel`` draws of ``bernoulli_(q)`` from the default CPU
+    generator, which then stands where ``bernoulli_`` would have left it."""
+    from gnnact.kernels import cpu
+
+    generator = torch.default_generator
+    with _ADVANCE:  # (read, drawn from and written back as one step: see _ADVANCE)
+        state = generator.get_state()
+        bits = cpu.bernoulli_bits(state, numel, q)
+        generator.set_state(state)
+    return bits
+
+
+# Cached per process: a fact about this build of PyTorch, not about a model.
+@functools.cache
+def cpu_draws_agree() -> bool:
+    """Whether the compiled CPU kernel draws what ``bernoulli_`` draws and leaves the
+    generator where it does: checked once per process on a few sizes and probabilities,
+    from a state in the middle of a block of the engine and across its twists, with the
+    generator's state put back afterwards. Where it does not, a warning says so and the
+    masks are drawn by ``bernoulli_``: the same masks, slower."""
+    from gnnact.quant.backends import _self_check
+
+    return _self_check(_cpu_draws_match, "the compiled CPU draw is not used",
+                       "dropout's masks are drawn by bernoulli_ (the same masks)")
+
+
+def _cpu_draws_match() -> bool:
+    generator = torch.default_generator
+    state = generator.get_state()
+    try:
+        generator.manual_seed(20261129)
+        for numel, p in ((1, 0.5), (1000, 0.5), (4099, 0.1), ((1 << 16) + 3, 0.77)):
+            torch.rand(numel % 7 + 1)  # (start inside a block)
+            start = generator.get_state()
+            want = pack_mask(torch.empty(numel).bernoulli_(1 - p).bool()).data
+            after = generator.get_state()
+            generator.set_state(start)
+            if not (torch.equal(_draw_bits_cpu(numel, 1 - p), want)
+                    and torch.equal(generator.get_state(), after)):
                 return False
         return True
     finally:

@@ -51,7 +51,7 @@ from torch.overrides import TorchFunctionMode
 from gnnact.quant.rng import PassSeeds
 
 __all__ = ["ForwardState", "PassMode", "eager_op", "forward_pass", "forward_state", "inlined_only",
-           "own_work"]
+           "not_compiled", "own_work"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -75,6 +75,14 @@ def eager_op(fn: _F) -> _F:
             return fn(*args, **kwargs)
 
     return torch.compiler.disable(op)  # type: ignore[return-value]
+
+
+#: ``fn`` itself, never compiled by Dynamo, as a frame of its own or inside another (a graph
+#: break where a compiled frame calls it); the frames it calls may be. For code eager mode
+#: runs for every call or saved tensor: Dynamo's frame-skipping mark (private,
+#: ``torch._dynamo.decorators.skip``), not :func:`torch.compiler.disable`'s wrapper, which
+#: costs ~0.5 µs a call (where a PyTorch lacks the mark, the wrapper does the same).
+not_compiled = getattr(torch._dynamo.decorators, "skip", torch.compiler.disable)
 
 
 def inlined_only(fn: _F) -> _F:
