@@ -18,7 +18,8 @@ The mask ops (rows ``bench: mask_throughput``) are ReLU's forward (``sign_mask``
 :math:`X`, writes the output and the packed :math:`[X > 0]`) and applying a packed mask
 (``apply_packed_mask``: dropout's forward and every mask op's backward: reads :math:`X` and
 the mask, writes the output): the CUDA or CPU kernels (one pass) against the torch path (by
-blocks).
+blocks). On the CPU, ``dropout_draw``: dropout's keep mask, PyTorch's ``bernoulli_`` against the
+compiled kernel that draws the same numbers straight into bits.
 
 Usage::
 
@@ -143,6 +144,31 @@ def mask_rows(x: torch.Tensor, env: dict, copy_gbps: float, copy_kernel_gbps: fl
                               kernel=backend == "cupy")}
             rows.append(row)
             print(f"{env['device_name'][:40]:40s} {op:17s} {backend:5s} " + _shown(row))
+    if x.device.type == "cpu":
+        rows += _draw_rows(flat, env, copy_gbps, backends, repeats)
+    return rows
+
+
+def _draw_rows(flat: torch.Tensor, env: dict, copy_gbps: float, backends: list[str],
+               repeats: int) -> list[dict]:
+    """Dropout's keep mask on the CPU (``dropout_draw``, p = 0.5): PyTorch's ``bernoulli_``
+    (``torch``: what ``F.dropout`` draws) against the compiled kernel's same draws straight
+    into bits (``cpu``: :func:`gnnact.ops.draws.keep_bits`). Moved: the float mask
+    ``F.dropout`` writes, 4 bytes a value, for both (a rate of values, in the bytes' unit)."""
+    from gnnact.ops import draws
+
+    mask = torch.empty(flat.numel())
+    impls = {"torch": lambda: mask.bernoulli_(0.5)}
+    if "cpu" in backends and draws.cpu_draws_agree():
+        impls = {"cpu": lambda: draws.keep_bits(flat, 0.5), **impls}
+    rows = []
+    for backend, fn in impls.items():
+        row = {"bench": "mask_throughput", **env, "op": "dropout_draw", "backend": backend,
+               "numel": flat.numel(), "dtype": str(flat.dtype).replace("torch.", ""),
+               **_timings(fn, flat.device, 4 * flat.numel(), copy_gbps, None, repeats,
+                          kernel=False)}
+        rows.append(row)
+        print(f"{env['device_name'][:40]:40s} {'dropout_draw':17s} {backend:5s} " + _shown(row))
     return rows
 
 

@@ -77,6 +77,10 @@ def _storages(value: Any) -> dict[tuple, Tensor]:
 class _CountAllocations(TorchDispatchMode):
     """Adds each new output storage to ``meter``'s live total until the storage is freed."""
 
+    # Random ops draw as they would without it: dropout's masks may be computed from the
+    # default generator's state under it (gnnact.ops.draws).
+    transparent_to_randomness = True
+
     def __init__(self, meter: PeakMeter) -> None:
         super().__init__()
         self.meter = meter

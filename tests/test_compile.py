@@ -286,6 +286,25 @@ def test_layer_called_with_a_pair_runs_eagerly_and_trains_as_eager():
     assert torch.equal(eager.conv.lin_l.weight.grad, compiled.conv.lin_l.weight.grad)
 
 
+def test_a_call_left_to_eager_mode_is_not_compiled_in_pieces():
+    # The pair call breaks the graph and runs eagerly; Dynamo, still watching there, compiled
+    # the SAGE twin's own forward as frames of their own, in pieces between gnnact's ops
+    # (to_hetero's models: a set of pieces per edge type, slower than eager mode).
+    data = _data()
+    torch.manual_seed(0)
+    model = gnnact.convert(_Bipartite(), Config(bits=2))
+    traced: list[str] = []
+
+    def backend(gm: torch.fx.GraphModule, inputs: list) -> Callable:
+        traced.extend(str(node.meta.get("stack_trace", "")) for node in gm.graph.nodes)
+        return gm.forward
+
+    run = torch.compile(model, backend=backend)
+    for _ in range(2):
+        run(data.x, data.edge_index).square().sum().backward()
+    assert not [t for t in traced if "gnnact/nn/conv" in t]
+
+
 class _Gelu(nn.Module):
     """Two linear maps around a function the pass does not route (F.gelu)."""
 
@@ -367,6 +386,19 @@ def test_small_pass_keeps_a_hooked_layer_an_operator():
     model.head.register_forward_hook(lambda m, i, o: seen.append(o.shape))
     _train_gin(model, 3, "aot_eager")
     assert scope_of(model).last.as_pytorch and len(seen) == 3
+
+
+def test_a_subclass_with_its_own_forward_is_never_run_as_the_twinned_class():
+    class Doubled(gnnact.nn.Linear):
+        def forward(self, x):
+            return 2 * super().forward(x)
+
+    class Plain(gnnact.nn.Linear):
+        pass
+
+    assert Doubled._twinned_forward is None
+    assert Plain._twinned_forward is nn.Linear.forward
+    assert gnnact.nn.GCNConv._twinned_forward is GCNConv.forward
 
 
 @pytest.mark.parametrize("name", ["gcnii", "gcn"])

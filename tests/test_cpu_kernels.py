@@ -164,6 +164,23 @@ def test_dropout_masks_take_the_kernel_once_it_agrees(monkeypatch):
         draws.cpu_draws_agree.cache_clear()
 
 
+def test_dropout_masks_follow_a_mode_that_gives_random_ops_their_generator():
+    """Under a Controller's seeded_randomness, random ops draw from its generator: the masks
+    too (bernoulli_ then, not the kernel, which reads the default generator), and the default
+    generator is left alone."""
+    from gnnact.adaptive.randomness import seeded_randomness
+    from gnnact.ops import draws
+
+    x = torch.ones(3000, 7)
+    before = torch.default_generator.get_state()
+    with seeded_randomness(5):
+        bits = draws.keep_bits(x, 0.4)
+    with seeded_randomness(5):
+        want = torch.nn.functional.dropout(x, 0.4) != 0
+    assert torch.equal(gnnact.quant.unpack_mask(bits), want)
+    assert torch.equal(torch.default_generator.get_state(), before)
+
+
 MODES = [(reference.MASK_MUL, 1.0), (reference.MASK_MUL, 2.0), (reference.MASK_ZERO, 1.0),
          (reference.MASK_SELECT, 0.2)]
 

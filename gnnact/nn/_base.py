@@ -10,7 +10,7 @@ from torch import nn
 
 from gnnact.config import Config
 from gnnact.ops import library
-from gnnact.ops.state import inlined_only
+from gnnact.ops.state import inlined_only, under_dynamo
 
 __all__ = ["_Compressed", "same_shape", "torchscript_unsupported"]
 
@@ -34,6 +34,11 @@ def _check_config(config: object) -> None:
         raise TypeError(f"config must be a gnnact.Config, got {type(config).__name__}")
 
 
+@torch.compiler.disable
+def _call_eagerly(module: nn.Module, args: tuple, kwargs: dict) -> Any:
+    return nn.Module.__call__(module, *args, **kwargs)
+
+
 class _Compressed:
     """Mixin: a ``config`` attribute, and in-place adoption of the plain PyTorch module.
 
@@ -55,7 +60,10 @@ class _Compressed:
         super().__init_subclass__(**kwargs)
         plain = (base.__dict__.get("forward") for base in cls.__mro__
                  if not issubclass(base, _Compressed) and issubclass(base, nn.Module))
-        cls._twinned_forward = next((f for f in plain if f is not None), None)
+        # (A user's subclass with a forward of its own keeps it: none to run instead.)
+        own = any("forward" in base.__dict__ and not base.__module__.startswith("gnnact.")
+                  for base in cls.__mro__ if issubclass(base, _Compressed))
+        cls._twinned_forward = None if own else next((f for f in plain if f is not None), None)
 
     def _init_gnnact(self, config: Config | None) -> None:
         _check_config(config)
@@ -93,6 +101,11 @@ class _Compressed:
             out = library.call_module(self, args, kwargs)  # type: ignore[arg-type]
             if out is not NotImplemented:
                 return out
+        if compiling or under_dynamo():
+            # A call the operator does not take (a bipartite pair, say), or one a graph break
+            # left to eager mode inside a compiled region: made eagerly, Dynamo off (it would
+            # compile the layer's forward in pieces between gnnact's ops, once per size).
+            return _call_eagerly(self, args, kwargs)
         return super().__call__(*args, **kwargs)  # type: ignore[misc]
 
     def _compiled_shape(self, *args: Any, **kwargs: Any) -> list[int] | None:

@@ -105,7 +105,22 @@ def _computes_draws(like: Tensor) -> bool:
     return (like.is_cuda and like.dtype == torch.float32 and like.numel() > 0
             and like.numel() % VALUES_PER_DRAW == 0 and like.is_contiguous()
             and like.data_ptr() % 16 == 0 and not torch.compiler.is_compiling()
-            and not torch.cuda.is_current_stream_capturing() and cupy_available())
+            and not torch.cuda.is_current_stream_capturing() and _default_generator_draws()
+            and cupy_available())
+
+
+def _default_generator_draws() -> bool:
+    """Whether a random ATen op called here draws from its device's default generator: no
+    dispatch mode is active but ones that declare they leave random ops alone
+    (``transparent_to_randomness``). A mode may give them another generator (a
+    :class:`gnnact.Controller`'s estimation passes: :mod:`gnnact.adaptive.randomness`), which
+    draws computed from the default generator's state would not follow."""
+    if not torch._C._len_torch_dispatch_stack():
+        return True
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    return all(getattr(mode, "transparent_to_randomness", False)
+               for mode in _get_current_dispatch_mode_stack())
 
 
 # The generator's offset is read and then advanced in two calls: one lock for all of gnnact's
@@ -165,12 +180,13 @@ def _draws_match(device_index: int) -> bool:
 
 def _draws_on_cpu(like: Tensor) -> bool:
     """Whether ``like``'s mask is drawn by the compiled CPU kernel: a CPU tensor of at least
-    :data:`CPU_DRAW_ELEMENTS` values, outside a function being compiled, where the kernel
-    builds and draws what ``bernoulli_`` draws."""
+    :data:`CPU_DRAW_ELEMENTS` values, outside a function being compiled, where ``bernoulli_``
+    would draw from the default generator, the kernel builds and draws what it draws."""
     from gnnact.kernels import cpu
 
     return (like.device.type == "cpu" and like.numel() >= CPU_DRAW_ELEMENTS
-            and not torch.compiler.is_compiling() and cpu.available() and cpu_draws_agree())
+            and not torch.compiler.is_compiling() and _default_generator_draws()
+            and cpu.available() and cpu_draws_agree())
 
 
 def _draw_bits_cpu(numel: int, q: float) -> Tensor:

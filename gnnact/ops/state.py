@@ -51,7 +51,7 @@ from torch.overrides import TorchFunctionMode
 from gnnact.quant.rng import PassSeeds
 
 __all__ = ["ForwardState", "PassMode", "eager_op", "forward_pass", "forward_state", "inlined_only",
-           "not_compiled", "own_work"]
+           "not_compiled", "own_work", "under_dynamo"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -83,6 +83,16 @@ def eager_op(fn: _F) -> _F:
 #: ``torch._dynamo.decorators.skip``), not :func:`torch.compiler.disable`'s wrapper, which
 #: costs ~0.5 µs a call (where a PyTorch lacks the mark, the wrapper does the same).
 not_compiled = getattr(torch._dynamo.decorators, "skip", torch.compiler.disable)
+
+
+_callback = getattr(torch._C._dynamo.eval_frame, "get_eval_frame_callback", lambda: None)
+
+
+def under_dynamo() -> bool:
+    """Whether this code runs eagerly inside a compiled region (a graph break's eager part):
+    Dynamo then offers each Python frame it calls to be compiled on its own. (Its frame
+    callback is set; private: where a PyTorch lacks the getter, ``False``.)"""
+    return _callback() is not None
 
 
 def inlined_only(fn: _F) -> _F:
