@@ -700,7 +700,11 @@ def _speed(results: Path) -> list[str]:
     def ms(r) -> str:
         if r is None:
             return "–"
-        return r["error"].split(":")[0] if r.get("error") else f"{r['step_ms']:.1f}"
+        if r.get("error"):
+            return r["error"].split(":")[0]
+        # (A variant whose recipe never called the module: GAE's compiled one, its recipe
+        # calling encode and recon_loss.)
+        return "no step" if r["step_ms"] is None else f"{r['step_ms']:.1f}"
 
     body = []
     for (device, threads, case), by in cases.items():
