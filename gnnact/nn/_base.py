@@ -48,8 +48,8 @@ class _Compressed:
 
     config: Config
     #: Raised by a pass of the layer's model that runs as PyTorch's (every tensor under the
-    #: floor, :meth:`gnnact.nn.scope.Scope.small_pass`): a compiled frame then traces the
-    #: layer as the class it twins (:attr:`_twinned_forward`), and inductor compiles it whole.
+    #: floor, :meth:`gnnact.nn.scope.Scope.small_pass`): the layer then runs as the class it
+    #: twins (:attr:`_twinned_forward`; a compiled frame traces it, for inductor to compile).
     _gnnact_as_pytorch: bool = False
     #: The ``forward`` of the class this one twins (PyG's or PyTorch's), or ``None``.
     _twinned_forward: Callable[..., Any] | None = None

@@ -184,8 +184,10 @@ class _Pass:
         stack.enter_context(use_graph_cache(scope.graphs))
         self.watch = _Watch(scope.config.floor, state.resident, scope.buffer_owners(self.root))
         stack.enter_context(self.watch)
-        # Under torch.compile its layers are traced as the classes they twin (a layer with a
-        # hook of its own stays a custom operator: the twinned forward would skip the hook).
+        # Its layers run as the classes they twin (traced so under torch.compile; eagerly the
+        # convs keep their own forward), but one with a forward hook of its own, which the
+        # twinned forward would skip. (Flags on the modules: a second thread running the same
+        # model at once would see them.)
         layers = [m for m in scope.twin_layers(self.module) if not _own_hooks(m)]
         for layer in layers:
             layer.__dict__[_AS_PYTORCH] = True
@@ -242,43 +244,51 @@ class _Watch(torch.autograd.graph.saved_tensors_hooks):
     whether one of them has ``floor`` bytes or more, or one is no plain strided tensor."""
 
     def __init__(self, floor: int, skip: set[tuple], owners: list[nn.Module]) -> None:
-        super().__init__(self._pack, _same)
+        self._saved: list[Tensor] = []
+        # Autograd calls the pack hook for each tensor it saves, a hundred a small graph's
+        # step: the hook only notes the tensor (autograd holds it until backward anyway), and
+        # finish() sorts them out in one loop, at the end of the forward.
+        super().__init__(_noting(self._saved), _same)
         self.floor, self.skip, self.owners = floor, skip, owners
-        self._odd = False  # a tensor that is no plain strided one
-        # storage -> (bytes, whether a leaf needing no gradient: a buffer, perhaps)
-        self._seen: dict[tuple, tuple[int, bool]] = {}
-
-    # Called for each tensor autograd saves, eagerly (Dynamo never compiles it: it may run
-    # inside a compiled call); sorted out once, in finish(): a small graph's step saves a
-    # hundred tensors, and each call here costs as much as the ops that save them.
-    @not_compiled
-    def _pack(self, t: Tensor) -> Tensor:
-        if type(t) is not Tensor or t.layout != torch.strided:
-            if not isinstance(t, nn.Parameter):
-                self._odd = True
-            return t
-        base = t._base
-        if base is None:
-            base = t
-        if base.requires_grad and base.grad_fn is None:  # a parameter, or a view of one
-            return t
-        storage = t.untyped_storage()
-        device = storage.device
-        key = (device.type, device.index, storage.data_ptr())  # (memory.storage_key)
-        if key not in self._seen:
-            self._seen[key] = (storage.nbytes(), t.grad_fn is None and not t.requires_grad)
-        return t
 
     def finish(self) -> tuple[int, int, bool]:
         """``(count, bytes, over)`` of what the pass saved."""
-        seen = {key: entry for key, entry in self._seen.items() if key not in self.skip}
+        saved, self._saved[:] = list(self._saved), []
+        odd = False
+        seen: dict[tuple, tuple[int, bool]] = {}  # storage -> (bytes, a leaf needing no grad)
+        for t in saved:
+            if type(t) is not Tensor or t.layout != torch.strided:
+                odd |= not isinstance(t, nn.Parameter)
+                continue
+            base = t._base
+            if base is None:
+                base = t
+            if base.requires_grad and base.grad_fn is None:  # a parameter, or a view of one
+                continue
+            storage = t.untyped_storage()
+            device = storage.device
+            key = (device.type, device.index, storage.data_ptr())  # (memory.storage_key)
+            if key not in seen and key not in self.skip:
+                seen[key] = (storage.nbytes(), t.grad_fn is None and not t.requires_grad)
         if any(leaf for _, leaf in seen.values()):  # (the buffers as they are now)
             buffers = {(b.device.type, b.device.index, b.untyped_storage().data_ptr())
                        for m in self.owners for b in m._buffers.values() if b is not None}
             seen = {key: entry for key, entry in seen.items()
                     if not (entry[1] and key in buffers)}
         sizes = [nbytes for nbytes, _ in seen.values()]
-        return len(sizes), sum(sizes), self._odd or any(n >= self.floor for n in sizes)
+        return len(sizes), sum(sizes), odd or any(n >= self.floor for n in sizes)
+
+
+def _noting(saved: list) -> Any:
+    """A pack hook that appends the tensor to ``saved`` and returns it, never compiled by
+    Dynamo (it may run inside a compiled call)."""
+
+    @not_compiled
+    def pack(t: Tensor) -> Tensor:
+        saved.append(t)
+        return t
+
+    return pack
 
 
 class Scope:
