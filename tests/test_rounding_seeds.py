@@ -220,7 +220,10 @@ def test_keep_bits_are_the_mask_f_dropout_draws_and_move_the_generator_alike(dev
     if device == "cpu" and shape[0] > 1 << 22:
         shape = (1 << 20, 3)  # (F.dropout's own draws, the reference, take seconds)
     flat = torch.ones(torch.Size(shape).numel() + 4, device=device)
-    for like in (flat[:-4].view(shape), flat[1:-3].view(shape)):  # aligned, 4 bytes in
+    views = [flat[:-4].view(shape), flat[1:-3].view(shape)]  # aligned, 4 bytes in
+    if len(shape) == 2:  # F.dropout draws in the order of its input's memory
+        views.append(flat[:-4].view(shape[::-1]).t())
+    for like in views:
         torch.manual_seed(3)
         bits = keep_bits(like, p)
         after = torch.rand(5, device=device)

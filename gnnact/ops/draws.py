@@ -179,13 +179,16 @@ def _draws_match(device_index: int) -> bool:
 
 
 def _draws_on_cpu(like: Tensor) -> bool:
-    """Whether ``like``'s mask is drawn by the compiled CPU kernel: a CPU tensor of at least
-    :data:`CPU_DRAW_ELEMENTS` values, outside a function being compiled, where ``bernoulli_``
-    would draw from the default generator, the kernel builds and draws what it draws."""
+    """Whether ``like``'s mask is drawn by the compiled CPU kernel: a contiguous CPU tensor
+    of at least :data:`CPU_DRAW_ELEMENTS` values (``F.dropout`` draws in the order of its
+    input's memory: a transposed one's elements take the draws in another order), outside a
+    function being compiled, where ``bernoulli_`` would draw from the default generator, the
+    kernel builds and draws what it draws."""
     from gnnact.kernels import cpu
 
     return (like.device.type == "cpu" and like.numel() >= CPU_DRAW_ELEMENTS
-            and not torch.compiler.is_compiling() and _default_generator_draws()
+            and like.is_contiguous() and not torch.compiler.is_compiling()
+            and _default_generator_draws()
             and cpu.available() and cpu_draws_agree())
 
 
