@@ -68,8 +68,8 @@ from torch_geometric.nn.conv import MessagePassing
 from gnnact.adaptive.auto import AutoPrecision
 from gnnact.compress import Policy, Quantize, Rule
 from gnnact.config import Config
-from gnnact.hooks import SavedEntry, active_pipeline, compress_saved_tensors
-from gnnact.memory import argument_tensors, storage_keys
+from gnnact.hooks import SavedEntry, _is_parameter, active_pipeline, compress_saved_tensors
+from gnnact.memory import argument_tensors, storage_key, storage_keys
 from gnnact.nn._base import _Compressed
 from gnnact.nn.functional import CollectingOps, FunctionalOps, Marks
 from gnnact.ops.graph import GraphCache, use_graph_cache
@@ -244,51 +244,40 @@ class _Watch(torch.autograd.graph.saved_tensors_hooks):
     whether one of them has ``floor`` bytes or more, or one is no plain strided tensor."""
 
     def __init__(self, floor: int, skip: set[tuple], owners: list[nn.Module]) -> None:
-        self._saved: list[Tensor] = []
-        # Autograd calls the pack hook for each tensor it saves, a hundred a small graph's
-        # step: the hook only notes the tensor (autograd holds it until backward anyway), and
-        # finish() sorts them out in one loop, at the end of the forward.
-        super().__init__(_noting(self._saved), _same)
+        super().__init__(self._pack, _same)
         self.floor, self.skip, self.owners = floor, skip, owners
+        self._saved: list[Tensor] = []
+
+    # Autograd calls it for each tensor it saves, a hundred a small graph's step, eagerly
+    # (never compiled by Dynamo: it may run inside a compiled call): it only notes the tensor
+    # (autograd holds it until backward anyway), and finish() sorts them out in one loop.
+    @not_compiled
+    def _pack(self, t: Tensor) -> Tensor:
+        self._saved.append(t)
+        return t
 
     def finish(self) -> tuple[int, int, bool]:
         """``(count, bytes, over)`` of what the pass saved."""
-        saved, self._saved[:] = list(self._saved), []
+        saved, self._saved = self._saved, []
         odd = False
         seen: dict[tuple, tuple[int, bool]] = {}  # storage -> (bytes, a leaf needing no grad)
         for t in saved:
             if type(t) is not Tensor or t.layout != torch.strided:
                 odd |= not isinstance(t, nn.Parameter)
                 continue
-            base = t._base
-            if base is None:
-                base = t
-            if base.requires_grad and base.grad_fn is None:  # a parameter, or a view of one
+            if _is_parameter(t):
                 continue
             storage = t.untyped_storage()
-            device = storage.device
-            key = (device.type, device.index, storage.data_ptr())  # (memory.storage_key)
+            key = storage_key(storage)
             if key not in seen and key not in self.skip:
                 seen[key] = (storage.nbytes(), t.grad_fn is None and not t.requires_grad)
         if any(leaf for _, leaf in seen.values()):  # (the buffers as they are now)
-            buffers = {(b.device.type, b.device.index, b.untyped_storage().data_ptr())
+            buffers = {storage_key(b.untyped_storage())
                        for m in self.owners for b in m._buffers.values() if b is not None}
             seen = {key: entry for key, entry in seen.items()
                     if not (entry[1] and key in buffers)}
         sizes = [nbytes for nbytes, _ in seen.values()]
         return len(sizes), sum(sizes), odd or any(n >= self.floor for n in sizes)
-
-
-def _noting(saved: list) -> Any:
-    """A pack hook that appends the tensor to ``saved`` and returns it, never compiled by
-    Dynamo (it may run inside a compiled call)."""
-
-    @not_compiled
-    def pack(t: Tensor) -> Tensor:
-        saved.append(t)
-        return t
-
-    return pack
 
 
 class Scope:
