@@ -117,11 +117,15 @@ def _shown(row: dict) -> str:
 
 def mask_rows(x: torch.Tensor, env: dict, copy_gbps: float, copy_kernel_gbps: float | None,
               backends: list[str], repeats: int) -> list[dict]:
-    """Throughput of ``sign_mask`` and ``apply_packed_mask`` (ReLU's forward mode) per backend
+    """Throughput of ``sign_mask`` and ``apply_packed_mask`` per backend and mode (``mul``:
+    ReLU's forward and dropout; ``zero``: ReLU's backward; ``select``: LeakyReLU's)
     (``cupy``: the CUDA kernels; ``cpu``: the compiled CPU kernels; ``torch``:
     :mod:`gnnact.quant.reference`)."""
     from gnnact.quant import reference
 
+    # mode -> its name in the rows and the scale s it is timed with
+    modes = {reference.MASK_MUL: ("mul", 1.0), reference.MASK_ZERO: ("zero", 1.0),
+             reference.MASK_SELECT: ("select", 0.01)}
     impls = {"torch": reference}
     if "cupy" in backends:
         from gnnact.kernels import quantize as kernels
@@ -134,16 +138,19 @@ def mask_rows(x: torch.Tensor, env: dict, copy_gbps: float, copy_kernel_gbps: fl
     moved = 2 * flat.numel() * flat.element_size() + data.numel()
     rows = []
     for backend, impl in impls.items():
-        for op, fn in (("sign_mask", lambda impl=impl: impl.sign_mask(
-                           flat, out, reference.MASK_MUL, 1.0)),
-                       ("apply_packed_mask", lambda impl=impl: impl.apply_packed_mask(
-                           flat, data, out, reference.MASK_MUL, 1.0))):
-            row = {"bench": "mask_throughput", **env, "op": op, "backend": backend,
-                   "numel": flat.numel(), "dtype": str(x.dtype).replace("torch.", ""),
-                   **_timings(fn, x.device, moved, copy_gbps, copy_kernel_gbps, repeats,
-                              kernel=backend == "cupy")}
-            rows.append(row)
-            print(f"{env['device_name'][:40]:40s} {op:17s} {backend:5s} " + _shown(row))
+        for mode, (name, s) in modes.items():
+            for op, fn in (("sign_mask", lambda impl=impl, mode=mode, s=s: impl.sign_mask(
+                               flat, out, mode, s)),
+                           ("apply_packed_mask", lambda impl=impl, mode=mode, s=s:
+                               impl.apply_packed_mask(flat, data, out, mode, s))):
+                row = {"bench": "mask_throughput", **env, "op": op, "backend": backend,
+                       "mode": name, "numel": flat.numel(),
+                       "dtype": str(x.dtype).replace("torch.", ""),
+                       **_timings(fn, x.device, moved, copy_gbps, copy_kernel_gbps, repeats,
+                                  kernel=backend == "cupy")}
+                rows.append(row)
+                print(f"{env['device_name'][:40]:40s} {op:17s} {name:6s} {backend:5s} "
+                      + _shown(row))
     if x.device.type == "cpu":
         rows += _draw_rows(flat, env, copy_gbps, backends, repeats)
     return rows

@@ -18,8 +18,9 @@
 // scale, noise, ceiling, pack, conversions) and draws its noise from a generator; here a
 // group's values are read twice (the second time from the L1 cache) and written once as
 // codes. The loops over a group's elements are written so that the compiler vectorises them
-// (-O3 -march=native): 16 vector lanes for the range, whole octets for the noise (one inner
-// mix, four outer ones), plain element loops for the rounding and the dequantizer's scale.
+// (-O3 -march=native): 16 vector lanes for the range and for the noise (four octets a vector),
+// plain element loops for the rounding and the dequantizer's scale; codes are packed and
+// unpacked a word of 8 at a time (SWAR), straight into and out of the packed tensor.
 
 #include <algorithm>
 #include <cmath>
@@ -48,19 +49,43 @@ inline u32 mix32(u32 x) {
     return x ^ (x >> 15);
 }
 
+// Sixteen u32 lanes (one AVX-512 register, two AVX2 ones): GCC's vector extension, so that
+// the hash below is vectorised whatever -march=native finds.
+typedef u32 U32x16 __attribute__((vector_size(64)));
+
+inline U32x16 mix32(U32x16 x) {
+    x ^= x >> 16;
+    x *= MUL1;
+    x ^= x >> 15;
+    x *= MUL2;
+    return x ^ (x >> 15);
+}
+
 // The noise words k = 2^16 r of elements first .. first + count - 1 (gnnact.quant.rng.
-// hash_words), in `buffer` (PIECE / 2 + 8 words): one hash g a pair of elements, k the
+// hash_words), in `buffer` (NOISE_WORDS words): one hash g a pair of elements, k the
 // complement of its 16-bit halves (2^16 - 1 - h = ~h), the low half the even element's, so
-// that the halves of the complemented hashes, in order, are the elements' words. Hashed by
-// whole octets (8 elements, 4 pairs sharing the inner mix); returns the first element's word.
+// that the halves of the complemented hashes, in order, are the elements' words. An octet
+// (8 elements) t has 4 pairs sharing the inner mix, hash 4 t + k = ~mix32(inner_t ^ k PHI);
+// hashed four octets to a vector (lane l: octet l / 4, pair l % 4; the inner mix computed in
+// each of its four lanes costs less than moving it there: the compiler kept a scalar inner
+// mix an octet, 30 % of a quantization, before); returns the first element's word.
+constexpr i64 NOISE_WORDS = PIECE / 2 + 32;
+
 const u16* noise_words(i64 first, i64 count, u32 s0, u32 s1, u32* buffer) {
     static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "halves read in memory order");
     const u64 octet0 = (u64)first >> 3, octets = (((u64)(first + count) + 7) >> 3) - octet0;
     const u32 low0 = (u32)octet0, high0 = (u32)(octet0 >> 32);
     if (((octet0 + octets - 1) >> 32) == high0) {  // one high word throughout: u32 lanes
-        for (u32 t = 0; t < (u32)octets; ++t) {
-            const u32 inner = mix32((low0 + t) ^ s0) ^ high0 ^ s1;
-            for (u32 k = 0; k < 4; ++k) buffer[4 * t + k] = ~mix32(inner ^ (k * PHI));
+        const U32x16 lane_octet = {0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3};
+        const U32x16 lane_pair = {0, PHI, 2 * PHI, 3 * PHI, 0, PHI, 2 * PHI, 3 * PHI,
+                                  0, PHI, 2 * PHI, 3 * PHI, 0, PHI, 2 * PHI, 3 * PHI};
+        // (up to three octets past the last: words nobody reads, within NOISE_WORDS; unrolled:
+        // a vector's two multiplies are a chain of latencies that the next ones overlap)
+#pragma GCC unroll 4
+        for (u32 t = 0; t < (u32)octets; t += 4) {
+            const U32x16 inner = mix32((low0 + t + lane_octet) ^ s0) ^ (high0 ^ s1);
+            const U32x16 words = ~mix32(inner ^ lane_pair);
+            std::memcpy(buffer + 4 * t, &words, sizeof words);
         }
     } else {
         for (u64 t = 0; t < octets; ++t) {
@@ -118,26 +143,57 @@ void range_of(const float* h, i64 len, float* low, float* high) {
 }
 
 // Codes of BITS bits, c[0 .. 8 blocks), packed LSB first: block k's 8 codes fill bytes
-// [k BITS, (k + 1) BITS) of out, which has 8 bytes to spare at its end. Words are moved 8
-// bytes at a time (a BITS-byte move of a word on the stack would stall the load after it):
-// a block's word is 0 above its 8 BITS bits, and the next block's store overwrites them.
+// [k BITS, (k + 1) BITS) of out, writable 8 bytes from the last block's start. A block's
+// 8 codes are read as one word, byte l holding code l, and folded in three steps (byte
+// pairs, then 16-bit pairs, then the halves: SWAR, ten operations where code-by-code shifts
+// took twenty-four); words are moved 8 bytes at a time (a BITS-byte move of a word on the
+// stack would stall the load after it): a block's word is 0 above its 8 BITS bits, and the
+// next block's store overwrites them.
+template <int BITS>
+inline u64 fold_codes(u64 w) {
+    if (BITS == 8) return w;
+    w = (w & 0x00FF00FF00FF00FFull) | ((w & 0xFF00FF00FF00FF00ull) >> (8 - BITS));
+    w = (w & 0x0000FFFF0000FFFFull) | ((w & 0xFFFF0000FFFF0000ull) >> (16 - 2 * BITS));
+    return (w & 0x00000000FFFFFFFFull) | ((w & 0xFFFFFFFF00000000ull) >> (32 - 4 * BITS));
+}
+
+// Inverse of fold_codes: the 8 BITS low bits of w spread to one code a byte.
+template <int BITS>
+inline u64 spread_codes(u64 w) {
+    if (BITS == 8) return w;
+    constexpr u64 LOW4 = (u64(1) << (4 * BITS)) - 1, LOW2 = (u64(1) << (2 * BITS)) - 1,
+                  LOW1 = (u64(1) << BITS) - 1;
+    w &= (LOW4 << (4 * BITS)) | LOW4;
+    w = (w & LOW4) | ((w >> (4 * BITS)) << 32);
+    constexpr u64 PAIRS = LOW2 | (LOW2 << 32), ONES = LOW1 * 0x0001000100010001ull;
+    w = (w & PAIRS) | (((w >> (2 * BITS)) & PAIRS) << 16);
+    return (w & ONES) | (((w >> BITS) & ONES) << 8);
+}
+
+// How many blocks' 8-byte words lie inside `bytes` bytes (block k's at k BITS).
+template <int BITS>
+inline i64 blocks_within(i64 bytes) {
+    return bytes < 8 ? 0 : (bytes - 8) / BITS + 1;
+}
+
 template <int BITS>
 void pack(const u8* c, i64 blocks, u8* out) {
     for (i64 k = 0; k < blocks; ++k) {
-        u64 word = 0;
-        for (int l = 0; l < 8; ++l) word |= (u64)c[8 * k + l] << (l * BITS);
+        u64 word;
+        std::memcpy(&word, c + 8 * k, 8);
+        word = fold_codes<BITS>(word);
         std::memcpy(out + k * BITS, &word, 8);  // little-endian: the low BITS bytes first
     }
 }
 
-// Inverse of pack: `in` has 8 readable bytes past its last block.
+// Inverse of pack: `in` readable 8 bytes from the last block's start.
 template <int BITS>
 void unpack(const u8* in, i64 blocks, u8* c) {
-    constexpr u64 MASK = (1u << BITS) - 1;
     for (i64 k = 0; k < blocks; ++k) {
         u64 word;
         std::memcpy(&word, in + k * BITS, 8);
-        for (int l = 0; l < 8; ++l) c[8 * k + l] = (u8)((word >> (l * BITS)) & MASK);
+        word = spread_codes<BITS>(word);
+        std::memcpy(c + 8 * k, &word, 8);
     }
 }
 
@@ -156,7 +212,7 @@ void quantize_group(const float* __restrict h, i64 first, i64 len, i64 group_siz
         return;
     }
     const float inv = inverse_range(range, BITS);
-    u32 hashes[PIECE / 2 + 8];
+    u32 hashes[NOISE_WORDS];
     u8 c[PIECE];
     u8 packed[PIECE / 8 * BITS + 8];
     // In pieces of PIECE elements (a multiple of 8: each piece's codes fill whole bytes).
@@ -171,11 +227,17 @@ void quantize_group(const float* __restrict h, i64 first, i64 len, i64 group_siz
         }
         const i64 blocks = (size + 7) >> 3;
         for (i64 j = have; j < 8 * blocks; ++j) c[j] = 0;  // a short group's padding
-        pack<BITS>(c, blocks, packed);
         const i64 at = p0 * BITS / 8;
         const i64 bytes = bytes_per_group - at < blocks * BITS ? bytes_per_group - at
                                                                : blocks * BITS;
-        std::memcpy(out + at, packed, bytes);
+        // Into the codes where a block's 8-byte word stays inside the piece's bytes, the last
+        // blocks through a buffer (another chunk's codes may follow, written by another thread)
+        const i64 direct = std::min(blocks, blocks_within<BITS>(bytes));
+        pack<BITS>(c, direct, out + at);
+        if (direct < blocks) {
+            pack<BITS>(c + 8 * direct, blocks - direct, packed);
+            std::memcpy(out + at + direct * BITS, packed, bytes - direct * BITS);
+        }
     }
 }
 
@@ -190,9 +252,17 @@ void dequantize_group(const u8* __restrict in, i64 len, i64 bytes_per_group, flo
         const i64 at = p0 * BITS / 8;
         const i64 bytes = bytes_per_group - at < blocks * BITS ? bytes_per_group - at
                                                                : blocks * BITS;
-        std::memcpy(packed, in + at, bytes);
-        std::memset(packed + bytes, 0, blocks * BITS + 8 - bytes);
-        unpack<BITS>(packed, blocks, c);
+        // Straight from the codes where a block's word lies inside the piece's bytes (a copy
+        // first made 8-byte loads straddle the copy's stores: they waited for them, 60 % of a
+        // dequantization), the last blocks from a padded copy.
+        const i64 direct = std::min(blocks, blocks_within<BITS>(bytes));
+        unpack<BITS>(in + at, direct, c);
+        if (direct < blocks) {
+            const i64 rest = bytes - direct * BITS;
+            std::memcpy(packed, in + at + direct * BITS, rest);
+            std::memset(packed + rest, 0, (blocks - direct) * BITS + 8 - rest);
+            unpack<BITS>(packed, blocks - direct, c + 8 * direct);
+        }
         // q s + Z, the multiply and the add each rounded (no FMA), as the reference.
         for (i64 j = 0; j < size; ++j) out[p0 + j] = (float)c[j] * scale + zero;
     }
@@ -229,11 +299,24 @@ void dequantize_all(const u8* codes, const float* scales, const float* zeros, i6
 // (LeakyReLU's forward and backward).
 constexpr int MASK_MUL = 0, MASK_ZERO = 1, MASK_SELECT = 2;
 
+// (ZERO and SELECT pick between bit patterns with an and-mask: as `m ? v : w` the compiler
+// vectorised them by halves, ReLU's backward at 2.7 times a MUL's time.)
+inline float either(float v, float w, u32 m) {
+    u32 a, b;
+    std::memcpy(&a, &v, 4);
+    std::memcpy(&b, &w, 4);
+    const u32 keep = 0u - m;  // all ones where m is 1
+    const u32 r = (a & keep) | (b & ~keep);
+    float out;
+    std::memcpy(&out, &r, 4);
+    return out;
+}
+
 template <int MODE>
 inline float combined(float v, u32 m, float s, bool scaled) {
-    if (MODE == MASK_ZERO) return m ? v : 0.0f;
-    if (MODE == MASK_SELECT) return m ? v : v * s;
-    const float w = v * (float)m;
+    if (MODE == MASK_ZERO) return either(v, 0.0f, m);
+    if (MODE == MASK_SELECT) return either(v, v * s, m);
+    const float w = v * either(1.0f, 0.0f, m);  // (m as a float, by its bits as well)
     return scaled ? w * s : w;
 }
 
@@ -300,11 +383,12 @@ inline __attribute__((always_inline)) void sign_mask_body(const float* x, float*
     const i64 whole = n >> 3;
     for (i64 k = 0; k < whole; ++k) {
         u32 byte = 0;
-        for (int l = 0; l < 8; ++l) byte |= (u32)(x[8 * k + l] > 0.0f) << l;
-        data[k] = (u8)byte;
         for (int l = 0; l < 8; ++l) {
-            out[8 * k + l] = combined<MODE>(x[8 * k + l], (byte >> l) & 1, s, scaled);
+            const u32 m = x[8 * k + l] > 0.0f;  // (each value's bit from its own compare)
+            byte |= m << l;
+            out[8 * k + l] = combined<MODE>(x[8 * k + l], m, s, scaled);
         }
+        data[k] = (u8)byte;
     }
     if (8 * whole < n) {
         u32 byte = 0;
