@@ -76,6 +76,47 @@ def _check(n: int, group_size: int, bits: int, dtype: torch.dtype) -> None:
           (reference.dequantize_groups(*want, bits, group_size, n, dtype),))
 
 
+@pytest.mark.parametrize("bits", QUANT_BITS)
+@pytest.mark.parametrize(("groups", "size"), [(4, 32000), (3, 13), (2, 2100), (5, 64), (1, 3)])
+def test_rounding_on_a_grid_equals_reference(groups, size, bits):
+    """Mesa's rounding onto running ranges: the reference's codes and clipped counts for the
+    hashed noise, values on both sides of the grid, a group of no width, NaN and infinities;
+    one call or split among threads."""
+    generator = torch.Generator().manual_seed(bits * 100 + size)
+    h = 3 * torch.randn(groups, size, generator=generator)
+    h[0, :3] = torch.tensor([float("nan"), float("inf"), -float("inf")])[:size]
+    levels = (1 << bits) - 1
+    zeros = torch.randn(groups, generator=generator) - 1
+    invs = levels / (2 + torch.rand(groups, generator=generator))
+    if groups > 1:
+        invs[-1] = 0.0
+    args = (h, zeros, invs, bits, -1e-4 * levels, levels + 1e-4 * levels)
+    want = reference.quantize_on_grid(*args, noise=hash_uniform(9, 0, h.numel()))
+    assert want[1].sum() > 0  # (some values are clipped)
+    _same(cpu.quantize_on_grid(*args, seed=9), want)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch, "get_num_threads", lambda: 3)
+        patch.setattr(cpu, "PARALLEL_ELEMENTS", 16)
+        _same(cpu.quantize_on_grid(*args, seed=9), want)
+
+
+def test_mesa_rounds_with_the_cpu_kernel():
+    """Mesa on a float32 CPU tensor takes the kernel (its noise the hash of the seed the
+    compression draws), on the torch path given another width's failed check."""
+    assert backends.grid_backend(torch.randn(2, 8), 8) is cpu
+    assert backends.grid_backend(torch.randn(2, 8, dtype=torch.float64), 8) is reference
+    mesa = gnnact.compress.Mesa(bits=4)
+    x = torch.randn(2, 4, 16, 16)
+    got = mesa.compress(x, "attn", torch.Generator().manual_seed(3))
+    seed = torch.randint(0, 2**63 - 1, (1,), generator=torch.Generator().manual_seed(3)).item()
+    heads = x.transpose(0, 1).reshape(4, -1)
+    low = heads.amin(1)
+    inv = 15 / (heads.amax(1) - low)
+    codes, _ = reference.quantize_on_grid(heads, low, inv, 4, -15e-4, 15 + 15e-4,
+                                          noise=hash_uniform(seed, 0, heads.numel()))
+    assert torch.equal(got.packed.codes, codes)
+
+
 def test_given_noise_rounds_on_the_torch_path():
     x = torch.randn(1000)
     noise = torch.rand(1000)

@@ -49,7 +49,7 @@ from gnnact.quant.rng import split_seed
 
 __all__ = ["FLAGS", "KERNEL_DTYPES", "apply_packed_mask", "available", "bernoulli_bits", "compiler",
            "compiler_version", "dequantize_groups", "library", "pack_mask_bits", "quantize_groups",
-           "sign_mask", "unpack_mask_bits"]
+           "quantize_on_grid", "sign_mask", "unpack_mask_bits"]
 
 _SOURCE = Path(__file__).with_name("quantize_cpu.cpp")
 
@@ -141,8 +141,10 @@ def library() -> ctypes.CDLL:
     lib.gnnact_apply_mask.argtypes = [ptr, ptr, ptr, i64, ctypes.c_int, ctypes.c_float]
     lib.gnnact_sign_mask.argtypes = [ptr, ptr, ptr, i64, ctypes.c_int, ctypes.c_float]
     lib.gnnact_bernoulli_bits.argtypes = [ptr, i64, ctypes.c_uint64, ptr]
+    lib.gnnact_round_on_grid.argtypes = [ptr, i64, i64, i64, ctypes.c_int, u32, u32, ptr, ptr,
+                                         ctypes.c_float, ctypes.c_float, ptr, i64, ptr]
     for fn in (lib.gnnact_quantize, lib.gnnact_dequantize, lib.gnnact_apply_mask,
-               lib.gnnact_sign_mask, lib.gnnact_bernoulli_bits):
+               lib.gnnact_sign_mask, lib.gnnact_bernoulli_bits, lib.gnnact_round_on_grid):
         fn.restype = ctypes.c_int
     return lib
 
@@ -255,6 +257,40 @@ def dequantize_groups(codes: Tensor, scales: Tensor, zeros: Tensor, bits: int, g
 
     _by_chunks(num_groups, group_size, numel, dtype, call)
     return out
+
+
+def quantize_on_grid(h: Tensor, zeros: Tensor, invs: Tensor, bits: int, low: float,
+                     high: float, *, seed: int | None = None,
+                     noise: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """``gnnact.quant.reference.quantize_on_grid`` for a float32 CPU tensor, its noise the
+    seeded hash (given ``noise``, the torch path rounds with it): one pass a row, read from
+    the cache the second time (with ``low`` and ``high`` as float32, as torch compares)."""
+    if noise is not None or seed is None:
+        return reference.quantize_on_grid(h, zeros, invs, bits, low, high, seed=seed,
+                                          noise=noise)
+    if h.dtype != torch.float32 or h.dim() != 2:
+        raise ValueError(f"h must be a float32 [groups, group_size] tensor, got {h.dtype} of "
+                         f"shape {tuple(h.shape)}")
+    lib = library()
+    h = h.contiguous()
+    zeros, invs = (t.to(torch.float32).contiguous() for t in (zeros, invs))
+    groups, group_size = h.shape
+    bytes_per_group = packed_code_bytes(group_size, bits)
+    codes = torch.empty(groups, bytes_per_group, dtype=torch.uint8)
+    clipped = torch.empty(groups, dtype=torch.int64)
+    s0, s1 = split_seed(seed)
+    h_ptr, z_ptr, i_ptr, c_ptr, k_ptr = (h.data_ptr(), zeros.data_ptr(), invs.data_ptr(),
+                                         codes.data_ptr(), clipped.data_ptr())
+
+    def call(g0: int, g1: int) -> int:
+        lo = g0 * group_size
+        return lib.gnnact_round_on_grid(h_ptr + 4 * lo, lo, (g1 - g0) * group_size, group_size,
+                                        bits, s0, s1, z_ptr + 4 * g0, i_ptr + 4 * g0, low, high,
+                                        c_ptr + g0 * bytes_per_group, bytes_per_group,
+                                        k_ptr + 8 * g0)
+
+    _by_groups(groups, group_size, call)
+    return codes, clipped
 
 
 def sign_mask(x: Tensor, out: Tensor, mode: int, s: float) -> Tensor:

@@ -268,6 +268,67 @@ void dequantize_group(const u8* __restrict in, i64 len, i64 bytes_per_group, flo
     }
 }
 
+// Mesa's rounding onto a given grid (gnnact.quant.reference.round_on_grid): the values of a
+// group h[0 .. len) (elements first .. first + len - 1 for the noise) with the group's offset
+// Z and inverse step inv (a running estimate: the values may lie outside it),
+//
+//     u = (h_j - Z) * inv, clipped when u < low or u > high (counted), then u clamped to
+//     [0, B], q_j = trunc(u) + [k_j 2^-16 < u - trunc(u)],
+//
+// each operation one float32 operation as torch computes it (a NaN value gets code 0).
+template <int BITS>
+i64 round_group_on_grid(const float* __restrict h, i64 first, i64 len, i64 group_size,
+                        u32 s0, u32 s1, float zero, float inv, float low, float high,
+                        u8* __restrict out, i64 bytes_per_group) {
+    constexpr float B = (float)((1 << BITS) - 1);
+    u32 hashes[NOISE_WORDS];
+    u8 c[PIECE];
+    u8 packed[PIECE / 8 * BITS + 8];
+    i64 clipped = 0;
+    for (i64 p0 = 0; p0 < group_size; p0 += PIECE) {
+        const i64 size = group_size - p0 < PIECE ? group_size - p0 : PIECE;
+        const i64 have = len - p0 < 0 ? 0 : (len - p0 < size ? len - p0 : size);
+        const u16* k = noise_words(first + p0, have, s0, s1, hashes);
+        i64 outside = 0;
+        for (i64 j = 0; j < have; ++j) {
+            float u = (h[p0 + j] - zero) * inv;
+            outside += (u < low) | (u > high);
+            u = u < 0.0f ? 0.0f : u;
+            u = u > B ? B : u;
+            const float whole = std::trunc(u);
+            const float code = whole + (float)((float)k[j] * 0x1p-16f < u - whole);
+            c[j] = code == code ? (u8)(int)code : 0;  // (NaN: 0)
+        }
+        clipped += outside;
+        const i64 blocks = (size + 7) >> 3;
+        for (i64 j = have; j < 8 * blocks; ++j) c[j] = 0;
+        const i64 at = p0 * BITS / 8;
+        const i64 bytes = bytes_per_group - at < blocks * BITS ? bytes_per_group - at
+                                                               : blocks * BITS;
+        const i64 direct = std::min(blocks, blocks_within<BITS>(bytes));
+        pack<BITS>(c, direct, out + at);
+        if (direct < blocks) {
+            pack<BITS>(c + 8 * direct, blocks - direct, packed);
+            std::memcpy(out + at + direct * BITS, packed, bytes - direct * BITS);
+        }
+    }
+    return clipped;
+}
+
+template <int BITS>
+void round_all_on_grid(const float* x, i64 start, i64 n, i64 group_size, u32 s0, u32 s1,
+                       const float* zeros, const float* invs, float low, float high, u8* codes,
+                       i64 bytes_per_group, i64* clipped) {
+    const i64 groups = (n + group_size - 1) / group_size;
+    for (i64 g = 0; g < groups; ++g) {
+        const i64 lo = g * group_size;
+        const i64 len = n - lo < group_size ? n - lo : group_size;
+        clipped[g] = round_group_on_grid<BITS>(x + lo, start + lo, len, group_size, s0, s1,
+                                               zeros[g], invs[g], low, high,
+                                               codes + g * bytes_per_group, bytes_per_group);
+    }
+}
+
 template <int BITS>
 void quantize_all(const float* x, i64 start, i64 n, i64 group_size, u32 s0, u32 s1, u8* codes,
                   float* scales, float* zeros, i64 bytes_per_group) {
@@ -459,6 +520,24 @@ int gnnact_quantize(const float* x, i64 start, i64 n, i64 group_size, int bits, 
     case B:                                                                            \
         quantize_all<B>(x, start, n, group_size, s0, s1, codes, scales, zeros,         \
                         bytes_per_group);                                              \
+        return 0;
+        GNNACT_WIDTHS(CASE)
+#undef CASE
+    }
+    return -1;
+}
+
+// Groups of x[0 .. n) as gnnact_quantize takes them, rounded onto the grids of zeros[g] and
+// invs[g] (round_group_on_grid; how many values of each were clipped into clipped[g]);
+// returns 0, or -1 for a width not in 1-8.
+int gnnact_round_on_grid(const float* x, i64 start, i64 n, i64 group_size, int bits, u32 s0,
+                         u32 s1, const float* zeros, const float* invs, float low, float high,
+                         u8* codes, i64 bytes_per_group, i64* clipped) {
+    switch (bits) {
+#define CASE(B)                                                                        \
+    case B:                                                                            \
+        round_all_on_grid<B>(x, start, n, group_size, s0, s1, zeros, invs, low, high,  \
+                             codes, bytes_per_group, clipped);                         \
         return 0;
         GNNACT_WIDTHS(CASE)
 #undef CASE

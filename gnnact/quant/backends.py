@@ -20,9 +20,10 @@ from gnnact.quant import reference
 from gnnact.quant.packed import DEFAULT_GROUP_SIZE, QUANT_BITS
 from gnnact.quant.rng import hash_uniform
 
-__all__ = ["BACKENDS", "Backend", "check_name", "cpu_kernel_agrees", "cpu_kernels_built",
-           "cpu_mask_kernels_agree", "kernel_agrees", "kernel_matches", "mask_backend",
-           "mask_kernels_agree", "mask_kernels_match", "select"]
+__all__ = ["BACKENDS", "Backend", "check_name", "cpu_grid_kernel_agrees", "cpu_kernel_agrees",
+           "cpu_kernels_built", "cpu_mask_kernels_agree", "grid_backend", "kernel_agrees",
+           "kernel_matches", "mask_backend", "mask_kernels_agree", "mask_kernels_match",
+           "select"]
 
 #: The type of a ``backend=`` argument.
 Backend = Literal["auto", "torch", "cupy", "cpu"]
@@ -189,6 +190,45 @@ def mask_backend(x: Tensor) -> ModuleType:
     if x.dtype not in kernels.KERNEL_DTYPES or not mask_kernels_agree(cuda_index(x.device)):
         return reference
     return kernels
+
+
+def grid_backend(h: Tensor, bits: int) -> ModuleType:
+    """The module implementing ``quantize_on_grid`` (Mesa's rounding onto running ranges) for
+    ``h``: the compiled CPU kernels for a float32 CPU tensor once
+    :func:`cpu_grid_kernel_agrees` has checked them, else the torch path (on CUDA too)."""
+    if h.device.type == "cpu" and h.dtype == torch.float32 and cpu_kernels_built():
+        from gnnact.kernels import cpu
+
+        if cpu_grid_kernel_agrees(bits):
+            return cpu
+    return reference
+
+
+@functools.cache
+def cpu_grid_kernel_agrees(bits: int) -> bool:
+    """Whether the compiled CPU kernel of ``quantize_on_grid`` reproduces the torch path for
+    ``bits``, given the same noise: rows of 37 and of 2,100 values (more than a piece of the
+    kernel's), values on both sides of the grid and a NaN; checked once per width in a process,
+    with a warning where it does not (Mesa then rounds on the torch path)."""
+    from gnnact.kernels import cpu
+
+    def check() -> bool:
+        generator = torch.Generator().manual_seed(0)
+        levels = (1 << bits) - 1
+        for groups, size in ((3, 37), (2, 2100)):
+            h = 3 * torch.randn(groups, size, generator=generator)
+            h[0, 1] = float("nan")
+            zeros, invs = torch.full((groups,), -1.0), torch.full((groups,), levels / 2.5)
+            invs[-1] = 0.0  # (a group of no width)
+            got = cpu.quantize_on_grid(h, zeros, invs, bits, -0.01, levels + 0.01, seed=7)
+            want = reference.quantize_on_grid(h, zeros, invs, bits, -0.01, levels + 0.01,
+                                              noise=hash_uniform(7, 0, h.numel()))
+            if not all(torch.equal(a, b) for a, b in zip(got, want, strict=True)):
+                return False
+        return True
+
+    return _self_check(check, f"the {bits}-bit compiled CPU kernel of Mesa's rounding is not "
+                       "used", "Mesa rounds on the torch path on the CPU (same format, slower)")
 
 
 def _same_values(a: Tensor, b: Tensor) -> bool:

@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 
 from gnnact.quant.packed import packed_code_bytes
-from gnnact.quant.rng import word_stream
+from gnnact.quant.rng import seeded_uniform, word_stream
 
 __all__ = [
     "BLOCKS",
@@ -56,6 +56,7 @@ __all__ = [
     "pack_codes",
     "pack_mask_bits",
     "quantize_groups",
+    "quantize_on_grid",
     "sign_mask",
     "unpack_mask_bits",
 ]
@@ -286,6 +287,47 @@ def _to_bytes(v: Tensor) -> Tensor:
     if v.device.type == "cpu" and v.numel() >= _LONG_CONVERSION:
         v = v.to(torch.int32)
     return v.to(torch.uint8)
+
+
+def quantize_on_grid(h: Tensor, zeros: Tensor, invs: Tensor, bits: int, low: float,
+                     high: float, *, seed: int | None = None,
+                     noise: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    r"""Round each row of ``h`` onto a grid it was not measured on (Mesa's running ranges,
+    :class:`gnnact.compress.Mesa`): row :math:`g` with offset :math:`Z_g` and inverse step
+    :math:`v_g`,
+
+    .. math::
+        u = (h - Z_g)\, v_g, \qquad
+        q = \lfloor \bar u \rfloor + [\, r < \bar u - \lfloor \bar u \rfloor \,], \quad
+        \bar u = \operatorname{clip}(u, 0, 2^b - 1),
+
+    unbiased for values inside the grid; a value with :math:`u` below ``low`` or above
+    ``high`` is counted as clipped (a NaN gets code 0).
+
+    Args:
+        h (torch.Tensor): float32 ``[n_g, G]``, one group a row.
+        zeros (torch.Tensor): float32 ``[n_g]``, :math:`Z_g`.
+        invs (torch.Tensor): float32 ``[n_g]``, :math:`v_g` (0 for a group of no width).
+        bits (int): 1 to 8.
+        low (float): clipped below this :math:`u`.
+        high (float): clipped above this :math:`u`.
+        seed (int, optional): seed of the noise when ``noise`` is ``None``
+            (:func:`gnnact.quant.rng.seeded_uniform`).
+        noise (torch.Tensor, optional): float32 uniforms in [0, 1), one per value of ``h``.
+
+    Returns:
+        ``(codes, clipped)``: ``uint8 [n_g, ceil(G b / 8)]`` (the layout of
+        :func:`quantize_groups`) and ``int64 [n_g]``, the values clipped in each row.
+    """
+    levels = (1 << bits) - 1
+    u = (h - zeros[:, None]) * invs[:, None]
+    clipped = ((u < low) | (u > high)).sum(1)
+    u.clamp_(0, levels)
+    frac = torch.frac(u)
+    if noise is None:
+        noise = seeded_uniform(seed, u.numel(), u.device)
+    q = u.sub_(frac).add_(noise.view_as(u) < frac).nan_to_num_(0.0)
+    return pack_codes(q, bits), clipped
 
 
 def dequantize_groups(codes: Tensor, scales: Tensor, zeros: Tensor, bits: int, group_size: int,
