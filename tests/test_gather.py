@@ -7,7 +7,7 @@ import copy
 
 import pytest
 import torch
-from torch_geometric.nn import TransformerConv
+from torch_geometric.nn import GENConv, TransformerConv
 
 import gnnact
 import gnnact.nn.functional as functional
@@ -63,6 +63,30 @@ def test_converted_convs_keep_node_rows_not_edge_rows(monkeypatch):
     auto = gnnact.nn.scope.scope_of(model).auto
     assert auto.tensors and all(t.measured is not None for t in auto.tensors.values()
                                 if t.name.startswith("conv1:") and not t.fixed)
+
+
+class SoftmaxNet(torch.nn.Module):
+    def __init__(self, features: int = 16) -> None:
+        super().__init__()
+        self.conv = GENConv(features, features, aggr="softmax", learn_t=True)
+
+    def forward(self, x, edge_index):
+        return self.conv(x, edge_index)
+
+
+def test_a_temporary_source_lifted_to_edges_is_kept_as_node_rows(monkeypatch):
+    """PyG's softmax over edges lifts its per-node sums to the edges
+    (``out_sum.index_select(0, index)``) and divides by them: the sums, a temporary gone by
+    the time the division's rows are saved, are kept as node rows all the same."""
+    x, edge_index = graph()
+    model = gnnact.convert(SoftmaxNet(), gnnact.Config(bits=8))
+    with_gathers = converted_context(model, x, edge_index)
+    with monkeypatch.context() as patch:
+        patch.setattr(functional, "mark_gathered", lambda *args: None)
+        without = converted_context(model, x, edge_index)
+    # One byte a value at 8 bits: 4,000 edge rows of 16 values became 200 node rows (and the
+    # index they are gathered by).
+    assert without - with_gathers >= 0.75 * 4000 * 16
 
 
 def _lift_and_multiply(src, index, weight, hooks):

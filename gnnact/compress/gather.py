@@ -46,8 +46,9 @@ _INDEX_DTYPES = (torch.int64, torch.int32)
 
 def mark_gathered(out: Tensor, src: Tensor, dim: int, index: Tensor) -> None:
     """Record that ``out`` is ``src.index_select(dim, index)`` (``index`` 1-D). ``src`` is held
-    weakly (it is alive while anything can save ``out`` in this pass, or the record is
-    stale); the index strongly (it is a row of the graph, or a piece of one).
+    for as long as ``out`` lives when ``out`` is the larger (a temporary source then still
+    serves), weakly otherwise (the record is stale once it is gone); the index strongly (it is
+    a row of the graph, or a piece of one).
 
     Args:
         out (torch.Tensor): the gathered tensor.
@@ -67,7 +68,11 @@ def mark_gathered(out: Tensor, src: Tensor, dim: int, index: Tensor) -> None:
             or index.dim() != 1 or index.dtype not in _INDEX_DTYPES):
         return
     dim = dim % src.dim()
-    setattr(out, _SOURCE, (weakref.ref(src), src._version, dim, index, out._version))
+    # A gather that grows its source holds it: a source made for the gather alone (softmax's
+    # per-node sums lifted to edges, ``out_sum.index_select(0, index)``) is gone by the time
+    # autograd saves the rows, and held it costs less than the rows. Others are held weakly.
+    ref = (lambda: src) if out.numel() > src.numel() else weakref.ref(src)
+    setattr(out, _SOURCE, (ref, src._version, dim, index, out._version))
 
 
 def gather_source(t: Tensor, module: nn.Module | None) -> tuple[Tensor, int, Tensor] | None:
