@@ -42,6 +42,7 @@ import math
 import statistics
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -86,12 +87,14 @@ FIXED2 = gnnact.Config(bits=2, self_check=False)
 WARMUP_STEPS = 17
 
 
-def make_variant(base: nn.Module, variant: str) -> nn.Module:
-    """A copy of ``base`` (same weights) as ``variant`` runs it."""
+def make_variant(base: nn.Module, variant: str,
+                 compiled: Callable[[nn.Module], nn.Module] = torch.compile) -> nn.Module:
+    """A copy of ``base`` (same weights) as ``variant`` runs it (``compiled``: what compiles a
+    model, the family's)."""
     model = clone(base)
     if variant.startswith("gnnact"):
         gnnact.convert(model, FIXED2 if variant == "gnnact_fixed2" else None)
-    return torch.compile(model) if variant.endswith("_compiled") else model
+    return compiled(model) if variant.endswith("_compiled") else model
 
 
 def time_case(family: Family, variants: list[str], rounds: int, steps: int, seed: int,
@@ -106,7 +109,7 @@ def time_case(family: Family, variants: list[str], rounds: int, steps: int, seed
     per_epoch = steps_of(family, data, 1)
     epochs = max(1, round(steps / per_epoch))
     warmup = max(epochs, math.ceil(warmup_steps / per_epoch))
-    models = {v: make_variant(base, v) for v in variants}
+    models = {v: make_variant(base, v, family.compiled) for v in variants}
     times: dict[str, list[float]] = {v: [] for v in variants}
     errors: dict[str, str] = {}
     for r in range(rounds):
