@@ -41,19 +41,13 @@ constexpr i64 PIECE = 2048;
 
 constexpr u32 MUL1 = 0x21F0AAADu, MUL2 = 0x735A2D97u, PHI = 0x9E3779B9u;
 
-inline u32 mix32(u32 x) {
-    x ^= x >> 16;
-    x *= MUL1;
-    x ^= x >> 15;
-    x *= MUL2;
-    return x ^ (x >> 15);
-}
-
 // Sixteen u32 lanes (one AVX-512 register, two AVX2 ones): GCC's vector extension, so that
 // the hash below is vectorised whatever -march=native finds.
 typedef u32 U32x16 __attribute__((vector_size(64)));
 
-inline U32x16 mix32(U32x16 x) {
+// The hash's mix of one word (T = u32) or of sixteen (T = U32x16).
+template <typename T>
+inline T mix32(T x) {
     x ^= x >> 16;
     x *= MUL1;
     x ^= x >> 15;
@@ -197,6 +191,20 @@ void unpack(const u8* in, i64 blocks, u8* c) {
     }
 }
 
+// A piece's codes c[0 .. 8 blocks) packed into its `bytes` bytes at out: straight where a
+// block's 8-byte word stays inside them, the last blocks through a buffer (the next bytes may
+// be another chunk's codes, written by another thread).
+template <int BITS>
+void store_codes(const u8* c, i64 blocks, u8* out, i64 bytes) {
+    u8 tail[PIECE / 8 * BITS + 8];
+    const i64 direct = std::min(blocks, blocks_within<BITS>(bytes));
+    pack<BITS>(c, direct, out);
+    if (direct < blocks) {
+        pack<BITS>(c + 8 * direct, blocks - direct, tail);
+        std::memcpy(out + direct * BITS, tail, bytes - direct * BITS);
+    }
+}
+
 template <int BITS>
 void quantize_group(const float* __restrict h, i64 first, i64 len, i64 group_size, u32 s0,
                     u32 s1, u8* __restrict out, i64 bytes_per_group, float* __restrict scale,
@@ -214,7 +222,6 @@ void quantize_group(const float* __restrict h, i64 first, i64 len, i64 group_siz
     const float inv = inverse_range(range, BITS);
     u32 hashes[NOISE_WORDS];
     u8 c[PIECE];
-    u8 packed[PIECE / 8 * BITS + 8];
     // In pieces of PIECE elements (a multiple of 8: each piece's codes fill whole bytes).
     for (i64 p0 = 0; p0 < group_size; p0 += PIECE) {
         const i64 size = group_size - p0 < PIECE ? group_size - p0 : PIECE;
@@ -228,16 +235,7 @@ void quantize_group(const float* __restrict h, i64 first, i64 len, i64 group_siz
         const i64 blocks = (size + 7) >> 3;
         for (i64 j = have; j < 8 * blocks; ++j) c[j] = 0;  // a short group's padding
         const i64 at = p0 * BITS / 8;
-        const i64 bytes = bytes_per_group - at < blocks * BITS ? bytes_per_group - at
-                                                               : blocks * BITS;
-        // Into the codes where a block's 8-byte word stays inside the piece's bytes, the last
-        // blocks through a buffer (another chunk's codes may follow, written by another thread)
-        const i64 direct = std::min(blocks, blocks_within<BITS>(bytes));
-        pack<BITS>(c, direct, out + at);
-        if (direct < blocks) {
-            pack<BITS>(c + 8 * direct, blocks - direct, packed);
-            std::memcpy(out + at + direct * BITS, packed, bytes - direct * BITS);
-        }
+        store_codes<BITS>(c, blocks, out + at, std::min(bytes_per_group - at, blocks * BITS));
     }
 }
 
@@ -268,7 +266,7 @@ void dequantize_group(const u8* __restrict in, i64 len, i64 bytes_per_group, flo
     }
 }
 
-// Mesa's rounding onto a given grid (gnnact.quant.reference.round_on_grid): the values of a
+// Mesa's rounding onto a given grid (gnnact.quant.reference.quantize_on_grid): the values of a
 // group h[0 .. len) (elements first .. first + len - 1 for the noise) with the group's offset
 // Z and inverse step inv (a running estimate: the values may lie outside it),
 //
@@ -283,7 +281,6 @@ i64 round_group_on_grid(const float* __restrict h, i64 first, i64 len, i64 group
     constexpr float B = (float)((1 << BITS) - 1);
     u32 hashes[NOISE_WORDS];
     u8 c[PIECE];
-    u8 packed[PIECE / 8 * BITS + 8];
     i64 clipped = 0;
     for (i64 p0 = 0; p0 < group_size; p0 += PIECE) {
         const i64 size = group_size - p0 < PIECE ? group_size - p0 : PIECE;
@@ -303,14 +300,7 @@ i64 round_group_on_grid(const float* __restrict h, i64 first, i64 len, i64 group
         const i64 blocks = (size + 7) >> 3;
         for (i64 j = have; j < 8 * blocks; ++j) c[j] = 0;
         const i64 at = p0 * BITS / 8;
-        const i64 bytes = bytes_per_group - at < blocks * BITS ? bytes_per_group - at
-                                                               : blocks * BITS;
-        const i64 direct = std::min(blocks, blocks_within<BITS>(bytes));
-        pack<BITS>(c, direct, out + at);
-        if (direct < blocks) {
-            pack<BITS>(c + 8 * direct, blocks - direct, packed);
-            std::memcpy(out + at + direct * BITS, packed, bytes - direct * BITS);
-        }
+        store_codes<BITS>(c, blocks, out + at, std::min(bytes_per_group - at, blocks * BITS));
     }
     return clipped;
 }
