@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 TOOLS = BENCH.parent / "tools"
@@ -621,6 +620,7 @@ def test_speed_compiles_what_a_recipe_calls():
     """GAE's recipe calls ``encode``, never the module: its compiled variants compile the
     encoder (torch.compile of the model compiled nothing the recipe ran); the others, the
     model."""
+    import torch
     from torch_geometric.nn import GAE
 
     bench = _script("bench_speed")

@@ -102,7 +102,7 @@ def test_rounding_on_a_grid_equals_reference(groups, size, bits):
 
 def test_mesa_rounds_with_the_cpu_kernel():
     """Mesa on a float32 CPU tensor takes the kernel (its noise the hash of the seed the
-    compression draws), on the torch path given another width's failed check."""
+    compression draws); another dtype, the torch path."""
     assert backends.grid_backend(torch.randn(2, 8), 8) is cpu
     assert backends.grid_backend(torch.randn(2, 8, dtype=torch.float64), 8) is reference
     mesa = gnnact.compress.Mesa(bits=4)
