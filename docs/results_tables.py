@@ -498,17 +498,24 @@ def _quantize(results: Path) -> list[str]:
 
 
 def _mask_ops(results: Path) -> list[str]:
-    """The mask ops' throughput (ReLU's forward; a packed mask applied), kernels against the
-    torch path, per device and dtype: GB/s and its share of a plain copy."""
+    """The mask ops' throughput (a mask made from signs; a packed mask applied) per mode
+    (``mul``: ReLU's forward and dropout, ``zero``: ReLU's backward, ``select``: LeakyReLU's),
+    kernels against the torch path, per device and dtype: GB/s and its share of a plain
+    copy."""
     name = "quantize.jsonl"
     rows = [r for r in _rows(results, name) if r.get("bench") == "mask_throughput"]
     if not rows:
         return ["No rows yet: ``bench_quantize.py`` writes them (``bench: mask_throughput``); "
                 "the kernels' first rows await a GPU (``benchmarks/gpu_all.sh tests``)."]
-    best = _newest(rows, lambda r: (r["device"], r["dtype"], r["backend"], r["op"]))
-    body = [[r["device_name"], k[1], k[2], k[3], f"{r['numel']:,}", _throughput(r)]
+    def mode(r: dict) -> str:
+        # (Rows before the modes were timed apart are ReLU's forward's, ``mul``; the dropout
+        # draw has none.)
+        return r.get("mode") or ("–" if r["op"] == "dropout_draw" else "mul")
+
+    best = _newest(rows, lambda r: (r["device"], r["dtype"], r["backend"], r["op"], mode(r)))
+    body = [[r["device_name"], k[1], k[2], k[3], k[4], f"{r['numel']:,}", _throughput(r)]
             for k, r in best.items()]
-    header = ["device", "dtype", "backend", "op", "values", "GB/s (of copy)"]
+    header = ["device", "dtype", "backend", "op", "mode", "values", "GB/s (of copy)"]
     return [*_source(name, best.values()), *_list_table([header, *body])]
 
 
