@@ -205,6 +205,25 @@ void store_codes(const u8* c, i64 blocks, u8* out, i64 bytes) {
     }
 }
 
+// A group's codes piece by piece (PIECE elements, a multiple of 8: each piece's codes fill
+// whole bytes): `round(p0, k, have, c)` rounds the `have` values of the piece at p0 into
+// c, k their noise words; a short group's padding gets code 0; the codes are stored.
+template <int BITS, typename Round>
+void code_pieces(i64 first, i64 len, i64 group_size, u32 s0, u32 s1, u8* out,
+                 i64 bytes_per_group, Round round) {
+    u32 hashes[NOISE_WORDS];
+    u8 c[PIECE];
+    for (i64 p0 = 0; p0 < group_size; p0 += PIECE) {
+        const i64 size = group_size - p0 < PIECE ? group_size - p0 : PIECE;
+        const i64 have = len - p0 < 0 ? 0 : (len - p0 < size ? len - p0 : size);
+        round(p0, noise_words(first + p0, have, s0, s1, hashes), have, c);
+        const i64 blocks = (size + 7) >> 3;
+        for (i64 j = have; j < 8 * blocks; ++j) c[j] = 0;
+        const i64 at = p0 * BITS / 8;
+        store_codes<BITS>(c, blocks, out + at, std::min(bytes_per_group - at, blocks * BITS));
+    }
+}
+
 template <int BITS>
 void quantize_group(const float* __restrict h, i64 first, i64 len, i64 group_size, u32 s0,
                     u32 s1, u8* __restrict out, i64 bytes_per_group, float* __restrict scale,
@@ -220,23 +239,14 @@ void quantize_group(const float* __restrict h, i64 first, i64 len, i64 group_siz
         return;
     }
     const float inv = inverse_range(range, BITS);
-    u32 hashes[NOISE_WORDS];
-    u8 c[PIECE];
-    // In pieces of PIECE elements (a multiple of 8: each piece's codes fill whole bytes).
-    for (i64 p0 = 0; p0 < group_size; p0 += PIECE) {
-        const i64 size = group_size - p0 < PIECE ? group_size - p0 : PIECE;
-        const i64 have = len - p0 < 0 ? 0 : (len - p0 < size ? len - p0 : size);
-        const u16* k = noise_words(first + p0, have, s0, s1, hashes);
+    code_pieces<BITS>(first, len, group_size, s0, s1, out, bytes_per_group,
+                      [&](i64 p0, const u16* k, i64 have, u8* c) {
         for (i64 j = 0; j < have; ++j) {
             const float u = (h[p0 + j] - lo) * inv;
             // (u - 2^-16 k is exact: see gnnact.quant.reference._round_on_grid)
             c[j] = (u8)(int)std::ceil(u - (float)k[j] * 0x1p-16f);
         }
-        const i64 blocks = (size + 7) >> 3;
-        for (i64 j = have; j < 8 * blocks; ++j) c[j] = 0;  // a short group's padding
-        const i64 at = p0 * BITS / 8;
-        store_codes<BITS>(c, blocks, out + at, std::min(bytes_per_group - at, blocks * BITS));
-    }
+    });
 }
 
 template <int BITS>
@@ -279,13 +289,9 @@ i64 round_group_on_grid(const float* __restrict h, i64 first, i64 len, i64 group
                         u32 s0, u32 s1, float zero, float inv, float low, float high,
                         u8* __restrict out, i64 bytes_per_group) {
     constexpr float B = (float)((1 << BITS) - 1);
-    u32 hashes[NOISE_WORDS];
-    u8 c[PIECE];
     i64 clipped = 0;
-    for (i64 p0 = 0; p0 < group_size; p0 += PIECE) {
-        const i64 size = group_size - p0 < PIECE ? group_size - p0 : PIECE;
-        const i64 have = len - p0 < 0 ? 0 : (len - p0 < size ? len - p0 : size);
-        const u16* k = noise_words(first + p0, have, s0, s1, hashes);
+    code_pieces<BITS>(first, len, group_size, s0, s1, out, bytes_per_group,
+                      [&](i64 p0, const u16* k, i64 have, u8* c) {
         i64 outside = 0;
         for (i64 j = 0; j < have; ++j) {
             float u = (h[p0 + j] - zero) * inv;
@@ -297,11 +303,7 @@ i64 round_group_on_grid(const float* __restrict h, i64 first, i64 len, i64 group
             c[j] = code == code ? (u8)(int)code : 0;  // (NaN: 0)
         }
         clipped += outside;
-        const i64 blocks = (size + 7) >> 3;
-        for (i64 j = have; j < 8 * blocks; ++j) c[j] = 0;
-        const i64 at = p0 * BITS / 8;
-        store_codes<BITS>(c, blocks, out + at, std::min(bytes_per_group - at, blocks * BITS));
-    }
+    });
     return clipped;
 }
 
