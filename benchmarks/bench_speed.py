@@ -80,6 +80,10 @@ CASES: dict[str, Family] = {
 VARIANTS = ("pyg", "gnnact", "pyg_compiled", "gnnact_compiled", "gnnact_fixed2")
 FIXED2 = gnnact.Config(bits=2, self_check=False)
 
+#: Compiled entries per code object (Dynamo's ``recompile_limit``, 8 by default) while the
+#: benchmark runs: room for every variant's.
+RECOMPILE_LIMIT = 64
+
 #: Steps of the warm-up round at least: through the probe at step 16 of the automatic widths'
 #: doubling schedule (steps 1, 2, 4, 8, 16: :meth:`gnnact.adaptive.auto.AutoPrecision.schedule`),
 #: after which a probe comes once in 16 steps or fewer. Counted, five probes in ten steps
@@ -173,7 +177,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.fixed2:
         variants.append("gnnact_fixed2")
     count = 0
-    with tempfile.TemporaryDirectory() as workdir:
+    # The compiled variants share code objects (PyG's layer forwards), and Dynamo keeps one
+    # cache of compiled entries per code object: a deep model's layers (DeeperGCN's
+    # DeepGCNLayer, one entry per instance) filled the default 8 with the first variant's,
+    # and the other ran those frames eagerly.
+    with (torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT),
+          tempfile.TemporaryDirectory() as workdir):
         for name in args.cases:
             # Each case compiles afresh: the families share model classes, and guards of an
             # earlier case's graphs would count against Dynamo's recompilation limit here.

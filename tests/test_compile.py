@@ -24,6 +24,7 @@ from collections.abc import Callable
 import pytest
 import torch
 import torch.nn.functional as F
+import torch_geometric.nn as pyg_nn
 from test_benchmarks import _script
 from torch import nn
 from torch_geometric.data import Batch
@@ -270,29 +271,101 @@ class _Bipartite(nn.Module):
         super().__init__()
         self.conv = SAGEConv(F_IN, CLASSES)
 
-    def forward(self, x, edge_index):
-        return self.conv((x, x[:60]), edge_index[:, edge_index[1] < 60])
+    def forward(self, x, edge_index):  # (edges into the first 60 nodes)
+        return self.conv((x, x[:60]), edge_index)
 
 
-def test_layer_called_with_a_pair_runs_eagerly_and_trains_as_eager():
+def _operators(explained: torch._dynamo.backends.debugging.ExplainOutput) -> list:
+    return [node for graph in explained.graphs for node in graph.graph.nodes
+            if node.target in (torch.ops.gnnact.call, torch.ops.gnnact.call.default)]
+
+
+def test_layer_called_with_a_pair_is_an_operator_and_trains_as_eager():
+    # A bipartite pair (x_src, x_dst), as to_hetero's models call their convs: one
+    # gnnact::call (it broke the graph before), its output's rows x_dst's.
     data = _data()
+    edge_index = data.edge_index[:, data.edge_index[1] < 60]
     torch.manual_seed(0)
     eager = gnnact.convert(_Bipartite(), Config(bits=2))
     compiled = copy.deepcopy(eager)
+    explained = torch._dynamo.explain(copy.deepcopy(eager))(data.x, edge_index)
+    assert explained.graph_count == 1 and explained.graph_break_count == 0, \
+        explained.break_reasons
+    assert len(_operators(explained)) == 1
+    torch._dynamo.reset()
     run = torch.compile(compiled, backend="aot_eager")
     for call in (eager, run):
         torch.manual_seed(1)
-        call(data.x, data.edge_index).square().sum().backward()
+        out = call(data.x, edge_index)
+        assert out.shape == (60, CLASSES)
+        out.square().sum().backward()
     assert torch.equal(eager.conv.lin_l.weight.grad, compiled.conv.lin_l.weight.grad)
+    assert torch.equal(eager.conv.lin_r.weight.grad, compiled.conv.lin_r.weight.grad)
+
+
+def test_hetero_model_compiles_to_one_graph_and_trains_as_eager():
+    from torch_geometric.data import HeteroData
+    from torch_geometric.nn import to_hetero
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv1, self.conv2 = SAGEConv((-1, -1), 16), SAGEConv((-1, -1), CLASSES)
+
+        def forward(self, x, edge_index):
+            return self.conv2(self.conv1(x, edge_index).relu(), edge_index)
+
+    g = torch.Generator().manual_seed(0)
+    data = HeteroData()
+    data["paper"].x = torch.randn(80, F_IN, generator=g)
+    data["author"].x = torch.randn(40, 6, generator=g)
+    data["author", "writes", "paper"].edge_index = torch.stack(
+        [torch.randint(0, 40, (200,), generator=g), torch.randint(0, 80, (200,), generator=g)])
+    data["paper", "rev_writes", "author"].edge_index = \
+        data["author", "writes", "paper"].edge_index.flip(0)
+    data["paper", "cites", "paper"].edge_index = torch.randint(0, 80, (2, 300), generator=g)
+    torch.manual_seed(0)
+    model = to_hetero(Net(), data.metadata(), aggr="sum")
+    with torch.no_grad():
+        model(data.x_dict, data.edge_index_dict)
+    eager = gnnact.convert(model, Config(bits=2))
+    compiled = copy.deepcopy(eager)
+    explained = torch._dynamo.explain(copy.deepcopy(eager))(data.x_dict, data.edge_index_dict)
+    assert explained.graph_count == 1 and explained.graph_break_count == 0, \
+        explained.break_reasons
+    assert len(_operators(explained)) == 6 + 2  # a conv per edge type and layer, two ReLUs
+    torch._dynamo.reset()
+    run = torch.compile(compiled, backend="aot_eager")
+    for call in (eager, run):
+        torch.manual_seed(1)
+        call(data.x_dict, data.edge_index_dict)["paper"].square().sum().backward()
+    for p, q in zip(eager.parameters(), compiled.parameters(), strict=True):
+        if p.grad is None:  # (off the loss's path: AOTAutograd's backward gives zeros)
+            assert q.grad is None or not q.grad.any()
+        else:
+            assert torch.equal(p.grad, q.grad)
+
+
+class _SparseAdjacency(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = SAGEConv(F_IN, CLASSES)
+
+    def forward(self, x, adj_t):
+        return self.conv(x, adj_t)
 
 
 def test_a_call_left_to_eager_mode_is_not_compiled_in_pieces():
-    # The pair call breaks the graph and runs eagerly; Dynamo, still watching there, compiled
-    # the SAGE twin's own forward as frames of their own, in pieces between gnnact's ops
-    # (to_hetero's models: a set of pieces per edge type, slower than eager mode).
+    # A call gnnact::call does not take (a torch.sparse adjacency) breaks the graph and runs
+    # eagerly; Dynamo, still watching there, had compiled the SAGE twin's own forward as
+    # frames of their own, in pieces between gnnact's ops (to_hetero's models: a set of
+    # pieces per edge type, slower than eager mode).
     data = _data()
+    n = data.num_nodes
+    adj_t = torch.sparse_coo_tensor(data.edge_index.flip(0), torch.ones(data.num_edges),
+                                    (n, n), check_invariants=True).to_sparse_csr()
     torch.manual_seed(0)
-    model = gnnact.convert(_Bipartite(), Config(bits=2))
+    model = gnnact.convert(_SparseAdjacency(), Config(bits=2))
     traced: list[str] = []
 
     def backend(gm: torch.fx.GraphModule, inputs: list) -> Callable:
@@ -301,8 +374,46 @@ def test_a_call_left_to_eager_mode_is_not_compiled_in_pieces():
 
     run = torch.compile(model, backend=backend)
     for _ in range(2):
-        run(data.x, data.edge_index).square().sum().backward()
+        out = run(data.x, adj_t)
+        out.square().sum().backward()
+    assert torch.equal(out, model(data.x, adj_t))  # (evaluated as it was: the same output)
     assert not [t for t in traced if "gnnact/nn/conv" in t]
+
+
+class _Checkpointed(nn.Module):
+    """DeeperGCN's blocks as PyG's example builds them: ``ckpt_grad`` runs each under
+    ``torch.utils.checkpoint`` (a higher-order op to Dynamo)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(F_IN, 16)
+        self.layers = nn.ModuleList(
+            pyg_nn.DeepGCNLayer(pyg_nn.GENConv(16, 16, aggr="softmax", learn_t=True),
+                                nn.LayerNorm(16), nn.ReLU(), block="res+", ckpt_grad=True)
+            for _ in range(2))
+        self.out = nn.Linear(16, CLASSES)
+
+    def forward(self, x, edge_index):
+        x = self.lin(x)
+        for layer in self.layers:
+            x = layer(x, edge_index)
+        return self.out(x)
+
+
+def test_checkpointed_blocks_compile_to_one_graph():
+    # The chunked propagate of GENConv noted its blocks on itself, a side effect inside the
+    # checkpoint's subgraph: a graph break per block.
+    data = _data()
+    torch.manual_seed(0)
+    model = gnnact.convert(_Checkpointed(), Config(bits=2)).train()
+    explained = torch._dynamo.explain(model)(data.x, data.edge_index)
+    assert explained.graph_count == 1 and explained.graph_break_count == 0, \
+        explained.break_reasons
+    torch._dynamo.reset()
+    run = torch.compile(model, backend="aot_eager")
+    loss = run(data.x, data.edge_index).square().mean()
+    loss.backward()
+    assert torch.isfinite(loss) and all(p.grad is not None for p in model.parameters())
 
 
 class _Gelu(nn.Module):

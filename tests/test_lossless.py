@@ -103,6 +103,20 @@ def test_two_valued_floats_round_trip_at_one_bit(dtype) -> None:
     assert two_valued(torch.zeros(0, dtype=dtype)) is None
 
 
+@pytest.mark.parametrize("at", [0, 4095, 4096, 14_999])
+def test_two_valued_reads_past_its_first_values(at) -> None:
+    # Beyond the first 4096 values that turn most tensors down, every value is checked: a
+    # third value anywhere (or a NaN) and there is no one-bit copy.
+    g = torch.Generator().manual_seed(3)
+    mask = (torch.rand(5000, 3, generator=g) > 0.5).float() * 2.0
+    assert torch.equal(two_valued(mask).dequantize(), mask)
+    for odd in (0.5, float("nan")):
+        t = mask.clone()
+        t.view(-1)[at] = odd
+        assert two_valued(t) is None
+        assert two_valued(t.t()) is None  # (not contiguous: read whole at once)
+
+
 # ------------------------------------------------------------------ the pipeline
 
 class WithLinear(nn.Module):

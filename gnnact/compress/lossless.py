@@ -169,10 +169,20 @@ def compact(t: Tensor) -> CompactTensor | None:
     return CompactTensor(data, t.dtype, t.shape, offset)
 
 
+#: Values :func:`two_valued` reads first, to turn most tensors down without a full read.
+_SAMPLE = 4096
+
+
+def _two_valued_at_most(t: Tensor) -> bool:
+    lo, hi = torch.aminmax(t)
+    return bool(((t == lo) | (t == hi)).all())
+
+
 def two_valued(t: Tensor) -> CompactTensor | None:
     r"""A floating-point ``t`` that holds at most two distinct values, stored exactly at one
     bit per value (plus the two values), or ``None`` when it holds more (or a NaN). Reads
-    ``t`` twice: its minimum and maximum, then whether every value is one of them.
+    ``t`` twice: its minimum and maximum, then whether every value is one of them (a contiguous
+    ``t`` after the same test on its first few thousand values: most tensors fail there).
 
     Args:
         t (torch.Tensor): a strided floating-point tensor.
@@ -197,6 +207,11 @@ def two_valued(t: Tensor) -> CompactTensor | None:
         raise TypeError(f"t must be a strided floating-point tensor, got {what}")
     t = t.detach()
     if t.numel() == 0:
+        return None
+    if t.numel() > _SAMPLE and t.is_contiguous() and not _two_valued_at_most(
+            t.view(-1)[:_SAMPLE]):
+        # Three values among the first few: no full read. (What a compiled graph saves needs
+        # no gradient, as a mask does: each of its tensors is asked, most hold many values.)
         return None
     lo, hi = torch.aminmax(t)
     upper = t == hi  # (the bits kept, if the check below passes)

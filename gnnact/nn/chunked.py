@@ -157,6 +157,13 @@ class _Chunks:
         # PyG's propagate as the class defines it (the instance's is this object).
         return type(self.conv).propagate(self.conv, edge_index, size=size, **kwargs)
 
+    def _traced(self, edge_index: Any, size: Any, kwargs: dict[str, Any]) -> Any:
+        # A call traced by torch.compile runs whole and leaves `last_chunks` as it is: set
+        # inside a higher-order op's subgraph (a block under torch.utils.checkpoint, as
+        # DeepGCNLayer's ckpt_grad makes), the attribute was a side effect Dynamo cannot
+        # keep, and broke the graph there.
+        return self._propagate(edge_index, size, kwargs)
+
 
 class FeatureChunks(_Chunks):
     r"""A conv's ``propagate`` run on column blocks of its source-side tensors (see the
@@ -166,8 +173,8 @@ class FeatureChunks(_Chunks):
         conv (MessagePassing): a conv of a class in :data:`DECOMPOSABLE` or :data:`TWINS`.
 
     Attributes:
-        last_chunks (int or None): blocks of the last call (1: run whole; ``None``: no call
-            yet).
+        last_chunks (int or None): blocks of the last eager call (1: run whole; ``None``:
+            no call yet). A call inside a compiled frame runs whole and leaves it as it is.
         min_bytes (int): messages below this many bytes run whole
             (default: :data:`MIN_MESSAGE_BYTES`).
 
@@ -205,6 +212,8 @@ class FeatureChunks(_Chunks):
         return max(1, min(widths.pop(), math.ceil(edge_index.size(1) / rows)))
 
     def __call__(self, edge_index: Any, size: Any = None, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():
+            return self._traced(edge_index, size, kwargs)
         k = self.blocks(edge_index, kwargs)
         self.last_chunks = k
         if k == 1:
@@ -234,8 +243,8 @@ class TargetChunks(_Chunks):
         conv (MessagePassing): a conv of a class in :data:`BY_TARGET`.
 
     Attributes:
-        last_chunks (int or None): blocks of the last call (1: run whole; ``None``: no call
-            yet).
+        last_chunks (int or None): blocks of the last eager call (1: run whole; ``None``:
+            no call yet). A call inside a compiled frame runs whole and leaves it as it is.
         min_bytes (int): messages below this many bytes run whole
             (default: :data:`MIN_MESSAGE_BYTES`).
 
@@ -277,6 +286,8 @@ class TargetChunks(_Chunks):
         return None
 
     def __call__(self, edge_index: Any, size: Any = None, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():
+            return self._traced(edge_index, size, kwargs)
         conv = self.conv
         targets = self._targets(kwargs, size)
         k = self._blocks(edge_index, targets, kwargs)
