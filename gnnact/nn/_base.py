@@ -113,7 +113,7 @@ class _Compressed:
             if out is not NotImplemented:
                 return out
         if compiling or under_dynamo():
-            # A call the operator does not take (a bipartite pair, say), or one a graph break
+            # A call the operator does not take (a sparse adjacency, say), or one a graph break
             # left to eager mode inside a compiled region: made eagerly, Dynamo off (it would
             # compile the layer's forward in pieces between gnnact's ops, once per size).
             return _call_eagerly(self, args, kwargs)

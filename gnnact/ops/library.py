@@ -30,10 +30,11 @@ with :math:`\Theta` the layer's parameters that need a gradient (inputs of the o
 that the compiled graph routes their gradients) and :math:`\tau` the ticket (8 bytes, counted
 in the pass's context).
 
-A call is made this way when every argument is a strided tensor, ``None`` or a plain constant
-(a bool, int, finite float or string) and its output's shape is known; any other (a bipartite
-pair, ``return_attention_weights``, a ``SparseTensor``, an in-place call) runs as before, as an
-eager call behind a graph break.
+A call is made this way when every argument is a strided tensor, ``None``, a plain constant
+(a bool, int, finite float or string) or a tuple of those (a bipartite pair ``(x_src, x_dst)``,
+as ``to_hetero``'s models call their convs), and its output's shape is known; any other
+(``return_attention_weights``, a ``SparseTensor`` or ``torch.sparse`` adjacency, an in-place
+call) runs as before, as an eager call behind a graph break.
 """
 
 from __future__ import annotations
@@ -289,6 +290,12 @@ def _call_backward(island: Island, ticket: Tensor, grad: Tensor, shapes: list[in
     out_edge, inputs, probe = record
     if probe is not None:  # (it ends with the backward pass this one runs inside)
         probe.finish_with_backward()
+    if grad.device.type == "cpu" and not grad.any():
+        # An output the loss does not read (the last layer's for the node types a
+        # to_hetero model's loss leaves out): AOTAutograd hands its backward zeros, where
+        # eager autograd runs no backward at all. Every gradient is linear in this one: zero,
+        # without running the record. (Not asked on a GPU: the answer would wait for it.)
+        return [grad.new_zeros(size) for size in _shapes(shapes, ranks)]
     grads = torch.autograd.grad([out_edge], inputs, [grad], allow_unused=True)
     out, taken = [], {grad.untyped_storage().data_ptr()}
     for g, size in zip(grads, _shapes(shapes, ranks), strict=True):
