@@ -290,12 +290,6 @@ def _call_backward(island: Island, ticket: Tensor, grad: Tensor, shapes: list[in
     out_edge, inputs, probe = record
     if probe is not None:  # (it ends with the backward pass this one runs inside)
         probe.finish_with_backward()
-    if grad.device.type == "cpu" and not grad.any():
-        # An output the loss does not read (the last layer's for the node types a
-        # to_hetero model's loss leaves out): AOTAutograd hands its backward zeros, where
-        # eager autograd runs no backward at all. Every gradient is linear in this one: zero,
-        # without running the record. (Not asked on a GPU: the answer would wait for it.)
-        return [grad.new_zeros(size) for size in _shapes(shapes, ranks)]
     grads = torch.autograd.grad([out_edge], inputs, [grad], allow_unused=True)
     out, taken = [], {grad.untyped_storage().data_ptr()}
     for g, size in zip(grads, _shapes(shapes, ranks), strict=True):
