@@ -24,20 +24,9 @@ def torchscript_unsupported(module: nn.Module) -> TypeError:
                      f"as it was before gnnact.convert instead")
 
 
-def same_shape(x: torch.Tensor, *args: Any, **kwargs: Any) -> list[int] | None:
+def same_shape(x: torch.Tensor, *args: Any, **kwargs: Any) -> list[int]:
     """``_compiled_shape`` of a layer whose output has its input's shape."""
-    return list(x.shape) if isinstance(x, torch.Tensor) else None
-
-
-def target_rows(x: Any) -> torch.Tensor | None:
-    """The tensor whose rows a conv's output has: ``x``, or a bipartite pair's destination
-    side ``x[1]``; ``None`` where that is not known from ``x`` (a pair whose destination side
-    is ``None``: the output's rows come from ``size``)."""
-    if isinstance(x, torch.Tensor):
-        return x
-    if type(x) is tuple and len(x) == 2 and isinstance(x[1], torch.Tensor):
-        return x[1]
-    return None
+    return list(x.shape)
 
 
 def _check_config(config: object) -> None:
@@ -113,7 +102,7 @@ class _Compressed:
             if out is not NotImplemented:
                 return out
         if compiling or under_dynamo():
-            # A call the operator does not take (a sparse adjacency, say), or one a graph break
+            # A call the operator does not take (a bipartite pair, say), or one a graph break
             # left to eager mode inside a compiled region: made eagerly, Dynamo off (it would
             # compile the layer's forward in pieces between gnnact's ops, once per size).
             return _call_eagerly(self, args, kwargs)

@@ -76,8 +76,8 @@ class Linear(_Compressed, nn.Linear):
     def forward(self, x: Tensor) -> Tensor:
         return ops.linear(x, self.weight, self.bias, self.config)
 
-    def _compiled_shape(self, x: Tensor) -> list[int] | None:
-        return [*x.shape[:-1], self.out_features] if isinstance(x, Tensor) else None
+    def _compiled_shape(self, x: Tensor) -> list[int]:
+        return [*x.shape[:-1], self.out_features]
 
 
 class BatchNorm1d(_Compressed, nn.BatchNorm1d):

@@ -30,11 +30,10 @@ with :math:`\Theta` the layer's parameters that need a gradient (inputs of the o
 that the compiled graph routes their gradients) and :math:`\tau` the ticket (8 bytes, counted
 in the pass's context).
 
-A call is made this way when every argument is a strided tensor, ``None``, a plain constant
-(a bool, int, finite float or string) or a tuple of those (a bipartite pair ``(x_src, x_dst)``,
-as ``to_hetero``'s models call their convs), and its output's shape is known; any other
-(``return_attention_weights``, a ``SparseTensor`` or ``torch.sparse`` adjacency, an in-place
-call) runs as before, as an eager call behind a graph break.
+A call is made this way when every argument is a strided tensor, ``None`` or a plain constant
+(a bool, int, finite float or string) and its output's shape is known; any other (a bipartite
+pair, ``return_attention_weights``, a ``SparseTensor``, an in-place call) runs as before, as an
+eager call behind a graph break.
 """
 
 from __future__ import annotations
@@ -176,22 +175,11 @@ def _arguments(args: list[Tensor], layout: str, names: str,
     """The call's positional and keyword arguments from an operator's: one character of
     ``layout`` per argument, ``t`` the next of ``args`` (an operator's tensor list holds
     tensors only, for their gradients), ``n`` ``None``, ``c`` the next of the constants
-    (``consts``, a Python literal list), and a tuple's elements between ``(`` and ``)``
-    (a bipartite pair ``(x_src, x_dst)``: ``(tt)``); the last ones named by ``names``."""
+    (``consts``, a Python literal list); the last ones named by ``names``."""
     tensors = iter(args)
     values = iter(_constants(consts))
-    every: list = []
-    stack: list[list] = []
-    for kind in layout:
-        if kind == "(":
-            stack.append(every)
-            every = []
-        elif kind == ")":
-            every, group = stack.pop(), tuple(every)
-            every.append(group)
-        else:
-            every.append(next(tensors) if kind == "t" else None if kind == "n"
-                         else next(values))
+    every = [next(tensors) if kind == "t" else None if kind == "n" else next(values)
+             for kind in layout]
     keys = names.split(",") if names else []
     cut = len(every) - len(keys)
     return every[:cut], dict(zip(keys, every[cut:], strict=True))
@@ -346,23 +334,32 @@ _CONSTANTS = (bool, int, float, str)
 def _make_call(island: Island, fn: str, args: tuple, kwargs: dict, shape: list[int] | None,
                params: list[nn.Parameter]) -> Any:
     """``gnnact::call`` of these arguments, or ``NotImplemented`` when it does not take them:
-    every argument a strided tensor, ``None``, a plain constant or a tuple of those, the
-    first a tensor or a tuple holding one, and the gradients it needs of that first tensor's
-    dtype and device (its backward's fake kernel gives every gradient that tensor's)."""
-    if not _AVAILABLE or shape is None or not args:
+    every argument a strided tensor, ``None`` or a plain constant, the first a tensor, and
+    the gradients it needs of ``x``'s dtype and device (its backward's fake kernel gives
+    every gradient ``x``'s)."""
+    every = [*args, *kwargs.values()]
+    if not _AVAILABLE or shape is None or not args or not isinstance(args[0], Tensor):
         return NotImplemented
-    layout: list[str] = []
-    given: list[Tensor] = []
-    consts: list = []
-    if not all(_lay_out(value, layout, given, consts)
-               for value in [*args, *kwargs.values()]) or not given:
-        return NotImplemented
+    layout, given, consts = [], [], []
+    for value in every:
+        if isinstance(value, Tensor):
+            if value.layout != torch.strided:
+                return NotImplemented
+            layout.append("t")
+            given.append(value)
+        elif value is None:
+            layout.append("n")
+        elif isinstance(value, _CONSTANTS) and (not isinstance(value, float)
+                                                or math.isfinite(value)):
+            layout.append("c")
+            consts.append(value)
+        else:
+            return NotImplemented
     grad = torch.is_grad_enabled()
     needs = [t.requires_grad and grad for t in given]
-    x = given[0]
-    if layout[0] not in "t(" or any(
-            t.dtype != x.dtype or t.device != x.device
-            for t, need in zip(given, needs, strict=True) if need) or any(
+    x = args[0]
+    if any(t.dtype != x.dtype or t.device != x.device
+           for t, need in zip(given, needs, strict=True) if need) or any(
             p.dtype != x.dtype or p.device != x.device for p in params):
         return NotImplemented
     out, _ = torch.ops.gnnact.call(island, fn, given, "".join(layout), ",".join(kwargs),
@@ -371,37 +368,12 @@ def _make_call(island: Island, fn: str, args: tuple, kwargs: dict, shape: list[i
     return out
 
 
-def _lay_out(value: Any, layout: list[str], given: list[Tensor], consts: list,
-             nested: bool = False) -> bool:
-    """Note ``value`` in the operator's arguments (see :func:`_arguments`); ``False`` where
-    it cannot be one (a ``SparseTensor``, a list, a tuple inside a tuple, ...)."""
-    if isinstance(value, Tensor):
-        if value.layout != torch.strided:
-            return False
-        layout.append("t")
-        given.append(value)
-    elif value is None:
-        layout.append("n")
-    elif isinstance(value, _CONSTANTS) and (not isinstance(value, float)
-                                            or math.isfinite(value)):
-        layout.append("c")
-        consts.append(value)
-    elif type(value) is tuple and not nested:
-        layout.append("(")
-        if not all(_lay_out(v, layout, given, consts, True) for v in value):
-            return False
-        layout.append(")")
-    else:
-        return False
-    return True
-
-
 def call_module(module: nn.Module, args: tuple, kwargs: dict) -> Any:
     """``module(*args, **kwargs)`` inside a compiled frame, as ``gnnact::call``; or
     ``NotImplemented`` when the call is not one it takes (see the module docstring)."""
     island = module.__dict__.get(ATTRIBUTE)
-    if island is None or not args:
-        return NotImplemented
+    if island is None or not args or not isinstance(args[0], Tensor):
+        return NotImplemented  # (before the shape: a bipartite pair has none)
     params = _parameters(module) if torch.is_grad_enabled() else []
     return _make_call(island, "", args, kwargs, module._compiled_shape(*args, **kwargs),
                       params)

@@ -23,16 +23,16 @@ from torch import Tensor
 from torch_geometric import EdgeIndex
 from torch_geometric.nn.aggr import MeanAggregation, SumAggregation
 from torch_geometric.nn.conv import MessagePassing
-from torch_geometric.typing import OptPairTensor, Size
+from torch_geometric.typing import Size
 from torch_geometric.utils import is_torch_sparse_tensor
 
 from gnnact import ops
 from gnnact.config import Config
-from gnnact.nn._base import _Compressed, target_rows, torchscript_unsupported
+from gnnact.nn._base import _Compressed, torchscript_unsupported
 from gnnact.ops.graph import Graph, check_sparse_flow, is_sparse_tensor
 
 __all__ = ["MESSAGE_PASSING_HOOKS", "CompressedConv", "add_into", "channels_shape", "heads_shape",
-           "pair_channels_shape", "propagate_sizes"]
+           "propagate_sizes"]
 
 #: The hook dictionaries of PyG's :class:`~torch_geometric.nn.conv.MessagePassing` (one per
 #: ``register_*_forward_pre_hook`` / ``register_*_forward_hook`` method).
@@ -45,27 +45,16 @@ MESSAGE_PASSING_HOOKS: tuple[str, ...] = tuple(
 _COMPRESSED_REDUCE: dict[type, str] = {SumAggregation: "sum", MeanAggregation: "mean"}
 
 
-def channels_shape(conv: Any, x: Tensor, *args: Any, **kwargs: Any) -> list[int] | None:
+def channels_shape(conv: Any, x: Tensor, *args: Any, **kwargs: Any) -> list[int]:
     """``_compiled_shape`` of a conv whose output has ``out_channels`` features per node."""
-    return [*x.shape[:-1], conv.out_channels] if isinstance(x, Tensor) else None
+    return [*x.shape[:-1], conv.out_channels]
 
 
-def pair_channels_shape(conv: Any, x: Tensor | OptPairTensor, *args: Any,
-                        **kwargs: Any) -> list[int] | None:
-    """``_compiled_shape`` of a conv that also takes a bipartite pair ``(x_src, x_dst)``:
-    ``out_channels`` features per node (of ``x_dst``; 2-D features only)."""
-    rows = target_rows(x)
-    return [rows.size(0), conv.out_channels] if rows is not None and rows.dim() == 2 else None
-
-
-def heads_shape(conv: Any, x: Tensor | OptPairTensor, *args: Any,
-                **kwargs: Any) -> list[int] | None:
+def heads_shape(conv: Any, x: Tensor, *args: Any, **kwargs: Any) -> list[int] | None:
     """``_compiled_shape`` of an attention conv: ``heads`` times ``out_channels`` features
-    per node (of ``x``, or of a bipartite pair's ``x_dst``) when they are concatenated
-    (2-D features only)."""
+    per node when they are concatenated (2-D features only)."""
     out = conv.heads * conv.out_channels if conv.concat else conv.out_channels
-    rows = target_rows(x)
-    return [rows.size(0), out] if rows is not None and rows.dim() == 2 else None
+    return [x.size(0), out] if x.dim() == 2 else None
 
 
 class CompressedConv(_Compressed):

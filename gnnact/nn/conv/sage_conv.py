@@ -13,7 +13,7 @@ from torch_geometric.typing import Adj, OptPairTensor, Size
 from gnnact import ops
 from gnnact.config import Config
 from gnnact.nn._lazy import linear_weight
-from gnnact.nn.conv.base import CompressedConv, add_into, pair_channels_shape, propagate_sizes
+from gnnact.nn.conv.base import CompressedConv, add_into, propagate_sizes
 from gnnact.ops.graph import graph_cache_for, is_sparse_tensor
 
 __all__ = ["SAGEConv"]
@@ -92,7 +92,8 @@ class SAGEConv(CompressedConv, pyg_nn.SAGEConv):
                          root_weight=root_weight, project=project, bias=bias, **kwargs)
         self._init_gnnact(config)
 
-    _compiled_shape = pair_channels_shape
+    def _compiled_shape(self, x: Tensor, *args: Any, **kwargs: Any) -> list[int] | None:
+        return [x.size(0), self.out_channels] if x.dim() == 2 else None
 
     def forward(self, x: Tensor | OptPairTensor, edge_index: Adj, size: Size = None) -> Tensor:
         reduce = self._compressed_reduce()
