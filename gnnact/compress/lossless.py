@@ -173,9 +173,12 @@ def compact(t: Tensor) -> CompactTensor | None:
 _SAMPLE = 4096
 
 
-def _two_valued_at_most(t: Tensor) -> bool:
+def _two_values(t: Tensor) -> tuple[Tensor, Tensor, Tensor] | None:
+    """``(lo, hi, t == hi)`` when every value of ``t`` is its minimum or its maximum, else
+    ``None`` (a NaN equals nothing)."""
     lo, hi = torch.aminmax(t)
-    return bool(((t == lo) | (t == hi)).all())
+    upper = t == hi
+    return (lo, hi, upper) if bool((upper | (t == lo)).all()) else None
 
 
 def two_valued(t: Tensor) -> CompactTensor | None:
@@ -208,13 +211,12 @@ def two_valued(t: Tensor) -> CompactTensor | None:
     t = t.detach()
     if t.numel() == 0:
         return None
-    if t.numel() > _SAMPLE and t.is_contiguous() and not _two_valued_at_most(
-            t.view(-1)[:_SAMPLE]):
+    if t.numel() > _SAMPLE and t.is_contiguous() and _two_values(t.view(-1)[:_SAMPLE]) is None:
         # Three values among the first few: no full read. (What a compiled graph saves needs
         # no gradient, as a mask does: each of its tensors is asked, most hold many values.)
         return None
-    lo, hi = torch.aminmax(t)
-    upper = t == hi  # (the bits kept, if the check below passes)
-    if not bool((upper | (t == lo)).all()):  # (NaN equals nothing)
+    found = _two_values(t)
+    if found is None:
         return None
+    lo, hi, upper = found  # (upper: the bits kept)
     return CompactTensor(pack_mask(upper).data, t.dtype, t.shape, values=(lo.item(), hi.item()))

@@ -157,12 +157,18 @@ class _Chunks:
         # PyG's propagate as the class defines it (the instance's is this object).
         return type(self.conv).propagate(self.conv, edge_index, size=size, **kwargs)
 
-    def _traced(self, edge_index: Any, size: Any, kwargs: dict[str, Any]) -> Any:
-        # A call traced by torch.compile runs whole and leaves `last_chunks` as it is: set
-        # inside a higher-order op's subgraph (a block under torch.utils.checkpoint, as
-        # DeepGCNLayer's ckpt_grad makes), the attribute was a side effect Dynamo cannot
-        # keep, and broke the graph there.
-        return self._propagate(edge_index, size, kwargs)
+    def __call__(self, edge_index: Any, size: Any = None, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():
+            # A call traced by torch.compile runs whole and leaves `last_chunks` as it is:
+            # set inside a higher-order op's subgraph (a block under torch.utils.checkpoint,
+            # as DeepGCNLayer's ckpt_grad makes), the attribute was a side effect Dynamo
+            # cannot keep, and broke the graph there.
+            return self._propagate(edge_index, size, kwargs)
+        return self._chunked(edge_index, size, kwargs)
+
+    def _chunked(self, edge_index: Any, size: Any, kwargs: dict[str, Any]) -> Any:
+        """An eager call, in as many blocks as it takes (noted in ``last_chunks``)."""
+        raise NotImplementedError
 
 
 class FeatureChunks(_Chunks):
@@ -211,9 +217,7 @@ class FeatureChunks(_Chunks):
             return 1
         return max(1, min(widths.pop(), math.ceil(edge_index.size(1) / rows)))
 
-    def __call__(self, edge_index: Any, size: Any = None, **kwargs: Any) -> Any:
-        if torch.compiler.is_compiling():
-            return self._traced(edge_index, size, kwargs)
+    def _chunked(self, edge_index: Any, size: Any, kwargs: dict[str, Any]) -> Any:
         k = self.blocks(edge_index, kwargs)
         self.last_chunks = k
         if k == 1:
@@ -285,9 +289,7 @@ class TargetChunks(_Chunks):
                 return target.size(self.conv.node_dim)
         return None
 
-    def __call__(self, edge_index: Any, size: Any = None, **kwargs: Any) -> Any:
-        if torch.compiler.is_compiling():
-            return self._traced(edge_index, size, kwargs)
+    def _chunked(self, edge_index: Any, size: Any, kwargs: dict[str, Any]) -> Any:
         conv = self.conv
         targets = self._targets(kwargs, size)
         k = self._blocks(edge_index, targets, kwargs)
