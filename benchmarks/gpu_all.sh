@@ -20,6 +20,11 @@
 #              at 2 bits against PyG fp32 on the arxiv shape; the largest graph under 16 GiB
 #              (PyG, 2 bits); swap on GCNII (16 layers). For a session with little device
 #              time: `bash benchmarks/gpu_all.sh evidence`, timeout_s 570.
+#   speed-quick  issue 44's GPU rows in one call of at most 9 minutes (each step capped, rows
+#              written case by case): the CUDA tests on 4 workers, then bench_speed.py over
+#              every case eager (3 rounds of 10 steps), then compiled for Cora's GCN, GIN, GAT
+#              and the arxiv shape. Needs the speed part's data_local/datasets (carried).
+#              `bash benchmarks/gpu_all.sh speed-quick`, timeout_s 570.
 #   quick      after a change to the kernels or a backward, in about 4 minutes: the CUDA
 #              tests, kernel throughput at every width (fp32, bf16 at 2/4/8), and the step peak
 #              of the four models (fp32 and 2 bits, arxiv shape); evidence.py's table; then
@@ -154,6 +159,23 @@ for part in "${parts[@]}"; do
       capped 60 "$py" benchmarks/bench_swap.py --device cuda --model gcnii --epochs 5 \
         --methods gnnact2 gnnact2_swap gnnact2_swap_prefetch --out "$out/swap.jsonl"
       "$py" benchmarks/evidence.py "$out"
+      ;;
+    speed-quick)
+      capped 150 "$py" -m pytest -m cuda -q -rs -p no:cacheprovider -n 4 \
+        -k "not builds_tune_kernels_times" >"$out/pytest_cuda.txt" 2>&1
+      tail -15 "$out/pytest_cuda.txt"
+      if [ -d data_local/datasets ]; then
+        export GNNACT_DATA="$PWD/data_local/datasets"
+        capped 200 "$py" benchmarks/bench_speed.py --device cuda --rounds 3 --steps 10 \
+          --out "$out/speed.jsonl" >"$out/speed_log.txt" 2>&1
+        capped 170 "$py" benchmarks/bench_speed.py --device cuda --compile --rounds 3 \
+          --steps 10 --cases gcn gin gat gcn-arxiv --out "$out/speed.jsonl" \
+          >>"$out/speed_log.txt" 2>&1
+        tail -70 "$out/speed_log.txt"
+      else
+        echo "no data_local/datasets: copy ../shared/datasets families there and carry it"
+        status=1
+      fi
       ;;
     quick)
       # The CUDA tests build 6 variants of quantize.cu (42 s on an H200 when they built 2;
