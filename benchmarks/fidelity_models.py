@@ -569,7 +569,9 @@ class HeteroGNN(nn.Module):
 
 
 def _build_hetero(data: HeteroData) -> nn.Module:
-    model = to_hetero(HeteroGNN(), data.metadata(), aggr="sum")
+    # On the data's device: the lazy shapes are initialised by a call (a model built on the
+    # CPU failed there on a GPU's data).
+    model = to_hetero(HeteroGNN(), data.metadata(), aggr="sum").to(data["paper"].x.device)
     with torch.no_grad():  # initialise the lazy shapes
         model(data.x_dict, data.edge_index_dict)
     return model

@@ -59,10 +59,11 @@ def fresh_dynamo():
 @pytest.fixture
 def small_messages_in_pieces(monkeypatch):
     """Convs run their message passing in pieces however small the messages (the tests'
-    graphs are small; by default messages under ``MIN_MESSAGE_BYTES`` run whole)."""
+    graphs are small; by default messages under ``message_floor`` run whole)."""
     from gnnact.nn import chunked
 
     monkeypatch.setattr(chunked, "MIN_MESSAGE_BYTES", 0)
+    monkeypatch.setattr(chunked, "GPU_MEMORY_SHARE", 0)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -3,10 +3,19 @@ block, in at least float32 and rounded once; small tensors reduced whole, as tor
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
-from gnnact.ops.blocks import mean_by_blocks, row_starts, sum_by_blocks, sum_of_products
+from gnnact.ops.blocks import (
+    GPU_BLOCK_ELEMENTS,
+    element_blocks,
+    mean_by_blocks,
+    row_starts,
+    sum_by_blocks,
+    sum_of_products,
+)
 
 
 def _tall(rows: int = 300_000, width: int = 3, dtype: torch.dtype = torch.float32):
@@ -41,3 +50,18 @@ def test_sum_of_products_by_blocks_is_torchs():
     a, b = _tall(), _tall().flip(0)
     torch.testing.assert_close(sum_of_products(a, b, [0]).double(),
                                (a.double() * b.double()).sum([0]), rtol=1e-5, atol=1e-2)
+
+
+def test_gpu_blocks_hold_gpu_block_elements_at_least():
+    """On a GPU a block holds GPU_BLOCK_ELEMENTS values at least (its cost there is the
+    host's, whatever its size): Cora's features are one block there and 17 on the CPU; a
+    larger tensor's blocks still cover it row by row. (Only the device's type is read.)"""
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert len(row_starts(2708, 1433, cpu)) == 18 and row_starts(2708, 1433) == row_starts(
+        2708, 1433, cpu)
+    assert row_starts(2708, 1433, cuda) == [0, 2708]
+    starts = row_starts(169_343, 128, cuda)  # the arxiv shape: 21.7M values
+    assert starts[0] == 0 and starts[-1] == 169_343
+    sizes = [b - a for a, b in itertools.pairwise(starts)]
+    assert len(sizes) == 6 and all(s * 128 >= GPU_BLOCK_ELEMENTS for s in sizes[:-1])
+    assert element_blocks(1000, cuda) == [(0, 1000)]

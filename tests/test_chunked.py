@@ -25,7 +25,8 @@ N, F, E = 300, 24, 2400  # 8 edges per node: 8 column blocks of 3
 
 @pytest.fixture(autouse=True)
 def chunk_small_messages(request):
-    if request.function is not test_small_messages_run_whole_by_default:
+    if request.function not in (test_small_messages_run_whole_by_default,
+                                test_a_gpus_floor_is_a_share_of_its_memory):
         request.getfixturevalue("small_messages_in_pieces")
 
 
@@ -416,18 +417,36 @@ def test_summary_says_how_messages_were_made():
 @pytest.mark.parametrize("cls", [pyg_nn.GINConv, pyg_nn.TransformerConv])
 def test_small_messages_run_whole_by_default(cls):
     """Under MIN_MESSAGE_BYTES of messages (E rows of the widest argument row) a call runs
-    whole, with PyG's result; at or above an instance's min_bytes, in pieces; the summary
-    says which."""
+    whole, with PyG's result; at or above an instance's min_bytes, in pieces of min_bytes at
+    least; the summary says which."""
     x, edge_index = inputs(cls)[:2]
     pyg = make(cls)
     want = pyg(x, edge_index)
     ours = gnnact.convert(copy.deepcopy(pyg), gnnact.Config(bits=32))
     chunks = ours.propagate
-    assert chunks.min_bytes == chunked_module.MIN_MESSAGE_BYTES >= 1 << 20
+    assert chunks.min_bytes is None
+    assert chunks.floor(x.device) == chunked_module.MIN_MESSAGE_BYTES >= 1 << 20
     assert torch.equal(ours(x, edge_index), want) and chunks.last_chunks == 1
     assert "whole" in str(gnnact.summary(ours))
     size = chunks.message_bytes(edge_index, {"x": x})
     assert size == E * F * 4
-    chunks.min_bytes = size
+    chunks.min_bytes = size  # at the floor: in pieces, but one piece holds it all
+    assert torch.equal(ours(x, edge_index), want) and chunks.last_chunks == 1
+    chunks.min_bytes = size // 8  # pieces hold the floor's bytes at least: 8 of them
     assert torch.allclose(ours(x, edge_index), want, atol=1e-6) and chunks.last_chunks == 8
     assert "8 pieces" in str(gnnact.summary(ours))
+    chunks.min_bytes = size // 3
+    assert torch.allclose(ours(x, edge_index), want, atol=1e-6) and chunks.last_chunks == 3
+
+
+def test_a_gpus_floor_is_a_share_of_its_memory(monkeypatch):
+    """On a GPU messages run whole up to a GPU_MEMORY_SHARE-th of its memory (MIN_MESSAGE_BYTES
+    at least); the CPU's floor is MIN_MESSAGE_BYTES. (The device's memory is stubbed: only
+    its size is read.)"""
+    monkeypatch.setattr(chunked_module, "_memory", lambda device: 141 << 30)
+    cuda = torch.device("cuda")
+    assert chunked_module.message_floor(cuda) == (141 << 30) // chunked_module.GPU_MEMORY_SHARE
+    assert chunked_module.message_floor(cuda) > 1 << 30
+    assert chunked_module.message_floor(torch.device("cpu")) == chunked_module.MIN_MESSAGE_BYTES
+    monkeypatch.setattr(chunked_module, "_memory", lambda device: 4 << 30)
+    assert chunked_module.message_floor(cuda) == chunked_module.MIN_MESSAGE_BYTES

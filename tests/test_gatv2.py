@@ -47,6 +47,7 @@ from gnnact.nn.conv.gatv2_conv import GATv2Conv
 from gnnact.nn.convert import CONVERSIONS
 from gnnact.ops import dense
 from gnnact.ops import gatv2 as gatv2_ops
+from gnnact.ops.blocks import GPU_BLOCK_ELEMENTS
 from gnnact.ops.gatv2 import gatv2_attention
 from gnnact.ops.graph import Graph, graph_cache_for
 from gnnact.quant.packed import packed_code_bytes
@@ -438,21 +439,25 @@ def test_op_chunking_does_not_change_results(monkeypatch):
 
     whole = run()
     monkeypatch.setattr(gatv2_ops, "CHUNK_ELEMENTS", 1)  # 8 edges per chunk: 8 chunks
-    assert len(list(gatv2_ops._chunks(61, 3, graph.num_dst))) == 8
+    assert len(list(gatv2_ops._chunks(61, 3, graph.num_dst, torch.device("cpu")))) == 8
     chunked = run()
     for a, b in zip(chunked, whole, strict=True):
         assert _rel(a, b) <= 1e-12
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
 @pytest.mark.parametrize("rows", [10, 2_000, 10**6])
-def test_op_chunks_stay_below_half_a_node_tensor(rows):
+def test_op_chunks_stay_below_half_a_node_tensor(rows, device):
     """Chunks of at most CHUNK_ELEMENTS values, and of half a node tensor on a small graph
-    (not below MIN_CHUNK_ELEMENTS), starting at multiples of 8 edges, covering every edge."""
+    (not below MIN_CHUNK_ELEMENTS, on a GPU GPU_BLOCK_ELEMENTS), starting at multiples of 8
+    edges, covering every edge. (A device's type is all that is read: no GPU needed.)"""
     per_edge, num_edges = 3 * 128, 50_003
-    limit = min(gatv2_ops.CHUNK_ELEMENTS,
-                max(gatv2_ops.MIN_CHUNK_ELEMENTS, rows * per_edge // 2))
-    chunks = list(gatv2_ops._chunks(num_edges, per_edge, rows))
+    least = GPU_BLOCK_ELEMENTS if device == "cuda" else gatv2_ops.MIN_CHUNK_ELEMENTS
+    limit = min(gatv2_ops.CHUNK_ELEMENTS, max(least, rows * per_edge // 2))
+    chunks = list(gatv2_ops._chunks(num_edges, per_edge, rows, torch.device(device)))
     assert all(sl.start % 8 == 0 and (sl.stop - sl.start) * per_edge <= limit for sl in chunks)
+    # As large as allowed: every chunk but the last holds `limit` values within 8 edges.
+    assert all((sl.stop - sl.start + 8) * per_edge > limit for sl in chunks[:-1])
     assert [sl.start for sl in chunks[1:]] == [sl.stop for sl in chunks[:-1]]
     assert chunks[0].start == 0 and chunks[-1].stop == num_edges
 

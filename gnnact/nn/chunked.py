@@ -7,7 +7,7 @@ rows into their targets. Nothing of :math:`\mathbf{M}` waits for backward (the g
 sum keep only the edge indices), so compressing the context does not touch it, yet it is the
 step's peak: :math:`E/N` full-size node tensors at once, 13 on ogbn-arxiv, 50 on
 ogbn-products. ``propagate`` is run in :math:`k` pieces of about one node tensor of messages
-each, one of two ways.
+each (and of the floor's bytes at least, :func:`message_floor`), one of two ways.
 
 **By feature columns** (:class:`FeatureChunks`, the classes in :data:`DECOMPOSABLE`). When
 the message and the aggregation act on every feature column on its own,
@@ -40,13 +40,19 @@ path, which makes no messages, and are left alone.
 scatter over every edge, on narrower rows, and on the CPU a ``GINConv`` (64 features, 8 edges a
 node) stepped 2.1-3.2× slower in 8 column pieces than whole at every size from 1 to 62 MiB of
 messages (``benchmarks/bench_chunks.py``). A call whose messages (:math:`E` times the
-widest per-node row of its arguments) are under :data:`MIN_MESSAGE_BYTES` runs whole: it adds
-at most that much to the step's peak, a fraction of a percent of any accelerator's memory.
-``gnnact.summary`` reports each conv's last call as ``whole`` or in pieces.
+widest per-node row of its arguments) are under the floor runs whole, and a piece holds the
+floor's bytes at least (:func:`message_floor`: :data:`MIN_MESSAGE_BYTES` on the CPU, a
+:data:`GPU_MEMORY_SHARE`-th of a GPU's memory): pieces add at most that much to the step's
+peak, a fraction of a percent of the device's memory. On a GPU a piece's cost is the host's
+(PyG's gather, scatter and softmax are launched again for each, a millisecond a piece for a
+``TransformerConv``) and Amazon Photo's Transformer, 32 pieces of 22 MB a call, stepped 15×
+slower than PyG's on an H200. ``gnnact.summary`` reports each conv's last call as ``whole`` or
+in pieces.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from typing import Any
@@ -60,11 +66,30 @@ from torch_geometric.nn import MessagePassing
 from gnnact.nn.conv import GCNConv, SAGEConv
 from gnnact.nn.conv.base import MESSAGE_PASSING_HOOKS
 
-__all__ = ["BY_TARGET", "CHUNKED", "DECOMPOSABLE", "MIN_MESSAGE_BYTES",
-           "PER_COLUMN_AGGREGATIONS", "TWINS", "FeatureChunks", "TargetChunks", "chunk_messages"]
+__all__ = ["BY_TARGET", "CHUNKED", "DECOMPOSABLE", "GPU_MEMORY_SHARE", "MIN_MESSAGE_BYTES",
+           "PER_COLUMN_AGGREGATIONS", "TWINS", "FeatureChunks", "TargetChunks", "chunk_messages",
+           "message_floor"]
 
-#: Message bytes below which a call runs whole (the default of :attr:`_Chunks.min_bytes`).
+#: Message bytes below which a call runs whole on the CPU, and the least a piece holds there.
 MIN_MESSAGE_BYTES = 64 << 20
+#: On a GPU, the floor is this share of its memory (1.1 GB on an H200), :data:`MIN_MESSAGE_BYTES`
+#: at least.
+GPU_MEMORY_SHARE = 128
+
+
+@functools.cache
+def _memory(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).total_memory
+
+
+def message_floor(device: torch.device) -> int:
+    """Message bytes below which a call on ``device`` runs whole, and the least a piece holds
+    (the default of :attr:`FeatureChunks.min_bytes` and :attr:`TargetChunks.min_bytes`):
+    :data:`MIN_MESSAGE_BYTES`, on a GPU a :data:`GPU_MEMORY_SHARE`-th of its memory if that is
+    more (none with a share of 0)."""
+    if device.type != "cuda" or not GPU_MEMORY_SHARE:
+        return MIN_MESSAGE_BYTES
+    return max(MIN_MESSAGE_BYTES, _memory(device) // GPU_MEMORY_SHARE)
 
 
 def _classes(*names: str) -> tuple[type[MessagePassing], ...]:
@@ -119,7 +144,7 @@ class _Chunks:
                             f"{type(conv).__name__}")
         self.conv = conv
         self.last_chunks: int | None = None  # no call yet
-        self.min_bytes = MIN_MESSAGE_BYTES
+        self.min_bytes: int | None = None  # (the device's floor: message_floor)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({type(self.conv).__name__})"
@@ -131,17 +156,27 @@ class _Chunks:
         return sorted({a[:-2] for a in conv.inspector.get_param_names(
             "message", exclude=conv.special_args) if a.endswith(suffix)})
 
-    def _whole(self, edge_index: Any, kwargs: dict[str, Any]) -> bool:
-        """Whether a call runs whole: a sparse adjacency (PyG's fused path makes no
-        messages), messages under ``min_bytes`` (:meth:`message_bytes`), explain mode, a
-        registered message-passing hook (so that it sees what PyG would show it), or tracing
-        by torch.compile."""
+    def floor(self, device: torch.device) -> int:
+        """Message bytes below which a call on ``device`` runs whole, and the least a piece
+        holds: ``min_bytes`` when set, else :func:`message_floor` (``device``)."""
+        return message_floor(device) if self.min_bytes is None else self.min_bytes
+
+    def _most_pieces(self, edge_index: Any, kwargs: dict[str, Any]) -> int:
+        """The most pieces a call runs in: 1 (whole) for a sparse adjacency (PyG's fused path
+        makes no messages), messages under the floor (:meth:`message_bytes`, :meth:`floor`),
+        explain mode, a registered message-passing hook (so that it sees what PyG would show
+        it), or tracing by torch.compile; else as many as leave each piece the floor's bytes
+        (any number for a floor of 0)."""
         conv = self.conv
-        return (not isinstance(edge_index, Tensor) or edge_index.layout != torch.strided
-                or self.message_bytes(edge_index, kwargs) < self.min_bytes
+        if (not isinstance(edge_index, Tensor) or edge_index.layout != torch.strided
                 or bool(conv.explain)
                 or any(getattr(conv, h, None) for h in MESSAGE_PASSING_HOOKS)
-                or torch.compiler.is_compiling())
+                or torch.compiler.is_compiling()):
+            return 1
+        size, floor = self.message_bytes(edge_index, kwargs), self.floor(edge_index.device)
+        if size < floor:
+            return 1
+        return size // floor if floor else size
 
     def message_bytes(self, edge_index: Tensor, kwargs: dict[str, Any]) -> int:
         """The size of a call's messages, as :math:`E` rows of its widest argument row (a
@@ -181,8 +216,9 @@ class FeatureChunks(_Chunks):
     Attributes:
         last_chunks (int or None): blocks of the last eager call (1: run whole; ``None``:
             no call yet). A call inside a compiled frame runs whole and leaves it as it is.
-        min_bytes (int): messages below this many bytes run whole
-            (default: :data:`MIN_MESSAGE_BYTES`).
+        min_bytes (int or None): messages below this many bytes run whole, and a piece
+            holds this many at least (:obj:`None`, the default: :func:`message_floor` of
+            the call's device).
 
     Example:
         >>> from torch_geometric.nn import GINConv
@@ -203,7 +239,8 @@ class FeatureChunks(_Chunks):
         adjacency, messages under ``min_bytes``, an aggregation that mixes columns (LSTM,
         attention, several aggregations concatenated), no source tensor, or fewer edges than
         source nodes."""
-        if (self._whole(edge_index, kwargs)
+        most = self._most_pieces(edge_index, kwargs)
+        if (most == 1
                 or type(getattr(self.conv, "aggr_module", None)) not in PER_COLUMN_AGGREGATIONS):
             return 1
         widths, rows = set(), 0
@@ -215,7 +252,7 @@ class FeatureChunks(_Chunks):
             rows = max(rows, source.size(self.conv.node_dim))
         if len(widths) != 1 or rows == 0:
             return 1
-        return max(1, min(widths.pop(), math.ceil(edge_index.size(1) / rows)))
+        return max(1, min(most, widths.pop(), math.ceil(edge_index.size(1) / rows)))
 
     def _chunked(self, edge_index: Any, size: Any, kwargs: dict[str, Any]) -> Any:
         k = self.blocks(edge_index, kwargs)
@@ -249,8 +286,9 @@ class TargetChunks(_Chunks):
     Attributes:
         last_chunks (int or None): blocks of the last eager call (1: run whole; ``None``:
             no call yet). A call inside a compiled frame runs whole and leaves it as it is.
-        min_bytes (int): messages below this many bytes run whole
-            (default: :data:`MIN_MESSAGE_BYTES`).
+        min_bytes (int or None): messages below this many bytes run whole, and a piece
+            holds this many at least (:obj:`None`, the default: :func:`message_floor` of
+            the call's device).
 
     Example:
         >>> from torch_geometric.nn import TransformerConv
@@ -273,10 +311,10 @@ class TargetChunks(_Chunks):
         return self._blocks(edge_index, self._targets(kwargs, size), kwargs)
 
     def _blocks(self, edge_index: Any, targets: int | None, kwargs: dict[str, Any]) -> int:
-        if (self._whole(edge_index, kwargs) or self.conv.flow != "source_to_target"
-                or not targets):
+        most = self._most_pieces(edge_index, kwargs)
+        if most == 1 or self.conv.flow != "source_to_target" or not targets:
             return 1
-        return max(1, min(targets, math.ceil(edge_index.size(1) / targets)))
+        return max(1, min(most, targets, math.ceil(edge_index.size(1) / targets)))
 
     def _targets(self, kwargs: dict[str, Any], size: Any) -> int | None:
         """The number of target nodes, from ``size`` or a target-side argument."""
@@ -308,13 +346,15 @@ class TargetChunks(_Chunks):
         bounds = torch.searchsorted(ptr, torch.linspace(0, num_edges, k + 1, device=dst.device)
                                     .to(ptr.dtype)).clamp_(max=targets).tolist()
         bounds[0], bounds[-1] = 0, targets
+        # Where each block's edges start, read to the host at once (one sync, not two a block).
+        starts = ptr[torch.tensor(bounds, device=ptr.device)].tolist()
         per_edge = [n for n, v in kwargs.items() if n not in (*sources, *target_args)
                     and isinstance(v, Tensor) and v.dim() > 0 and v.size(0) == num_edges]
         outs, alphas = [], []
-        for t0, t1 in itertools.pairwise(bounds):
+        for (t0, t1), (e0, e1) in zip(itertools.pairwise(bounds), itertools.pairwise(starts),
+                                      strict=True):
             if t1 <= t0:
                 continue
-            e0, e1 = int(ptr[t0]), int(ptr[t1])
             edges = order[e0:e1]
             block = torch.stack([edge_index[0].index_select(0, edges), dst[e0:e1] - t0])
             args = dict(kwargs)

@@ -61,7 +61,7 @@ def _forward(x: Tensor, weight: Tensor, bias: Tensor | None, root: Tensor | None
         out = graph.mm(x @ weight.t(), value, scale=scale)
     else:
         out = x.new_empty(graph.num_dst, n_out)
-        starts = row_starts(graph.num_dst, x.size(1))
+        starts = row_starts(graph.num_dst, x.size(1), x.device)
         for rows, edges in zip(pairwise(starts), pairwise(graph.edge_offsets(starts)),
                                strict=True):
             block = graph.mm_rows(x, rows, edges, value, scale=scale)
@@ -107,7 +107,7 @@ class _AggregateLinear(torch.autograd.Function):
         g, v = grad, None if ctx.mean else value
         if ctx.mean and value is not None:  # A^T D^-1 G with edge values: D^-1 on G
             g, col_scale, v = grad * col_scale[:, None], None, value
-        starts = row_starts(graph.num_src, max(grad.size(1), n_in))
+        starts = row_starts(graph.num_src, max(grad.size(1), n_in), grad.device)
         offsets = graph.edge_offsets(starts, transpose=True, index=index)
         for (r0, r1), edges in zip(pairwise(starts), pairwise(offsets), strict=True):
             t = graph.mm_rows(g, (r0, r1), edges, v, transpose=True, col_scale=col_scale,

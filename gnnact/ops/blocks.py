@@ -1,7 +1,8 @@
 """Row blocks of the by-block loops in backward (and in the fused forward): blocks of about
 ``gnnact.quant.reference.block_elements`` values (a sixteenth of the tensor, within 64Ki and
 1Mi values), so that a loop over a full-size tensor holds one block's temporaries at a time,
-a small share of the tensor."""
+a small share of the tensor. On a GPU a block holds :data:`GPU_BLOCK_ELEMENTS` values at least
+(see there)."""
 
 from __future__ import annotations
 
@@ -14,30 +15,47 @@ from torch import Tensor
 
 from gnnact.quant.reference import block_elements
 
-__all__ = ["element_blocks", "mean_by_blocks", "row_starts", "sum_by_blocks", "sum_of_products"]
+__all__ = ["GPU_BLOCK_ELEMENTS", "element_blocks", "mean_by_blocks", "row_starts",
+           "sum_by_blocks", "sum_of_products"]
+
+#: The fewest values of a block on a GPU (16 MiB of float32). A block's cost there is mostly
+#: the host's: its slices, a sparse matrix's construction and a few kernel launches, 0.1-0.3
+#: ms whatever its size, while the GPU runs a block of this size in about as long; blocks of
+#: a CPU's size (64Ki-1Mi values) left an H200 idle (Cora's GCN, 16 blocks a backward: 2.8x
+#: PyG's step). 16 MiB is a hundredth of a percent of such a device's memory.
+GPU_BLOCK_ELEMENTS = 1 << 22
 
 
-def row_starts(rows: int, width: int) -> list[int]:
+def _block_elements(numel: int, device: torch.device | None) -> int:
+    per_block = block_elements(numel)
+    if device is not None and device.type == "cuda":
+        per_block = max(per_block, GPU_BLOCK_ELEMENTS)
+    return per_block
+
+
+def row_starts(rows: int, width: int, device: torch.device | None = None) -> list[int]:
     """Boundaries ``[0, r_1, ..., rows]`` of row blocks of a ``[rows, width]`` tensor, each
-    of about ``gnnact.quant.reference.block_elements`` values (at least one row)."""
-    step = max(1, block_elements(rows * width) // max(1, width))
+    of about ``gnnact.quant.reference.block_elements`` values (at least one row), on a GPU
+    ``device`` at least :data:`GPU_BLOCK_ELEMENTS`."""
+    step = max(1, _block_elements(rows * width, device) // max(1, width))
     return [*range(0, rows, step), rows]
 
 
-def element_blocks(n: int) -> list[tuple[int, int]]:
+def element_blocks(n: int, device: torch.device | None = None) -> list[tuple[int, int]]:
     """``(start, stop)`` of consecutive blocks of about
     ``gnnact.quant.reference.block_elements(n)`` values covering ``range(n)`` (a flat
-    tensor's :func:`row_starts`)."""
-    return list(itertools.pairwise(row_starts(n, 1)))
+    tensor's :func:`row_starts` on ``device``)."""
+    return list(itertools.pairwise(row_starts(n, 1, device)))
 
 
 def _sum_over_blocks(part: Callable[[int, int], Tensor], rows: int, width: int,
-                     dims: list[int], dtype: torch.dtype, keepdim: bool) -> Tensor | None:
+                     dims: list[int], dtype: torch.dtype, keepdim: bool,
+                     device: torch.device) -> Tensor | None:
     """The sum over ``dims`` (including 0) of ``part(r0, r1)`` for the row blocks of a
     ``[rows, width]`` tensor, summed in at least float32 (as torch sums a 16-bit tensor) and
     rounded to ``dtype`` once; ``None`` when the tensor is one or two blocks (the caller
     then reduces it whole, as torch would)."""
-    starts = row_starts(rows, width)
+    starts = row_starts(rows, width, device)
     if len(starts) <= 2:
         return None
     acc = torch.float64 if dtype == torch.float64 else torch.float32
@@ -57,7 +75,7 @@ def sum_of_products(a: Tensor, b: Tensor, dims: list[int]) -> Tensor:
     rows = max(a.size(0), b.size(0))
     total = _sum_over_blocks(lambda r0, r1: a[r0:r1] * b[r0:r1], rows,
                              max(a[:1].numel(), b[:1].numel()), dims,
-                             torch.result_type(a, b), keepdim=False)
+                             torch.result_type(a, b), keepdim=False, device=a.device)
     return (a * b).sum(dims) if total is None else total
 
 
@@ -66,12 +84,12 @@ def sum_by_blocks(a: Tensor, dims: list[int], *, keepdim: bool = False) -> Tenso
     one block, so whatever the device's reduction allocates beside its input is a block's
     share, not the tensor's. Summed in at least float32 and rounded once."""
     total = _sum_over_blocks(lambda r0, r1: a[r0:r1], a.size(0), a[:1].numel(), dims,
-                             a.dtype, keepdim)
+                             a.dtype, keepdim, a.device)
     return a.sum(dims, keepdim=keepdim) if total is None else total
 
 
 def mean_by_blocks(a: Tensor, dims: list[int], *, keepdim: bool = False) -> Tensor:
     """``a.mean(dims, keepdim)`` (``dims`` including 0) as :func:`sum_by_blocks` sums."""
-    if len(row_starts(a.size(0), a[:1].numel())) <= 2:
+    if len(row_starts(a.size(0), a[:1].numel(), a.device)) <= 2:
         return a.mean(dims, keepdim=keepdim)
     return sum_by_blocks(a, dims, keepdim=keepdim).div_(math.prod(a.size(d) for d in dims))

@@ -200,7 +200,7 @@ class _BatchNorm(torch.autograd.Function):
                 # tensor beyond grad and xn.
                 t = xn.mul_(sum_gx.view(shape))
                 factor, sum_g_ = scale / n, sum_g.view(shape)
-                starts = row_starts(grad.size(0), grad[:1].numel())
+                starts = row_starts(grad.size(0), grad[:1].numel(), grad.device)
                 for r0, r1 in itertools.pairwise(starts):
                     t[r0:r1] = (n * grad[r0:r1]).sub_(sum_g_).sub_(t[r0:r1]).mul_(factor)
                 grad_x = t

@@ -89,6 +89,7 @@ from torch import Tensor
 from torch_geometric.utils import softmax
 
 from gnnact.config import Config
+from gnnact.ops.blocks import GPU_BLOCK_ELEMENTS
 from gnnact.ops.context import (
     independent_quantize,
     input_bits,
@@ -121,12 +122,14 @@ CHUNK_ELEMENTS = 1 << 24
 MIN_CHUNK_ELEMENTS = 1 << 16
 
 
-def _chunks(num_edges: int, per_edge: int, rows: int) -> Iterator[slice]:
+def _chunks(num_edges: int, per_edge: int, rows: int, device: torch.device) -> Iterator[slice]:
     """Edge slices of at most :data:`CHUNK_ELEMENTS` values, and at most half a node tensor
-    (``rows`` nodes; at least :data:`MIN_CHUNK_ELEMENTS`): on a small graph a fixed size
+    (``rows`` nodes; at least :data:`MIN_CHUNK_ELEMENTS`, on a GPU
+    :data:`~gnnact.ops.blocks.GPU_BLOCK_ELEMENTS`): on a small graph a fixed size
     would make each of a chunk's temporaries larger than the node tensors. Each starts at a
     multiple of 8 edges, so it starts on a byte boundary of the packed ``[E, H, C]`` mask."""
-    limit = min(CHUNK_ELEMENTS, max(MIN_CHUNK_ELEMENTS, rows * per_edge // 2))
+    least = GPU_BLOCK_ELEMENTS if device.type == "cuda" else MIN_CHUNK_ELEMENTS
+    limit = min(CHUNK_ELEMENTS, max(least, rows * per_edge // 2))
     step = max(8, limit // max(1, per_edge) // 8 * 8)
     for start in range(0, num_edges, step):
         yield slice(start, min(start + step, num_edges))
@@ -172,7 +175,7 @@ class _GATv2Attention(torch.autograd.Function):
         logits = x_l.new_empty(num_edges, heads)
         mask = torch.empty(math.ceil(num_edges * per_edge / 8), dtype=torch.uint8,
                            device=x_l.device) if record else None
-        for sl in _chunks(num_edges, per_edge, graph.num_dst):
+        for sl in _chunks(num_edges, per_edge, graph.num_dst, x_l.device):
             z = _pre_activation(x_l, x_dst, edge_attr, w_edge, graph, sl, graph.dst_of(sl))
             if mask is not None:
                 mask[_mask_bytes(sl, per_edge)] = pack_mask(z > 0).data
@@ -276,7 +279,7 @@ class _GATv2Attention(torch.autograd.Function):
             x_l_tilde = x_l_hat
         x_r_hat = x_l_tilde if ctx.same else x_r_hat
         slope = ctx.negative_slope
-        for sl in _chunks(graph.num_edges, per_edge, graph.num_dst):
+        for sl in _chunks(graph.num_edges, per_edge, graph.num_dst, grad_s.device):
             n = sl.stop - sl.start
             positive = unpack_mask(PackedMask(mask[_mask_bytes(sl, per_edge)],
                                               torch.Size((n, heads, channels))))

@@ -118,7 +118,7 @@ class _GCN2Residual(torch.autograd.Function):
         if weight2 is None:
             # x += alpha * h0 by row blocks: the same two roundings per element, without a
             # full-size alpha * h0 beside x at the forward's peak.
-            for r0, r1 in itertools.pairwise(row_starts(m, h0[:1].numel())):
+            for r0, r1 in itertools.pairwise(row_starts(m, h0[:1].numel(), h0.device)):
                 x[r0:r1].add_(alpha * h0[r0:r1])
             s = x
             out = torch.addmm(s, s, weight1, beta=1.0 - beta, alpha=beta)

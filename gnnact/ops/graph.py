@@ -251,7 +251,10 @@ class Graph:
     def edge_offsets(self, rows: list[int], *, transpose: bool = False,
                      index: tuple[Tensor, Tensor, Tensor | None] | None = None) -> list[int]:
         r"""Where the edges of each row in ``rows`` start in the CSR of :math:`A` (or of
-        :math:`A^\top`): one read to the host for all the blocks of :meth:`mm_rows`."""
+        :math:`A^\top`): one read to the host for all the blocks of :meth:`mm_rows`, none for
+        a single block (a GPU's usual case: :data:`~gnnact.ops.blocks.GPU_BLOCK_ELEMENTS`)."""
+        if rows == [0, self.num_src if transpose else self.num_dst]:
+            return [0, self.num_edges]
         ptr = (self.transpose_index() if index is None else index)[0] if transpose else self.ptr
         return ptr[torch.tensor(rows, device=ptr.device)].tolist()
 
@@ -466,7 +469,7 @@ def edge_keys(src: Tensor, dst: Tensor, num_src: int) -> Tensor:
     """The int64 keys ``dst * num_src + src`` of edges (their order is the CSR order of
     :class:`Graph`), by blocks: no full-size int64 copy of an int32 input beside them."""
     key = torch.empty(src.numel(), dtype=torch.int64, device=src.device)
-    for a, b in element_blocks(src.numel()):
+    for a, b in element_blocks(src.numel(), src.device):
         key[a:b].copy_(dst[a:b]).mul_(num_src).add_(src[a:b])
     return key
 
@@ -477,7 +480,7 @@ def keys_with_self_loops(src: Tensor, dst: Tensor, num_src: int, loops: int) -> 
     GAT does; ``add_remaining_self_loops`` without weights, as GCN does): every edge that is
     not a loop, in order, then the loops of nodes ``0 … loops - 1``. Made by blocks, without
     the copies of the edge list PyG's functions make."""
-    blocks = element_blocks(src.numel())
+    blocks = element_blocks(src.numel(), src.device)
     # How many edges of each block stay (read to the host at once: one sync, not one per
     # block), then the kept keys packed.
     counts = [(src[a:b] != dst[a:b]).sum() for a, b in blocks]
@@ -496,7 +499,7 @@ def _split_keys(key: Tensor, num_src: int, dtype: torch.dtype) -> tuple[Tensor, 
     """Inverse of :func:`edge_keys`: ``(src, dst)`` in ``dtype``, by blocks."""
     src = torch.empty(key.numel(), dtype=dtype, device=key.device)
     dst = torch.empty_like(src)
-    for a, b in element_blocks(key.numel()):
+    for a, b in element_blocks(key.numel(), key.device):
         q = torch.div(key[a:b], num_src, rounding_mode="floor")
         dst[a:b] = q
         src[a:b] = key[a:b] - q.mul_(num_src)

@@ -60,7 +60,7 @@ def _degree_normalized(dtype: torch.dtype) -> Callable[[Tensor, Tensor, Tensor],
         inv_sqrt.masked_fill_(inv_sqrt == float("inf"), 0)
         # (gcn_norm's d_j^-1/2 * 1 * d_i^-1/2: the product by one is exact.)
         value = torch.empty(src.numel(), dtype=dtype, device=src.device)
-        for a, b in element_blocks(src.numel()):
+        for a, b in element_blocks(src.numel(), src.device):
             torch.mul(inv_sqrt.index_select(0, src[a:b]), inv_sqrt.index_select(0, dst[a:b]),
                       out=value[a:b])
         return value
