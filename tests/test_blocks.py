@@ -53,9 +53,10 @@ def test_sum_of_products_by_blocks_is_torchs():
 
 
 def test_gpu_blocks_hold_gpu_block_elements_at_least():
-    """On a GPU a block holds GPU_BLOCK_ELEMENTS values at least (its cost there is the
-    host's, whatever its size): Cora's features are one block there and 17 on the CPU; a
-    larger tensor's blocks still cover it row by row. (Only the device's type is read.)"""
+    """On a GPU a block holds GPU_BLOCK_ELEMENTS values at least, and a sixteenth of its
+    tensor at most (its cost there is the host's, whatever its size): Cora's features are one
+    block there and 17 on the CPU; a larger tensor's blocks still cover it row by row. (Only
+    the device's type is read.)"""
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     assert len(row_starts(2708, 1433, cpu)) == 18 and row_starts(2708, 1433) == row_starts(
         2708, 1433, cpu)
@@ -63,5 +64,8 @@ def test_gpu_blocks_hold_gpu_block_elements_at_least():
     starts = row_starts(169_343, 128, cuda)  # the arxiv shape: 21.7M values
     assert starts[0] == 0 and starts[-1] == 169_343
     sizes = [b - a for a, b in itertools.pairwise(starts)]
-    assert len(sizes) == 6 and all(s * 128 >= GPU_BLOCK_ELEMENTS for s in sizes[:-1])
+    assert len(sizes) == 5 and all(s * 128 >= GPU_BLOCK_ELEMENTS for s in sizes[:-1])
     assert element_blocks(1000, cuda) == [(0, 1000)]
+    # Coauthor Physics' features (290M values): 15 blocks on a GPU, not 4Mi-value ones (70).
+    starts = row_starts(34_493, 8_415, cuda)
+    assert len(starts) - 1 == 15 and all(b % 8 == 0 for b in starts[:-1])

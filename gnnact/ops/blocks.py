@@ -1,8 +1,8 @@
 """Row blocks of the by-block loops in backward (and in the fused forward): blocks of about
 ``gnnact.quant.reference.block_elements`` values (a sixteenth of the tensor, within 64Ki and
 1Mi values), so that a loop over a full-size tensor holds one block's temporaries at a time,
-a small share of the tensor. On a GPU a block holds :data:`GPU_BLOCK_ELEMENTS` values at least
-(see there)."""
+a small share of the tensor. On a GPU a block holds :data:`GPU_BLOCK_ELEMENTS` values at least,
+and a sixteenth of the tensor at most (see there)."""
 
 from __future__ import annotations
 
@@ -13,32 +13,33 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from gnnact.quant.reference import block_elements
+from gnnact.quant.reference import BLOCKS, block_elements
 
 __all__ = ["GPU_BLOCK_ELEMENTS", "element_blocks", "mean_by_blocks", "row_starts",
            "sum_by_blocks", "sum_of_products"]
 
-#: The fewest values of a block on a GPU (16 MiB of float32). A block's cost there is mostly
-#: the host's: its slices, a sparse matrix's construction and a few kernel launches, 0.1-0.3
-#: ms whatever its size, while the GPU runs a block of this size in about as long; blocks of
-#: a CPU's size (64Ki-1Mi values) left an H200 idle (Cora's GCN, 16 blocks a backward: 2.8x
-#: PyG's step). 16 MiB is a hundredth of a percent of such a device's memory.
+#: The fewest values of a block on a GPU (16 MiB of float32), where a tensor is cut into
+#: ``BLOCKS`` blocks at most (``CHUNK_ELEMENTS`` does not bound them there). A block's cost on a
+#: GPU is mostly the host's: its slices, a sparse matrix's construction and a few kernel
+#: launches, 0.1-0.3 ms whatever its size, while the GPU runs a block of this size in about as
+#: long. Blocks of a CPU's size (64Ki-1Mi values) left an H200 idle: Cora's GCN (16 blocks a
+#: backward) stepped 2.8x PyG's, Coauthor Physics' (70 blocks of 4Mi values) 5.3x. A block's
+#: temporaries stay about a sixteenth of its tensor.
 GPU_BLOCK_ELEMENTS = 1 << 22
-
-
-def _block_elements(numel: int, device: torch.device | None) -> int:
-    per_block = block_elements(numel)
-    if device is not None and device.type == "cuda":
-        per_block = max(per_block, GPU_BLOCK_ELEMENTS)
-    return per_block
 
 
 def row_starts(rows: int, width: int, device: torch.device | None = None) -> list[int]:
     """Boundaries ``[0, r_1, ..., rows]`` of row blocks of a ``[rows, width]`` tensor, each
-    of about ``gnnact.quant.reference.block_elements`` values (at least one row), on a GPU
-    ``device`` at least :data:`GPU_BLOCK_ELEMENTS`."""
-    step = max(1, _block_elements(rows * width, device) // max(1, width))
-    return [*range(0, rows, step), rows]
+    of about ``gnnact.quant.reference.block_elements`` values (at least one row); on a GPU
+    ``device``, as many blocks of equal rows (a multiple of 8) as leave each
+    :data:`GPU_BLOCK_ELEMENTS` values or a sixteenth of the tensor, whichever is more."""
+    numel = rows * width
+    if device is not None and device.type == "cuda":
+        blocks = max(1, numel // max(GPU_BLOCK_ELEMENTS, -(-numel // BLOCKS)))
+        step = -(-rows // blocks // 8) * 8 if blocks > 1 else rows
+    else:
+        step = block_elements(numel) // max(1, width)
+    return [*range(0, rows, max(1, step)), rows]
 
 
 def element_blocks(n: int, device: torch.device | None = None) -> list[tuple[int, int]]:
