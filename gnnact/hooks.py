@@ -267,10 +267,10 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
 
     * sparse tensors, tensor subclasses, 0-d tensors, integer and boolean tensors
       other than those below, and floating-point tensors of fewer than
-      :obj:`min_numel` elements or ``config.floor`` bytes (:attr:`Config.min_bytes
-      <gnnact.Config>`; counted in :attr:`num_small` and :attr:`small_bytes`), an
-      integer or boolean one only if its storage holds fewer than :obj:`min_numel` float32
-      values' bytes, a
+      :obj:`min_numel` elements or the floor's bytes (``config.floor_for`` their device,
+      :attr:`Config.min_bytes <gnnact.Config>`; counted in :attr:`num_small` and
+      :attr:`small_bytes`), an integer or boolean one only if its storage holds fewer than
+      :obj:`min_numel` float32 values' bytes, a
       broadcast tensor counting the values it holds once (per-channel
       statistics such as BatchNorm's mean and :math:`1/\sigma`: their error reaches every
       gradient of the layer, and compressing them saves little);
@@ -328,7 +328,7 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
     those kept exactly in fewer bytes, new or shared), :attr:`num_small` and
     :attr:`small_bytes` (distinct storages of floating-point tensors kept as they are for
     their size, and their bytes, part of :attr:`passthrough_bytes`), :attr:`over_floor`
-    (whether anything saved other than parameters and skipped storages had ``config.floor``
+    (whether anything saved other than parameters and skipped storages had the floor's
     bytes or more, or was compressed context of gnnact's ops, or was no plain strided
     tensor), :attr:`bytes_by_kind`,
     :attr:`bytes_by_module` (the same bytes by the module path that saved them first: what
@@ -421,7 +421,6 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         self.model = model
         self.policy = policy if policy is not None else Policy.default_for(config, model)
         self.min_numel = min_numel
-        self._floor = config.floor
         self.offload_paths = tuple(offload_paths)
         # Exact mode stays exact to the bit: no masks either.
         self.relu_masks = relu_masks and config.width != 32
@@ -581,12 +580,13 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         if type(t) is Tensor and t.layout == torch.strided:
             storage = t.untyped_storage()
             nbytes = storage.nbytes()
-            if nbytes < self._floor and t.dtype in FLOAT_DTYPES:
+            floor = self.config.floor_for(t.device)
+            if nbytes < floor and t.dtype in FLOAT_DTYPES:
                 # Below the floor with all its storage: kept as is, whatever else holds (the
                 # common case of a small graph, so checked first and cheaply).
                 self._pass_small(t, storage, nbytes)
                 return t
-            if not self.over_floor and (nbytes >= self._floor
+            if not self.over_floor and (nbytes >= floor
                                         or (t.dtype not in FLOAT_DTYPES and own_context(t))):
                 self.over_floor = self._owned_by_pass(t, storage)
         elif type(t) is not nn.Parameter:  # (a sparse tensor, a subclass: not told apart)
@@ -674,8 +674,10 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         # Small means small in bytes too: a chunked conv's pieces save a few thousand int64
         # indices each (as many bytes as min_numel float32 values), and a slice of a large
         # storage, saved as it is, would keep all of it alive.
-        if path == OUTSIDE or (core.numel() < self.min_numel and t.untyped_storage().nbytes()
-                               < 4 * self.min_numel):
+        nbytes = t.untyped_storage().nbytes()
+        if path == OUTSIDE or (core.numel() < self.min_numel and nbytes < 4 * self.min_numel):
+            return None
+        if _copies_at_floor(t) and nbytes < self.config.floor_for(t.device):
             return None
         saved = self._shared_copy(core, _INDEX_FMT)
         if saved is not None:
@@ -858,6 +860,15 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
 
 # What _compressible returns for a tensor kept as is for its size.
 _SMALL = object()
+
+
+def _copies_at_floor(t: Tensor) -> bool:
+    """Whether an exact copy of ``t`` (an index or mask in fewer bytes) waits for the floor as
+    a quantized one does: on a GPU, where it costs what a quantized one does, the host's
+    launches and, for an index, a read of its range to the host (a sync), not for bytes the
+    floor calls negligible. On the CPU, whose floor is the quantizer's cost, the copy is
+    cheap: made at any size."""
+    return t.is_cuda
 
 
 def _is_parameter(t: Tensor) -> bool:

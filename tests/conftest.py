@@ -39,12 +39,13 @@ def _one_thread():
 @pytest.fixture(autouse=True)
 def _compress_every_tensor(request, monkeypatch):
     """Every tensor is compressed however small (the tests' graphs are small; by default a
-    tensor under ``gnnact.config.MIN_BYTES`` is kept as it is), except in tests marked
-    ``default_floor``."""
+    tensor under ``gnnact.config.MIN_BYTES``, on a GPU a share of its memory, is kept as it
+    is), except in tests marked ``default_floor``."""
     if "default_floor" not in request.keywords:
         import gnnact.config
 
         monkeypatch.setattr(gnnact.config, "MIN_BYTES", 0)
+        monkeypatch.setattr(gnnact.config, "GPU_FLOOR_SHARE", 0)
 
 
 @pytest.fixture

@@ -31,6 +31,23 @@ def test_floor_defaults_to_min_bytes_and_is_configurable() -> None:
     assert not gnnact.Config(min_bytes=0).keeps(small)
 
 
+def test_a_gpus_floor_is_a_share_of_its_memory(monkeypatch) -> None:
+    """On a GPU the default floor is a GPU_FLOOR_SHARE-th of its memory (MIN_BYTES at least);
+    a config's min_bytes holds on every device. (The device's memory is stubbed: only its size
+    is read, and a device's type.)"""
+    from gnnact import config as config_module
+
+    monkeypatch.setattr(config_module, "device_memory", lambda device: 141 << 30)
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    share = (141 << 30) // config_module.GPU_FLOOR_SHARE
+    assert gnnact.Config().floor_for(cuda) == share > 16 << 20  # Cora's features: 15.5 MB
+    assert gnnact.Config().floor_for(cpu) == gnnact.Config().floor == MIN_BYTES
+    assert gnnact.Config(min_bytes=0).floor_for(cuda) == 0
+    assert gnnact.Config(min_bytes=1 << 20).floor_for(cuda) == 1 << 20
+    monkeypatch.setattr(config_module, "device_memory", lambda device: 512 << 20)
+    assert gnnact.Config().floor_for(cuda) == MIN_BYTES
+
+
 @pytest.mark.parametrize("rows", [100, 4096])  # 25 KiB and 1 MiB inputs
 def test_ops_run_as_pytorch_below_the_floor_only(rows: int) -> None:
     x = torch.randn(rows, 64, requires_grad=True)

@@ -44,15 +44,14 @@ widest per-node row of its arguments) are under the floor runs whole, and a piec
 floor's bytes at least (:func:`message_floor`: :data:`MIN_MESSAGE_BYTES` on the CPU, a
 :data:`GPU_MEMORY_SHARE`-th of a GPU's memory): pieces add at most that much to the step's
 peak, a fraction of a percent of the device's memory. On a GPU a piece's cost is the host's
-(PyG's gather, scatter and softmax are launched again for each, a millisecond a piece for a
-``TransformerConv``) and Amazon Photo's Transformer, 32 pieces of 22 MB a call, stepped 15×
-slower than PyG's on an H200. ``gnnact.summary`` reports each conv's last call as ``whole`` or
-in pieces.
+(PyG's gather, scatter and softmax launched again for each, forward and backward): Amazon
+Photo's Transformer, its first conv's 244 MB of messages in 32 pieces of 7.6 MB, stepped 15×
+slower than PyG's on an H200 (2.7× whole). ``gnnact.summary`` reports each conv's last call as
+``whole`` or in pieces.
 """
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 from typing import Any
@@ -63,6 +62,7 @@ import torch_geometric.nn.aggr as pyg_aggr
 from torch import Tensor
 from torch_geometric.nn import MessagePassing
 
+from gnnact.config import device_memory
 from gnnact.nn.conv import GCNConv, SAGEConv
 from gnnact.nn.conv.base import MESSAGE_PASSING_HOOKS
 
@@ -77,11 +77,6 @@ MIN_MESSAGE_BYTES = 64 << 20
 GPU_MEMORY_SHARE = 128
 
 
-@functools.cache
-def _memory(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).total_memory
-
-
 def message_floor(device: torch.device) -> int:
     """Message bytes below which a call on ``device`` runs whole, and the least a piece holds
     (the default of :attr:`FeatureChunks.min_bytes` and :attr:`TargetChunks.min_bytes`):
@@ -89,7 +84,7 @@ def message_floor(device: torch.device) -> int:
     more (none with a share of 0)."""
     if device.type != "cuda" or not GPU_MEMORY_SHARE:
         return MIN_MESSAGE_BYTES
-    return max(MIN_MESSAGE_BYTES, _memory(device) // GPU_MEMORY_SHARE)
+    return max(MIN_MESSAGE_BYTES, device_memory(device) // GPU_MEMORY_SHARE)
 
 
 def _classes(*names: str) -> tuple[type[MessagePassing], ...]:

@@ -67,7 +67,7 @@ from torch_geometric.nn.conv import MessagePassing
 
 from gnnact.adaptive.auto import AutoPrecision
 from gnnact.compress import Policy, Quantize, Rule
-from gnnact.config import Config
+from gnnact.config import MIN_BYTES, Config
 from gnnact.hooks import SavedEntry, _is_parameter, active_pipeline, compress_saved_tensors
 from gnnact.memory import argument_tensors, storage_key, storage_keys
 from gnnact.nn._base import _Compressed
@@ -79,6 +79,8 @@ from gnnact.ops.state import forward_pass, inlined_only, not_compiled
 from gnnact.quant.rng import PassSeeds
 
 __all__ = ["PassRecord", "Scope", "scope_of"]
+
+_CPU = torch.device("cpu")
 
 #: The attribute of the root module that holds its scope.
 ATTRIBUTE = "_gnnact_scope"
@@ -97,11 +99,12 @@ class PassRecord:
         tensors (dict[str, SavedEntry]): the generic pipeline's tensors, by name.
         graph_cache (int): bytes of the model's graph cache after the pass.
         small (tuple[int, int]): tensors the generic pipeline kept as they are for their size
-            (under :attr:`Config.floor <gnnact.Config.floor>`), and their bytes (part of the
-            context).
+            (under :attr:`floor`), and their bytes (part of the context).
         as_pytorch (bool): the pass ran as PyTorch's (:meth:`Scope.small_pass`): every tensor
             kept as it is, counted in ``small`` and under ``""`` in ``bytes_by_module`` (no
             module tracking).
+        floor (int): the pass's floor, the config's on the device of its inputs
+            (:meth:`Config.floor_for <gnnact.Config.floor_for>`).
     """
 
     bytes_by_module: dict[str, int] = field(default_factory=dict)
@@ -109,6 +112,7 @@ class PassRecord:
     graph_cache: int = 0
     small: tuple[int, int] = (0, 0)
     as_pytorch: bool = False
+    floor: int = MIN_BYTES
 
     @property
     def context(self) -> int:
@@ -127,6 +131,8 @@ class _Pass:
         self.depth = 1  # calls of ``module`` running (it may call itself)
         self.marks = Marks()  # raised while a loss head (exact) or a tanh (fine) runs
         self.inputs = argument_tensors((args, kwargs))
+        # The floor of its tensors, on the device of its inputs (a GPU's is larger).
+        self.floor = scope.config.floor_for(self.inputs[0].device if self.inputs else _CPU)
         self.pipeline: compress_saved_tensors | None = None
         self.enclosing: compress_saved_tensors | None = None  # the caller's pipeline, if any
         self.watch: _Watch | None = None  # a pass run as PyTorch's
@@ -162,11 +168,10 @@ class _Pass:
                 # module's own entry: it is the running module until it returns.
                 pipeline._stack.append(self.module)
             self.pipeline = pipeline
-            floor = scope.config.floor
             self.mode = stack.enter_context(
-                FunctionalOps(self.config_for, self.marks, floor, scope.island)
+                FunctionalOps(self.config_for, self.marks, self.floor, scope.island)
                 if self.probe is None
-                else CollectingOps(self.config_for, self.marks, self.probe.collect, floor,
+                else CollectingOps(self.config_for, self.marks, self.probe.collect, self.floor,
                                    scope.island))
         except BaseException:
             stack.close()
@@ -182,7 +187,7 @@ class _Pass:
         stack.callback(setattr, state, "resident", state.resident)
         state.resident = storage_keys(self.inputs)
         stack.enter_context(use_graph_cache(scope.graphs))
-        self.watch = _Watch(scope.config.floor, state.resident, scope.buffer_owners(self.root))
+        self.watch = _Watch(self.floor, state.resident, scope.buffer_owners(self.root))
         stack.enter_context(self.watch)
         # Its layers run as the classes they twin (traced so under torch.compile; eagerly the
         # convs keep their own forward), but one with a forward hook of its own, which the
@@ -207,12 +212,14 @@ class _Pass:
                 if over:  # sizes the full passes did not bound: full passes again
                     self.scope.small_inputs.pop(self.module, None)
                 self.scope.last = PassRecord({"": nbytes}, {}, self.scope.graphs.nbytes(),
-                                             (count, nbytes), as_pytorch=True)
+                                             (count, nbytes), as_pytorch=True,
+                                             floor=self.floor)
             elif pipeline is not None:
                 self.scope.last = PassRecord(dict(pipeline.bytes_by_module),
                                              dict(pipeline.tensors),
                                              self.scope.graphs.nbytes(),
-                                             (pipeline.num_small, pipeline.small_bytes))
+                                             (pipeline.num_small, pipeline.small_bytes),
+                                             floor=self.floor)
                 if pipeline is not self.enclosing:
                     self.scope.note_pass(self.module, self.inputs, not pipeline.over_floor
                                          and pipeline.num_packed + pipeline.num_compact == 0)

@@ -245,4 +245,4 @@ def summary(model: nn.Module) -> Summary:
     if record is None:
         return Summary(tuple(rows), None, None, tensors, average)
     return Summary(tuple(rows), record.context, record.graph_cache, tensors, average,
-                   record.small, scope.config.floor, record.as_pytorch)
+                   record.small, record.floor, record.as_pytorch)

@@ -543,8 +543,9 @@ def save_context(ctx: Any, config: Config, *items: Entry) -> None:
     in order.
 
     Each item is ``(tensor, bits)`` or ``(tensor, bits, role)`` (quantized through
-    :func:`shared_quantize`, kept as is for a pass-through width, or rebuilt from other ops'
-    context if it is derived; ``tensor`` may be ``None``), a
+    :func:`shared_quantize`, kept as is for a pass-through width or under ``config``'s floor
+    on its device, or rebuilt from other ops' context if it is derived; ``tensor`` may be
+    ``None``), a
     :class:`~gnnact.quant.PackedTensor` (returned dequantized), a
     :class:`~gnnact.quant.PackedMask` (returned unpacked, as ``torch.bool``), a tensor (kept as
     is) or ``None``. Call it at most once per ``ctx``: it calls ``ctx.save_for_backward``.
@@ -554,6 +555,8 @@ def save_context(ctx: Any, config: Config, *items: Entry) -> None:
     for item in items:
         if isinstance(item, tuple):
             x, bits, *role = item
+            if x is not None and bits <= 8 and config.keeps(x):
+                bits = 32  # (under the floor: a copy would save next to nothing, and cost)
             steps = None if x is None or bits > 8 else _resolve(x)
             # A derived tensor: keep what rebuilds it, at the precision its base op chose. (Not
             # a fresh copy at this op's own width: that would add a tensor the base op's width
