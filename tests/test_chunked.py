@@ -417,8 +417,8 @@ def test_summary_says_how_messages_were_made():
 @pytest.mark.parametrize("cls", [pyg_nn.GINConv, pyg_nn.TransformerConv])
 def test_small_messages_run_whole_by_default(cls):
     """Under MIN_MESSAGE_BYTES of messages (E rows of the widest argument row) a call runs
-    whole, with PyG's result; at or above an instance's min_bytes, in pieces of min_bytes at
-    least; the summary says which."""
+    whole, with PyG's result; at or above an instance's min_bytes, in pieces; the summary
+    says which."""
     x, edge_index = inputs(cls)[:2]
     pyg = make(cls)
     want = pyg(x, edge_index)
@@ -430,13 +430,22 @@ def test_small_messages_run_whole_by_default(cls):
     assert "whole" in str(gnnact.summary(ours))
     size = chunks.message_bytes(edge_index, {"x": x})
     assert size == E * F * 4
-    chunks.min_bytes = size  # at the floor: in pieces, but one piece holds it all
-    assert torch.equal(ours(x, edge_index), want) and chunks.last_chunks == 1
-    chunks.min_bytes = size // 8  # pieces hold the floor's bytes at least: 8 of them
+    chunks.min_bytes = size
     assert torch.allclose(ours(x, edge_index), want, atol=1e-6) and chunks.last_chunks == 8
     assert "8 pieces" in str(gnnact.summary(ours))
-    chunks.min_bytes = size // 3
-    assert torch.allclose(ours(x, edge_index), want, atol=1e-6) and chunks.last_chunks == 3
+
+
+def test_a_gpus_pieces_hold_the_floor():
+    """Over the floor, a GPU's call runs in pieces of the floor's bytes at least (their cost
+    there is the host's); the CPU's in as many as the conv's edges and nodes allow (about a
+    node tensor's messages each). Under it, whole on both."""
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    floor = 64 << 20
+    assert chunked_module.most_pieces(floor - 1, floor, cuda) == 1
+    assert chunked_module.most_pieces(floor - 1, floor, cpu) == 1
+    assert chunked_module.most_pieces(3 * floor + 5, floor, cuda) == 3
+    assert chunked_module.most_pieces(3 * floor + 5, floor, cpu) >= 3 * floor
+    assert chunked_module.most_pieces(1000, 0, cuda) >= 1000  # (a floor of 0: any number)
 
 
 def test_a_gpus_floor_is_a_share_of_its_memory(monkeypatch):

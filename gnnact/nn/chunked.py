@@ -7,7 +7,7 @@ rows into their targets. Nothing of :math:`\mathbf{M}` waits for backward (the g
 sum keep only the edge indices), so compressing the context does not touch it, yet it is the
 step's peak: :math:`E/N` full-size node tensors at once, 13 on ogbn-arxiv, 50 on
 ogbn-products. ``propagate`` is run in :math:`k` pieces of about one node tensor of messages
-each (and of the floor's bytes at least, :func:`message_floor`), one of two ways.
+each (on a GPU, of the floor's bytes at least: :func:`most_pieces`), one of two ways.
 
 **By feature columns** (:class:`FeatureChunks`, the classes in :data:`DECOMPOSABLE`). When
 the message and the aggregation act on every feature column on its own,
@@ -40,14 +40,15 @@ path, which makes no messages, and are left alone.
 scatter over every edge, on narrower rows, and on the CPU a ``GINConv`` (64 features, 8 edges a
 node) stepped 2.1-3.2× slower in 8 column pieces than whole at every size from 1 to 62 MiB of
 messages (``benchmarks/bench_chunks.py``). A call whose messages (:math:`E` times the
-widest per-node row of its arguments) are under the floor runs whole, and a piece holds the
-floor's bytes at least (:func:`message_floor`: :data:`MIN_MESSAGE_BYTES` on the CPU, a
-:data:`GPU_MEMORY_SHARE`-th of a GPU's memory): pieces add at most that much to the step's
-peak, a fraction of a percent of the device's memory. On a GPU a piece's cost is the host's
-(PyG's gather, scatter and softmax launched again for each, forward and backward): Amazon
-Photo's Transformer, its first conv's 244 MB of messages in 32 pieces of 7.6 MB, stepped 15×
-slower than PyG's on an H200 (2.7× whole). ``gnnact.summary`` reports each conv's last call as
-``whole`` or in pieces.
+widest per-node row of its arguments) are under the floor runs whole (:func:`message_floor`:
+:data:`MIN_MESSAGE_BYTES` on the CPU, a :data:`GPU_MEMORY_SHARE`-th of a GPU's memory): it adds
+at most that much to the step's peak, a fraction of a percent of the device's memory. On a GPU
+a piece holds the floor's bytes at least (:func:`most_pieces`), since its cost there is the
+host's (PyG's gather, scatter and softmax launched again for each, forward and backward):
+Amazon Photo's Transformer, its first conv's 244 MB of messages in 32 pieces of 7.6 MB,
+stepped 15× slower than PyG's on an H200 (2.7× whole). On the CPU pieces of about a node
+tensor's messages are the faster (they stay in its caches). ``gnnact.summary`` reports each
+conv's last call as ``whole`` or in pieces.
 """
 
 from __future__ import annotations
@@ -68,13 +69,24 @@ from gnnact.nn.conv.base import MESSAGE_PASSING_HOOKS
 
 __all__ = ["BY_TARGET", "CHUNKED", "DECOMPOSABLE", "GPU_MEMORY_SHARE", "MIN_MESSAGE_BYTES",
            "PER_COLUMN_AGGREGATIONS", "TWINS", "FeatureChunks", "TargetChunks", "chunk_messages",
-           "message_floor"]
+           "message_floor", "most_pieces"]
 
 #: Message bytes below which a call runs whole on the CPU, and the least a piece holds there.
 MIN_MESSAGE_BYTES = 64 << 20
 #: On a GPU, the floor is this share of its memory (1.1 GB on an H200), :data:`MIN_MESSAGE_BYTES`
 #: at least.
 GPU_MEMORY_SHARE = 128
+
+
+def most_pieces(size: int, floor: int, device: torch.device) -> int:
+    """The most pieces ``size`` bytes of messages on ``device`` run in: 1 (whole) under
+    ``floor``; on a GPU, as many as leave each piece ``floor`` bytes (a piece's cost there is
+    the host's: few large ones); on the CPU any number, as the conv's edges and nodes allow
+    (pieces of about a node tensor's messages stay in its caches: Amazon Photo's Transformer
+    stepped 0.57x PyG's in 32 pieces of 7.6 MB, 1.09x in 3 of 81 MB)."""
+    if size < floor:
+        return 1
+    return size // floor if device.type == "cuda" and floor else size
 
 
 def message_floor(device: torch.device) -> int:
@@ -160,18 +172,15 @@ class _Chunks:
         """The most pieces a call runs in: 1 (whole) for a sparse adjacency (PyG's fused path
         makes no messages), messages under the floor (:meth:`message_bytes`, :meth:`floor`),
         explain mode, a registered message-passing hook (so that it sees what PyG would show
-        it), or tracing by torch.compile; else as many as leave each piece the floor's bytes
-        (any number for a floor of 0)."""
+        it), or tracing by torch.compile; else :func:`most_pieces`."""
         conv = self.conv
         if (not isinstance(edge_index, Tensor) or edge_index.layout != torch.strided
                 or bool(conv.explain)
                 or any(getattr(conv, h, None) for h in MESSAGE_PASSING_HOOKS)
                 or torch.compiler.is_compiling()):
             return 1
-        size, floor = self.message_bytes(edge_index, kwargs), self.floor(edge_index.device)
-        if size < floor:
-            return 1
-        return size // floor if floor else size
+        device = edge_index.device
+        return most_pieces(self.message_bytes(edge_index, kwargs), self.floor(device), device)
 
     def message_bytes(self, edge_index: Tensor, kwargs: dict[str, Any]) -> int:
         """The size of a call's messages, as :math:`E` rows of its widest argument row (a
@@ -211,8 +220,8 @@ class FeatureChunks(_Chunks):
     Attributes:
         last_chunks (int or None): blocks of the last eager call (1: run whole; ``None``:
             no call yet). A call inside a compiled frame runs whole and leaves it as it is.
-        min_bytes (int or None): messages below this many bytes run whole, and a piece
-            holds this many at least (:obj:`None`, the default: :func:`message_floor` of
+        min_bytes (int or None): messages below this many bytes run whole, and on a GPU a
+            piece holds this many at least (:obj:`None`, the default: :func:`message_floor` of
             the call's device).
 
     Example:
@@ -281,8 +290,8 @@ class TargetChunks(_Chunks):
     Attributes:
         last_chunks (int or None): blocks of the last eager call (1: run whole; ``None``:
             no call yet). A call inside a compiled frame runs whole and leaves it as it is.
-        min_bytes (int or None): messages below this many bytes run whole, and a piece
-            holds this many at least (:obj:`None`, the default: :func:`message_floor` of
+        min_bytes (int or None): messages below this many bytes run whole, and on a GPU a
+            piece holds this many at least (:obj:`None`, the default: :func:`message_floor` of
             the call's device).
 
     Example:
