@@ -71,10 +71,10 @@ __all__ = ["BY_TARGET", "CHUNKED", "DECOMPOSABLE", "GPU_MEMORY_SHARE", "MIN_MESS
            "PER_COLUMN_AGGREGATIONS", "TWINS", "FeatureChunks", "TargetChunks", "chunk_messages",
            "message_floor", "most_pieces"]
 
-#: Message bytes below which a call runs whole on the CPU, and the least a piece holds there.
+#: Message bytes below which a call runs whole on the CPU.
 MIN_MESSAGE_BYTES = 64 << 20
 #: On a GPU, the floor is this share of its memory (1.1 GB on an H200), :data:`MIN_MESSAGE_BYTES`
-#: at least.
+#: at least; a piece holds the floor's bytes there.
 GPU_MEMORY_SHARE = 128
 
 
@@ -90,8 +90,8 @@ def most_pieces(size: int, floor: int, device: torch.device) -> int:
 
 
 def message_floor(device: torch.device) -> int:
-    """Message bytes below which a call on ``device`` runs whole, and the least a piece holds
-    (the default of :attr:`FeatureChunks.min_bytes` and :attr:`TargetChunks.min_bytes`):
+    """Message bytes below which a call on ``device`` runs whole, and on a GPU the least a piece
+    holds (the default of :attr:`FeatureChunks.min_bytes` and :attr:`TargetChunks.min_bytes`):
     :data:`MIN_MESSAGE_BYTES`, on a GPU a :data:`GPU_MEMORY_SHARE`-th of its memory if that is
     more (none with a share of 0)."""
     if device.type != "cuda" or not GPU_MEMORY_SHARE:
@@ -164,8 +164,8 @@ class _Chunks:
             "message", exclude=conv.special_args) if a.endswith(suffix)})
 
     def floor(self, device: torch.device) -> int:
-        """Message bytes below which a call on ``device`` runs whole, and the least a piece
-        holds: ``min_bytes`` when set, else :func:`message_floor` (``device``)."""
+        """Message bytes below which a call on ``device`` runs whole, and on a GPU the least a
+        piece holds: ``min_bytes`` when set, else :func:`message_floor` (``device``)."""
         return message_floor(device) if self.min_bytes is None else self.min_bytes
 
     def _most_pieces(self, edge_index: Any, kwargs: dict[str, Any]) -> int:
