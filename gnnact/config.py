@@ -13,7 +13,8 @@ from gnnact.quant.backends import BACKENDS
 from gnnact.quant.core import DEFAULT_GROUP_SIZE, _check_int
 from gnnact.quant.packed import SUPPORTED_BITS
 
-__all__ = ["AUTO_START", "GPU_FLOOR_SHARE", "MIN_BYTES", "Config", "device_memory"]
+__all__ = ["AUTO_START", "GPU_FLOOR_SHARE", "MIN_BYTES", "Config", "device_floor",
+           "device_memory"]
 
 #: The width every tensor starts at with automatic widths (``bits=None``), until the first
 #: probe; also the width of a layer used on its own with such a config.
@@ -42,6 +43,15 @@ GPU_FLOOR_SHARE = 4096
 def device_memory(device: torch.device) -> int:
     """Bytes of memory of the GPU ``device`` (read once per device)."""
     return torch.cuda.get_device_properties(device).total_memory
+
+
+def device_floor(device: torch.device, least: int, share: int) -> int:
+    """``least`` bytes, on a GPU a ``share``-th of its memory if that is more (``least`` with a
+    share of 0): the floors of :meth:`Config.floor_for` and of
+    :func:`gnnact.nn.chunked.message_floor`."""
+    if device.type != "cuda" or not share:
+        return least
+    return max(least, device_memory(device) // share)
 
 
 @dataclass(frozen=True)
@@ -235,9 +245,9 @@ class Config:
         """Bytes below which a tensor on ``device`` is kept as it is: ``min_bytes``, or
         :data:`MIN_BYTES`, on a GPU a :data:`GPU_FLOOR_SHARE`-th of its memory if that is
         more (none with a share of 0)."""
-        if self.min_bytes is not None or device.type != "cuda" or not GPU_FLOOR_SHARE:
-            return self.floor
-        return max(MIN_BYTES, device_memory(device) // GPU_FLOOR_SHARE)
+        if self.min_bytes is not None:
+            return self.min_bytes
+        return device_floor(device, MIN_BYTES, GPU_FLOOR_SHARE)
 
     def keeps(self, x: Tensor) -> bool:
         """Whether ``x`` is below the floor of its device (:meth:`floor_for`): kept as it is,

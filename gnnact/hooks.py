@@ -677,7 +677,11 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         nbytes = t.untyped_storage().nbytes()
         if path == OUTSIDE or (core.numel() < self.min_numel and nbytes < 4 * self.min_numel):
             return None
-        if _copies_at_floor(t) and nbytes < self.config.floor_for(t.device):
+        # On a GPU an exact copy costs what a quantized one does, the host's launches and, for
+        # an index, a read of its range to the host (a sync): not for bytes the floor calls
+        # negligible. (On the CPU, whose floor is the quantizer's cost, it is cheap: made at
+        # any size.)
+        if t.is_cuda and nbytes < self.config.floor_for(t.device):
             return None
         saved = self._shared_copy(core, _INDEX_FMT)
         if saved is not None:
@@ -860,15 +864,6 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
 
 # What _compressible returns for a tensor kept as is for its size.
 _SMALL = object()
-
-
-def _copies_at_floor(t: Tensor) -> bool:
-    """Whether an exact copy of ``t`` (an index or mask in fewer bytes) waits for the floor as
-    a quantized one does: on a GPU, where it costs what a quantized one does, the host's
-    launches and, for an index, a read of its range to the host (a sync), not for bytes the
-    floor calls negligible. On the CPU, whose floor is the quantizer's cost, the copy is
-    cheap: made at any size."""
-    return t.is_cuda
 
 
 def _is_parameter(t: Tensor) -> bool:

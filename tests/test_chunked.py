@@ -16,6 +16,7 @@ import torch_geometric.nn as pyg_nn
 from torch import nn
 
 import gnnact
+from gnnact import config as config_module
 from gnnact.nn import chunked as chunked_module
 from gnnact.nn.chunked import BY_TARGET, DECOMPOSABLE, FeatureChunks, TargetChunks, chunk_messages
 from gnnact.peak import PeakMeter
@@ -452,10 +453,10 @@ def test_a_gpus_floor_is_a_share_of_its_memory(monkeypatch):
     """On a GPU messages run whole up to a GPU_MEMORY_SHARE-th of its memory (MIN_MESSAGE_BYTES
     at least); the CPU's floor is MIN_MESSAGE_BYTES. (The device's memory is stubbed: only
     its size is read.)"""
-    monkeypatch.setattr(chunked_module, "device_memory", lambda device: 141 << 30)
+    monkeypatch.setattr(config_module, "device_memory", lambda device: 141 << 30)
     cuda = torch.device("cuda")
     assert chunked_module.message_floor(cuda) == (141 << 30) // chunked_module.GPU_MEMORY_SHARE
     assert chunked_module.message_floor(cuda) > 1 << 30
     assert chunked_module.message_floor(torch.device("cpu")) == chunked_module.MIN_MESSAGE_BYTES
-    monkeypatch.setattr(chunked_module, "device_memory", lambda device: 4 << 30)
+    monkeypatch.setattr(config_module, "device_memory", lambda device: 4 << 30)
     assert chunked_module.message_floor(cuda) == chunked_module.MIN_MESSAGE_BYTES

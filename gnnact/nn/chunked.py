@@ -63,7 +63,7 @@ import torch_geometric.nn.aggr as pyg_aggr
 from torch import Tensor
 from torch_geometric.nn import MessagePassing
 
-from gnnact.config import device_memory
+from gnnact.config import device_floor
 from gnnact.nn.conv import GCNConv, SAGEConv
 from gnnact.nn.conv.base import MESSAGE_PASSING_HOOKS
 
@@ -94,9 +94,7 @@ def message_floor(device: torch.device) -> int:
     holds (the default of :attr:`FeatureChunks.min_bytes` and :attr:`TargetChunks.min_bytes`):
     :data:`MIN_MESSAGE_BYTES`, on a GPU a :data:`GPU_MEMORY_SHARE`-th of its memory if that is
     more (none with a share of 0)."""
-    if device.type != "cuda" or not GPU_MEMORY_SHARE:
-        return MIN_MESSAGE_BYTES
-    return max(MIN_MESSAGE_BYTES, device_memory(device) // GPU_MEMORY_SHARE)
+    return device_floor(device, MIN_MESSAGE_BYTES, GPU_MEMORY_SHARE)
 
 
 def _classes(*names: str) -> tuple[type[MessagePassing], ...]:
