@@ -45,6 +45,7 @@ from gnnact.ops.context import (
     cache_key,
     cached,
     hold_parts,
+    in_another_form,
     noise_generator,
     own_context,
     release,
@@ -586,8 +587,8 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
                 # common case of a small graph, so checked first and cheaply).
                 self._pass_small(t, storage, nbytes)
                 return t
-            if not self.over_floor and (nbytes >= floor
-                                        or (t.dtype not in FLOAT_DTYPES and own_context(t))):
+            if not self.over_floor and (nbytes >= floor or (t.dtype not in FLOAT_DTYPES
+                                                            and in_another_form(t, floor))):
                 self.over_floor = self._owned_by_pass(t, storage)
         elif type(t) is not nn.Parameter:  # (a sparse tensor, a subclass: not told apart)
             self.over_floor = True

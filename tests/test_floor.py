@@ -11,13 +11,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch_geometric.nn import MLP, GCNConv, GINConv, global_add_pool
+from torch_geometric.nn import MLP, GATConv, GCNConv, GINConv, global_add_pool
 
 import gnnact
 from gnnact import ops
 from gnnact.config import MIN_BYTES
 from gnnact.memory import saved_bytes
 from gnnact.nn.scope import scope_of
+from gnnact.ops.context import in_another_form
+from gnnact.ops.state import forward_pass
 
 pytestmark = pytest.mark.default_floor
 
@@ -134,6 +136,49 @@ def test_small_batch_trains_as_pyg_and_summary_says_why() -> None:
         assert scope.last.as_pytorch != full and scope.small_inputs[model] == (600 * 11, 4800, 600)
     _step(model, (x[:300], edge_index[:, :2000] // 2, torch.arange(300) * 16 // 300))
     assert scope.last.as_pytorch
+
+
+class GAT(nn.Module):
+    """PyG's GATConv with attention dropout: its fused op keeps the LeakyReLU's sign and the
+    dropout's keep mask packed to 1 bit."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = GATConv(11, 8, heads=4, dropout=0.6)
+        self.conv2 = GATConv(32, 3, heads=1, dropout=0.6)
+
+    def forward(self, x, edge_index, batch):
+        x = F.elu(self.conv1(F.dropout(x, 0.6, self.training), edge_index))
+        return global_add_pool(self.conv2(x, edge_index), batch)
+
+
+def test_packed_masks_under_the_floor_let_passes_run_as_pytorch() -> None:
+    # Every tensor of the pass is under the floor; its GAT layers' fused op keeps its masks
+    # packed (exact, not another form of what PyTorch keeps: a byte a value under the floor
+    # too), and its rounded copies of the features are not made (the exact ones serve).
+    inputs = _batch(200)
+    torch.manual_seed(0)
+    model = gnnact.convert(GAT())
+    for step in range(3):
+        _step(model, inputs, step)
+        assert scope_of(model).last.as_pytorch == (step > 0)
+        assert scope_of(model).last.tensors == {}
+
+
+def test_exact_context_is_judged_by_the_bytes_pytorch_keeps() -> None:
+    x = torch.randn(1000, requires_grad=True)
+    config = gnnact.Config(bits=2, min_bytes=0)
+    with forward_pass():
+        (mask,) = ops.relu(x * 1.0, config=config).grad_fn.saved_tensors
+        w = torch.randn(5, 100, requires_grad=True)
+        codes = [t for t in ops.linear(x.view(10, 100), w, None,
+                                       config).grad_fn.saved_tensors if t.dtype == torch.uint8]
+        # A packed mask of 1000 values: 1000 bytes as a boolean mask.
+        assert mask.dtype == torch.uint8 and mask.numel() == 125
+        assert not in_another_form(mask, 1001) and in_another_form(mask, 1000)
+        # 2-bit codes are another form at any floor; a tensor no op kept, none.
+        assert codes and all(in_another_form(t, 1 << 30) for t in codes)
+        assert not in_another_form(x, 0)
 
 
 class Widening(nn.Module):

@@ -45,6 +45,7 @@ too, from the input itself and its 1-bit mask: rebuilt exactly from one bit a va
 from __future__ import annotations
 
 import contextlib
+import math
 import weakref
 import zlib
 from collections.abc import Container, Iterator
@@ -58,7 +59,7 @@ from torch import Tensor
 from gnnact.config import Config
 from gnnact.memory import storage_key
 from gnnact.ops.probe import active_probe, restore
-from gnnact.ops.state import ForwardState, forward_state
+from gnnact.ops.state import ForwardState, OwnRef, forward_state
 from gnnact.quant import PackedMask, PackedTensor, pack_mask, quantize, unpack_mask
 from gnnact.quant.backends import mask_backend
 from gnnact.quant.core import FLOAT_DTYPES
@@ -67,10 +68,10 @@ from gnnact.quant.packed import QUANT_BITS
 from gnnact.quant.reference import MASK_MUL, MASK_SELECT, MASK_ZERO, combine_mask
 
 __all__ = ["alias_derived", "apply_mask", "cache_key", "cached", "controlled_noise", "derive",
-           "derive_from_input", "derived_steps", "hold_parts", "independent_quantize",
-           "input_bits", "load_context", "mask_mode", "noise_generator", "overwritable",
-           "own_context", "per_node_quantize", "records_graph", "release", "remember",
-           "resident", "save_context", "shared_quantize", "transient", "width_of"]
+           "derive_from_input", "derived_steps", "hold_parts", "in_another_form",
+           "independent_quantize", "input_bits", "load_context", "mask_mode", "noise_generator",
+           "overwritable", "own_context", "per_node_quantize", "records_graph", "release",
+           "remember", "resident", "save_context", "shared_quantize", "transient", "width_of"]
 
 def cache_key(x: Tensor) -> tuple[tuple, Tensor]:
     """The key of ``x`` and the object whose identity it rests on: the tensor ``x`` views
@@ -469,9 +470,10 @@ def independent_quantize(x: Tensor, config: Config,
     :math:`\mathrm{Var}[\hat x]`; two independent ones make it unbiased. ``None`` at 16/32
     bits, which round deterministically (the shared copy then serves). ``role`` names it for
     :func:`controlled_noise` (the features' own role: :class:`gnnact.Controller` then gives
-    it their width and counts it in their bytes)."""
+    it their width and counts it in their bytes). ``None`` too under the floor, where the
+    shared copy is ``x`` itself (:func:`save_context`)."""
     bits = width_of(config, role, config.width)
-    if bits > 8:
+    if bits > 8 or config.keeps(x):
         return None
 
     def make(generator: torch.Generator | None, bits: int = bits) -> PackedTensor:
@@ -527,11 +529,24 @@ def own_context(t: Tensor) -> bool:
     """Whether ``t`` is context a gnnact op keeps, already compressed or deliberately kept as
     is: :class:`gnnact.compress_saved_tensors` passes it through instead of compressing it
     again."""
+    return _own_ref(t) is not None
+
+
+def in_another_form(t: Tensor, floor: int) -> bool:
+    """Whether ``t`` is context a gnnact op keeps in a form PyTorch's op would not keep:
+    compressed, or kept exactly (as is, or a packed mask) but with ``floor`` bytes or more as
+    PyTorch keeps it (a mask: a byte a value). A pass that keeps such a tensor is a full one
+    (:meth:`Scope.small_pass <gnnact.nn.scope.Scope.small_pass>`)."""
+    ref = _own_ref(t)
+    return ref is not None and (ref.exact_bytes is None or ref.exact_bytes >= floor)
+
+
+def _own_ref(t: Tensor) -> OwnRef | None:
     # ForwardState.own: the tensors save_context handed to autograd (already compressed, or
     # kept as is on purpose). Autograd packs them after the op's forward returns, through
     # whatever saved-tensor hooks are active; a pipeline around gnnact's ops asks here.
     ref = forward_state().own.get(id(t))
-    return ref is not None and ref() is t
+    return ref if ref is not None and ref() is t else None
 
 
 Entry = (tuple[Tensor | None, int] | tuple[Tensor | None, int, str] | PackedTensor | PackedMask
@@ -551,6 +566,8 @@ def save_context(ctx: Any, config: Config, *items: Entry) -> None:
     is) or ``None``. Call it at most once per ``ctx``: it calls ``ctx.save_for_backward``.
     """
     tensors: list[Tensor] = []
+    # Per tensor, the bytes of its values as PyTorch would keep them, None when compressed.
+    exact: list[int | None] = []
     slots: list[tuple | None] = []
     for item in items:
         if isinstance(item, tuple):
@@ -566,6 +583,7 @@ def save_context(ctx: Any, config: Config, *items: Entry) -> None:
                 for kind, parts, meta in steps:
                     layout.append((kind, tuple(t is not None for t in parts), meta))
                     tensors.extend(t for t in parts if t is not None)
+                exact.extend([None] * (len(tensors) - start))
                 slots.append(("derived", start, layout))
                 continue
             if x is not None and bits == 32 and x.dtype in FLOAT_DTYPES:
@@ -579,18 +597,22 @@ def save_context(ctx: Any, config: Config, *items: Entry) -> None:
         elif isinstance(item, Tensor):
             slots.append(("tensor", len(tensors)))
             tensors.append(item)
+            exact.append(item.numel() * item.element_size())
         elif isinstance(item, PackedMask):
             slots.append(("mask", len(tensors), item.shape))
             tensors.append(item.data)
+            exact.append(math.prod(item.shape))
         else:  # PackedTensor or MixedPackedTensor
             parts = item.tensors()
             slots.append(("packed", len(tensors), len(parts), type(item), item.meta))
             tensors.extend(parts)
+            exact.extend([None] * len(parts))
     state = forward_state()
-    for t in tensors:
+    for t, nbytes in zip(tensors, exact, strict=True):
         key = id(t)
-        if key not in state.own or state.own[key]() is not t:
-            state.own[key] = weakref.ref(t, state.callback("forget_own", key))
+        ref = state.own.get(key)
+        if ref is None or ref() is not t:
+            state.own[key] = OwnRef(t, state.callback("forget_own", key), nbytes)
     ctx.save_for_backward(*tensors)
     ctx.gnnact_slots = slots
     # Backward releases shared copies in the pass that made them (it may run in another

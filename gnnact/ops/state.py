@@ -50,8 +50,8 @@ from torch.overrides import TorchFunctionMode
 
 from gnnact.quant.rng import PassSeeds
 
-__all__ = ["ForwardState", "PassMode", "eager_op", "forward_pass", "forward_state", "inlined_only",
-           "not_compiled", "own_work", "under_dynamo"]
+__all__ = ["ForwardState", "OwnRef", "PassMode", "eager_op", "forward_pass", "forward_state",
+           "inlined_only", "not_compiled", "own_work", "under_dynamo"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -135,6 +135,22 @@ class own_work:  # (a context manager named as torch.no_grad is)
             torch._C._push_on_torch_function_stack(self.mode)
 
 
+class OwnRef(weakref.ref):
+    """A weak reference to a tensor a gnnact op handed to autograd, and what it holds:
+    :attr:`exact_bytes`, the bytes of the values it keeps exactly as PyTorch's op would keep
+    them (a tensor kept as is: its own; a packed mask: a byte a value), ``None`` for a
+    compressed copy (another form)."""
+
+    __slots__ = ("exact_bytes",)
+
+    def __new__(cls, t: Tensor, callback: Any, exact_bytes: int | None) -> OwnRef:
+        return super().__new__(cls, t, callback)
+
+    def __init__(self, t: Tensor, callback: Any, exact_bytes: int | None) -> None:
+        super().__init__(t, callback)
+        self.exact_bytes = exact_bytes
+
+
 @dataclass(eq=False)
 class ForwardState:
     """The registries of one forward pass (see the module docstring).
@@ -145,7 +161,7 @@ class ForwardState:
             the packed tensors, the packed class, its metadata)``.
         derived (dict): ``id`` of a derived tensor -> ``(weakref to it, its _version, steps)``,
             each step ``(kind, weakrefs to its tensors (or None), metadata)``.
-        own (dict): ``id`` -> weakref of the tensors gnnact's ops handed to autograd.
+        own (dict): ``id`` -> :class:`OwnRef` of the tensors gnnact's ops handed to autograd.
         held (dict): strong references behind ``shared``/``derived`` entries, only inside
             :meth:`hold`.
         row_gradients (dict): ``(tag, role, shape)`` -> row norms of the gradient that reached
@@ -165,7 +181,7 @@ class ForwardState:
 
     shared: dict[tuple, tuple] = field(default_factory=dict)
     derived: dict[int, tuple] = field(default_factory=dict)
-    own: dict[int, weakref.ref] = field(default_factory=dict)
+    own: dict[int, OwnRef] = field(default_factory=dict)
     held: dict[tuple, tuple[Tensor, ...]] = field(default_factory=dict)
     row_gradients: dict[tuple, Tensor] = field(default_factory=dict)
     resident: set[tuple] | None = None
