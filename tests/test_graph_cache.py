@@ -714,3 +714,19 @@ def test_reverse_edge_type_shares_the_forward_types_structure():
     g = torch.randn_like(out)
     torch.testing.assert_close(torch.autograd.grad(out, x_src, g),
                                torch.autograd.grad(expected, x_src, g))
+
+
+def test_sparse_products_warn_nothing_in_a_fresh_process():
+    # PyTorch's "sparse CSR support is in beta" warning (once a process) is silenced when
+    # gnnact.ops.graph is imported, not around every product: a fresh process that turns
+    # warnings into errors runs a product.
+    import subprocess
+    import sys
+
+    code = ("import torch, gnnact.ops.graph as g; "
+            "graph = g.graph_from(torch.tensor([[0, 1], [1, 0]]), 2); "
+            "print(graph.mm(torch.ones(2, 3)).sum().item())")
+    run = subprocess.run([sys.executable, "-W", "error::UserWarning", "-c", code],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "6.0"

@@ -68,10 +68,21 @@ def _index_dtype(*sizes: int) -> torch.dtype:
 
 def csr_tensor(ptr: Tensor, col: Tensor, value: Tensor, size: tuple[int, int]) -> Tensor:
     """A ``torch.sparse_csr`` tensor, without invariant checks or the beta warning."""
+    return torch.sparse_csr_tensor(ptr, col, value, size, check_invariants=False)
+
+
+def _quiet_csr_warning() -> None:
+    # PyTorch warns once per process that sparse CSR support is in beta (a TORCH_WARN_ONCE in
+    # SparseCsrTensorImpl): raised and silenced here, at import, since we rely only on CSR @
+    # dense. (A catch_warnings block around every construction cost ~5 us, a small graph's
+    # sparse product's host time.)
     with warnings.catch_warnings():
-        # "Sparse CSR tensor support is in beta": we rely only on CSR @ dense.
         warnings.simplefilter("ignore", UserWarning)
-        return torch.sparse_csr_tensor(ptr, col, value, size, check_invariants=False)
+        one = torch.ones(1, dtype=torch.int64)
+        csr_tensor(torch.tensor([0, 1]), one.sub(1), one.float(), (1, 1))
+
+
+_quiet_csr_warning()
 
 
 #: Dtypes torch's CSR @ dense lacks on the CPU (``addmm_out_sparse_csr_impl_mkl``).
@@ -287,14 +298,18 @@ class Graph:
             v = value.index_select(0, perm[e0:e1]).to(compute)
         else:
             v = value[e0:e1].to(compute)
+        crow = ptr[r0:r1 + 1]
+        a = csr_tensor(crow - e0 if e0 else crow, cols, v, size)
         # Autocast would cast the CSR operand to a dtype without a CPU kernel (matmul is on
-        # its lower-precision list); the dtypes are chosen above instead.
-        with torch.autocast(x.device.type, enabled=False):
-            crow = ptr[r0:r1 + 1]
-            a = csr_tensor(crow - e0 if e0 else crow, cols, v, size)
+        # its lower-precision list); the dtypes are chosen above instead. (Its context only
+        # where autocast is on: entering it costs a small product's arithmetic.)
+        if torch.is_autocast_enabled(x.device.type):
+            with torch.autocast(x.device.type, enabled=False):
+                y = a @ x.to(compute)
+        else:
             y = a @ x.to(compute)
-            if scale is not None:
-                y.mul_(scale[r0:r1].to(compute)[:, None])
+        if scale is not None:
+            y.mul_(scale[r0:r1].to(compute)[:, None])
         return y.to(dtype)
 
     def to_csr_order(self, edge_tensor: Tensor) -> Tensor:
