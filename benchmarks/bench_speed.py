@@ -22,7 +22,9 @@ alike. The first round is a warm-up (compilation, the first noise probes of the 
 widths: it runs at least :data:`WARMUP_STEPS` steps, whatever ``--steps`` is) and is not
 counted; a row's ``step_ms`` is the median of the other rounds' steps,
 ``ratio`` its quotient by ``pyg``'s (``ratio_compiled``: a compiled variant's by
-``pyg_compiled``'s; ``ratio_fixed2``: ``gnnact``'s by ``gnnact_fixed2``'s). Targets (issue
+``pyg_compiled``'s; ``ratio_fixed2``: ``gnnact``'s by ``gnnact_fixed2``'s); a converted
+variant's ``as_pytorch`` and ``context_bytes`` say whether its last step ran as PyTorch's
+(``gnnact.nn.scope.PassRecord``) and what it kept. Targets (issue
 "speed parity"): ``gnnact`` / ``pyg`` ≤ 1.1 on the CPU, ``gnnact_compiled`` /
 ``pyg_compiled`` ≤ 1.0, ≤ 1.0 on a GPU.
 
@@ -58,6 +60,7 @@ from fidelity_models import FAMILIES, Family, _named, _planetoid, clone, load
 
 import gnnact
 from gnnact.data import synthetic_like
+from gnnact.nn.scope import PassRecord, scope_of
 
 
 def _arxiv_shape(root: Path, workdir: str, seed: int):
@@ -101,6 +104,12 @@ def make_variant(base: nn.Module, variant: str,
     return compiled(model) if variant.endswith("_compiled") else model
 
 
+def _last_pass(model: nn.Module) -> PassRecord | None:
+    """What the last training step of a converted ``model`` (compiled or not) kept."""
+    scope = scope_of(getattr(model, "_orig_mod", model))
+    return None if scope is None else scope.last
+
+
 def time_case(family: Family, variants: list[str], rounds: int, steps: int, seed: int,
               root: Path, device: torch.device, workdir: str,
               warmup_steps: int = WARMUP_STEPS) -> list[dict]:
@@ -133,11 +142,15 @@ def time_case(family: Family, variants: list[str], rounds: int, steps: int, seed
     median = {v: statistics.median(t) for v, t in times.items() if t}
     rows = []
     for v in variants:
+        last = _last_pass(models[v])
         row = {"case": family.name, "dataset": family.dataset, "variant": v, "seed": seed,
                "rounds": rounds, "epochs_per_round": epochs, "warmup_epochs": warmup,
                "steps": len(times[v]),
                "step_ms": median.get(v), "ratio": None, "ratio_compiled": None,
                "ratio_fixed2": None,
+               # What a converted model's last step did: ran as PyTorch's, and kept.
+               "as_pytorch": None if last is None else last.as_pytorch,
+               "context_bytes": None if last is None else last.context,
                "error": errors.get(v), "threads": torch.get_num_threads(),
                **environment(device)}
         if v in median and "pyg" in median:

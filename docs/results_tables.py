@@ -693,6 +693,13 @@ def _fidelity(results: Path) -> list[str]:
     return [*_source(name, best.values()), *_list_table([header, *body])]
 
 
+def _pass_kind(row: dict | None) -> str:
+    """How a converted variant's last step ran (rows since the field: ``as_pytorch``)."""
+    if row is None or row.get("as_pytorch") is None:
+        return "–"
+    return "as PyTorch's" if row["as_pytorch"] else "compressed"
+
+
 def _speed(results: Path) -> list[str]:
     """Step time, PyG fp32 against ``gnnact.convert(model)`` (eager, and compiled where
     measured; automatic widths against a fixed 2 bits where measured), per case (newest run
@@ -719,13 +726,14 @@ def _speed(results: Path) -> list[str]:
         compiled = by.get("gnnact_compiled")
         fixed = ours.get("ratio_fixed2") if ours else None
         body.append([device, str(threads), case, (pyg or ours)["dataset"], ms(pyg), ms(ours),
-                     _x(ours.get("ratio")) if ours else "–", ms(by.get("pyg_compiled")),
-                     ms(compiled), _x(compiled.get("ratio_compiled")) if compiled else "–",
+                     _x(ours.get("ratio")) if ours else "–", _pass_kind(ours),
+                     ms(by.get("pyg_compiled")), ms(compiled),
+                     _x(compiled.get("ratio_compiled")) if compiled else "–",
                      _x(fixed) if fixed is not None else "–"])
     if not body:
         return [f"No rows in ``benchmarks/results/{name}`` yet.", ""]
     header = ["device", "threads", "case", "data", "PyG step (ms)", "gnnact step (ms)",
-              "gnnact / PyG", "PyG compiled (ms)", "gnnact compiled (ms)",
+              "gnnact / PyG", "gnnact's step", "PyG compiled (ms)", "gnnact compiled (ms)",
               "compiled: gnnact / PyG", "gnnact / gnnact at 2 bits"]
     return [*_source(name, best.values()), *_list_table([header, *body])]
 

@@ -13,8 +13,8 @@ from gnnact.quant.backends import BACKENDS
 from gnnact.quant.core import DEFAULT_GROUP_SIZE, _check_int
 from gnnact.quant.packed import SUPPORTED_BITS
 
-__all__ = ["AUTO_START", "GPU_FLOOR_SHARE", "MIN_BYTES", "Config", "device_floor",
-           "device_memory"]
+__all__ = ["AUTO_START", "GPU_FLOOR_SHARE", "GPU_PASS_SHARE", "MIN_BYTES", "Config",
+           "device_floor", "device_memory"]
 
 #: The width every tensor starts at with automatic widths (``bits=None``), until the first
 #: probe; also the width of a layer used on its own with such a config.
@@ -37,6 +37,16 @@ MIN_BYTES = 256 << 10
 #: device), where its whole context is a ten-thousandth of the device's memory. A hundred
 #: tensors under this floor hold 2.4 % of it.
 GPU_FLOOR_SHARE = 4096
+
+#: On a GPU a pass whose compression saves less than this share of its memory (137 MB on an
+#: H200, 78 MB on an 80 GB H100) runs as PyTorch's (``Config.min_pass_savings=None``): it
+#: would free under 0.1 % of the device, and there its cost is the host's, which a graph of
+#: that size does not hide (about 1.6 ms of bookkeeping and launches a compressed layer:
+#: CiteSeer's converted GCN, saving 45 MB, stepped 1.9x PyG's on an H200; Amazon Photo's
+#: TransformerConv, its 813 MB of context every tensor under the tensor floor, saving
+#: nothing, 2.7x). A pass that frees more is compressed as ever (a GCN on an ogbn-arxiv-sized
+#: graph saves ~0.5 GB, and stepped 0.79x PyG's): those are the graphs gnnact is for.
+GPU_PASS_SHARE = 1024
 
 
 @functools.cache
@@ -134,6 +144,15 @@ class Config:
             so, and their bytes. :obj:`0` compresses every tensor. (default: :obj:`None`:
             :data:`MIN_BYTES`, 256 KiB; on a GPU a :data:`GPU_FLOOR_SHARE`-th of its memory if
             that is more, 36 MiB on an H200: :meth:`floor_for`)
+        min_pass_savings (int, optional): a pass of a converted model whose compression
+            saves fewer bytes (its context as PyTorch keeps it, less gnnact's) runs as
+            PyTorch's on inputs no larger (its first pass, a full one, measures both; a pass
+            run so whose context grows by as much sends the next back to full ones).
+            :obj:`0`: a pass runs as PyTorch's only when every tensor is under
+            ``min_bytes``. (default: :obj:`None`: on a GPU a :data:`GPU_PASS_SHARE`-th of
+            its memory, 137 MB on an H200, unless ``min_bytes`` is set; :obj:`0` on the
+            CPU, where a compressed step runs about as fast as PyTorch's:
+            :meth:`min_savings`)
 
     Raises:
         TypeError: if a field has the wrong type (``per_row="yes"``, ``bits=2.0``, a
@@ -171,6 +190,7 @@ class Config:
     adapt_interval: int = 100
     self_check: bool = True
     min_bytes: int | None = None
+    min_pass_savings: int | None = None
 
     def __post_init__(self) -> None:
         # Every field, at construction: a wrong value fails here, naming the field, not deep
@@ -199,9 +219,11 @@ class Config:
         if _check_int("Config.prefetch_depth", self.prefetch_depth) < 0:
             raise ValueError(f"Config.prefetch_depth must be a non-negative int, got "
                              f"{self.prefetch_depth!r}")
-        if self.min_bytes is not None and _check_int("Config.min_bytes", self.min_bytes) < 0:
-            raise ValueError(f"Config.min_bytes must be a non-negative int or None, got "
-                             f"{self.min_bytes!r}")
+        for name in ("min_bytes", "min_pass_savings"):
+            value = getattr(self, name)
+            if value is not None and _check_int(f"Config.{name}", value) < 0:
+                raise ValueError(f"Config.{name} must be a non-negative int or None, got "
+                                 f"{value!r}")
         for name in ("per_row", "resident_inputs", "per_node", "offload", "chunk_messages",
                      "compact_indices", "self_check"):
             value = getattr(self, name)
@@ -248,6 +270,17 @@ class Config:
         if self.min_bytes is not None:
             return self.min_bytes
         return device_floor(device, MIN_BYTES, GPU_FLOOR_SHARE)
+
+    def min_savings(self, device: torch.device) -> int:
+        """The fewest bytes a pass's compression must save on ``device``, or it runs as
+        PyTorch's, whatever its tensors' sizes: ``min_pass_savings``, or on a GPU a
+        :data:`GPU_PASS_SHARE`-th of its memory unless ``min_bytes`` is set (0 elsewhere:
+        the tensors' floor decides alone)."""
+        if self.min_pass_savings is not None:
+            return self.min_pass_savings
+        if self.min_bytes is not None:
+            return 0
+        return device_floor(device, 0, GPU_PASS_SHARE)
 
     def keeps(self, x: Tensor) -> bool:
         """Whether ``x`` is below the floor of its device (:meth:`floor_for`): kept as it is,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import threading
 import weakref
 from collections.abc import Callable, Iterable
@@ -48,6 +49,7 @@ from gnnact.ops.context import (
     in_another_form,
     noise_generator,
     own_context,
+    pytorch_bytes,
     release,
     remember,
     resident,
@@ -330,8 +332,9 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
     :attr:`small_bytes` (distinct storages of floating-point tensors kept as they are for
     their size, and their bytes, part of :attr:`passthrough_bytes`), :attr:`over_floor`
     (whether anything saved other than parameters and skipped storages had the floor's
-    bytes or more, or was compressed context of gnnact's ops, or was no plain strided
-    tensor), :attr:`bytes_by_kind`,
+    bytes or more, or was context of gnnact's ops in another form than PyTorch's, or was no
+    plain strided tensor), :attr:`pytorch_bytes` (with :attr:`count_pytorch` set: the bytes
+    PyTorch itself would have kept of the same, each storage once), :attr:`bytes_by_kind`,
     :attr:`bytes_by_module` (the same bytes by the module path that saved them first: what
     :func:`gnnact.summary` reports) and :attr:`offloaded_bytes`.
 
@@ -447,6 +450,10 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         self._state: weakref.ref[ForwardState] | None = None
         self._token: Token | None = None
         self.bits: dict[str, int] = {}  # tensor name -> width, set by gnnact.Controller
+        # Whether to total what PyTorch would keep (pytorch_bytes): set by a converted
+        # model's pass that may run as PyTorch's when compression saves little
+        # (Config.min_savings).
+        self.count_pytorch = False
         self.reset_stats()
         # Autograd calls the hooks from inside the op that saves, which may run in the eager
         # part of a torch.compile-d model: Dynamo would take each hook's frame for one to
@@ -465,6 +472,8 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         self.num_small = 0
         self.small_bytes = 0
         self.over_floor = False
+        self.pytorch_bytes: float = 0
+        self._counted: set[tuple] = set()
         self.offloaded_bytes = 0
         self.bytes_by_kind: dict[str, int] = {}
         self.bytes_by_module: dict[str, int] = {}
@@ -564,7 +573,23 @@ class compress_saved_tensors(torch.autograd.graph.saved_tensors_hooks):
         # Autograd calls the hook inside the op that saves: the pack is gnnact's own work, not
         # the model's calls a converted model's mode routes (gnnact.ops.state.own_work).
         with own_work():
+            if self.count_pytorch:
+                self._count_pytorch(t)
             return _laid_out(self._pack(t), t)
+
+    def _count_pytorch(self, t: Tensor) -> None:
+        """Add the bytes PyTorch would keep for ``t`` to :attr:`pytorch_bytes` (each storage
+        once; parameters, skipped storages and tickets left out; a tensor that is not plain
+        and strided makes it infinite: such a pass never runs as PyTorch's)."""
+        if type(t) is not Tensor or t.layout != torch.strided:
+            if type(t) is not nn.Parameter:
+                self.pytorch_bytes = math.inf
+            return
+        key = _storage_key(t)
+        if (key not in self._skip and key not in self._counted and not _is_parameter(t)
+                and not getattr(t, TICKET, False)):
+            self._counted.add(key)
+            self.pytorch_bytes += pytorch_bytes(t)
 
     def _pack(self, t: Tensor) -> Any:
         if getattr(t, TICKET, False):

@@ -40,12 +40,14 @@ def _one_thread():
 def _compress_every_tensor(request, monkeypatch):
     """Every tensor is compressed however small (the tests' graphs are small; by default a
     tensor under ``gnnact.config.MIN_BYTES``, on a GPU a share of its memory, is kept as it
-    is), except in tests marked ``default_floor``."""
+    is, and a pass whose context is under a share of a GPU's memory runs as PyTorch's),
+    except in tests marked ``default_floor``."""
     if "default_floor" not in request.keywords:
         import gnnact.config
 
         monkeypatch.setattr(gnnact.config, "MIN_BYTES", 0)
         monkeypatch.setattr(gnnact.config, "GPU_FLOOR_SHARE", 0)
+        monkeypatch.setattr(gnnact.config, "GPU_PASS_SHARE", 0)
 
 
 @pytest.fixture

@@ -603,6 +603,9 @@ def test_speed_rows_pair_each_variant_with_pyg(tmp_path, capsys):
     # GIN's epoch is several batches: one epoch a round, every step after the first round.
     assert rows["gnnact"]["steps"] == rows["pyg"]["steps"] >= 2
     assert rows["gnnact"]["ratio"] == rows["gnnact"]["step_ms"] / rows["pyg"]["step_ms"]
+    # What the converted model's last step did (the tests compress every tensor: a full one).
+    assert rows["pyg"]["as_pytorch"] is rows["pyg"]["context_bytes"] is None
+    assert rows["gnnact"]["as_pytorch"] is False and rows["gnnact"]["context_bytes"] > 0
     out.unlink()
     assert bench.main(["--cases", "gae", "--fixed2", "--rounds", "2", "--steps", "2",
                        "--out", str(out)]) == 0

@@ -52,6 +52,10 @@ BAD = [
     ("self_check", "yes", TypeError, "Config.self_check must be a bool, got 'yes' (str)"),
     ("min_bytes", 1.0, TypeError, "Config.min_bytes must be an int, got 1.0 (float)"),
     ("min_bytes", -1, ValueError, "Config.min_bytes must be a non-negative int or None, got -1"),
+    ("min_pass_savings", True, TypeError,
+     "Config.min_pass_savings must be an int, got True (bool)"),
+    ("min_pass_savings", -5, ValueError,
+     "Config.min_pass_savings must be a non-negative int or None, got -5"),
 ]
 
 
@@ -77,7 +81,8 @@ def test_bad_value_raises(name: str, value: object, error: type[Exception], mess
      "prefetch_depth": 0, "chunk_messages": False, "compact_indices": False},
     {"bits": 32, "attention_bits": None, "backend": "cupy", "tag": None},
     {"bits": None, "avg_bits": 3, "max_noise": 0.5, "adapt_interval": 7, "self_check": False},
-    {"min_bytes": 0}, {"min_bytes": 1 << 20},
+    {"min_bytes": 0}, {"min_bytes": 1 << 20}, {"min_pass_savings": 0},
+    {"min_pass_savings": 1 << 30},
 ])
 def test_good_values_are_kept(kwargs: dict) -> None:
     config = Config(**kwargs)

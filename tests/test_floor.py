@@ -50,6 +50,73 @@ def test_a_gpus_floor_is_a_share_of_its_memory(monkeypatch) -> None:
     assert gnnact.Config().floor_for(cuda) == MIN_BYTES
 
 
+def test_a_gpus_least_savings_are_a_share_of_its_memory(monkeypatch) -> None:
+    """On a GPU a pass whose compression saves less than a GPU_PASS_SHARE-th of its memory
+    runs as PyTorch's; not on the CPU, nor where min_bytes is set; min_pass_savings holds
+    everywhere."""
+    from gnnact import config as config_module
+
+    monkeypatch.setattr(config_module, "device_memory", lambda device: 141 << 30)
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    least = gnnact.Config().min_savings(cuda)
+    assert least == (141 << 30) // config_module.GPU_PASS_SHARE > 100 << 20
+    assert gnnact.Config().min_savings(cpu) == 0
+    assert gnnact.Config(min_bytes=0).min_savings(cuda) == 0
+    for device in (cuda, cpu):
+        assert gnnact.Config(min_pass_savings=1 << 20).min_savings(device) == 1 << 20
+        assert gnnact.Config(min_bytes=0, min_pass_savings=7).min_savings(device) == 7
+        assert gnnact.Config(min_pass_savings=0).min_savings(device) == 0
+
+
+def test_a_pass_whose_compression_saves_little_runs_as_pytorch() -> None:
+    # 3,000 nodes x 32 hidden: 384 kB activations, over the tensor floor (each compressed in
+    # a full pass); compressing them all saves a few MB.
+    inputs = _batch(3000)
+    torch.manual_seed(0)
+    pyg = GIN()
+
+    def converted(savings: int) -> nn.Module:
+        return gnnact.convert(copy.deepcopy(pyg), gnnact.Config(bits=2, self_check=False,
+                                                                min_pass_savings=savings))
+
+    full, model = converted(64 << 10), converted(64 << 20)  # 64 KiB, 64 MiB
+    for step in range(3):
+        _step(full, inputs, step)
+        assert not scope_of(full).last.as_pytorch  # it saves more than 64 KiB
+        out, grads = _step(model, inputs, step)
+        record = scope_of(model).last
+        # The first pass is a full one (it compresses, and measures what PyTorch would keep);
+        # the next ones run as PyTorch's: the same values and gradients as PyG's.
+        assert record.as_pytorch == (step > 0) and record.min_savings == 64 << 20
+        if step:
+            want, want_grads = _step(pyg, inputs, step)
+            assert torch.equal(out, want)
+            assert all(torch.equal(a, b) for a, b in zip(grads, want_grads, strict=True))
+            assert 2 << 20 < record.context == scope_of(model).small_context[model]
+    assert scope_of(full).last.context < record.context / 4  # (what it saves: 2 bits)
+    report = gnnact.summary(model)
+    assert report.as_pytorch and "compression saved under min_pass_savings (67.1 MB)" in str(
+        report)
+
+
+def test_a_pass_run_as_pytorch_whose_context_grows_by_the_savings_sends_the_next_back() -> None:
+    model = gnnact.convert(Widening(), gnnact.Config(bits=2, self_check=False,
+                                                     min_pass_savings=1 << 20))
+    x = torch.randn(100, 16, requires_grad=True)
+    scope = scope_of(model)
+    model(x).sum().backward()
+    model(x).sum().backward()  # the first pass run as PyTorch's: its context the reference
+    assert scope.last.as_pytorch and scope.small_context[model] == scope.last.context
+    model.width = 2048  # a tanh output of 100 x 2048 floats: 800 kB more, under the savings
+    model(x).sum().backward()
+    assert scope.last.as_pytorch and model in scope.small_inputs
+    model.width = 4096  # 1.6 MB more: over them
+    model(x).sum().backward()
+    assert scope.last.as_pytorch and model not in scope.small_inputs
+    model(x).sum().backward()
+    assert not scope.last.as_pytorch
+
+
 @pytest.mark.parametrize("rows", [100, 4096])  # 25 KiB and 1 MiB inputs
 def test_ops_run_as_pytorch_below_the_floor_only(rows: int) -> None:
     x = torch.randn(rows, 64, requires_grad=True)

@@ -29,8 +29,10 @@ on) then runs as one gnnact forward pass:
   measured at probe passes (:mod:`gnnact.ops.probe`); with a fixed ``bits`` it only checks
   them.
 
-A pass whose every tensor stays under the floor (``config.min_bytes``), as a full pass on
-inputs at least as large found (:meth:`Scope.small_pass`), runs as PyTorch's: its own state
+A pass whose every tensor stays under the floor (``config.min_bytes``), or (on a GPU, or
+with ``config.min_pass_savings``) whose compression saves less than the pass's least savings
+(:meth:`Config.min_savings <gnnact.Config.min_savings>`), as a full pass on inputs at least as
+large found (:meth:`Scope.small_pass`), runs as PyTorch's: its own state
 and the graph cache, no mode and no pipeline (on a small graph they cost as much as the
 arithmetic), its layers run as the classes they twin (PyG's or PyTorch's ``forward``; the
 convs keep their own in eager mode, which builds their graph once), everything it saves kept
@@ -55,6 +57,7 @@ import contextlib
 import copy
 import dataclasses
 import functools
+import math
 import weakref
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -105,6 +108,8 @@ class PassRecord:
             module tracking).
         floor (int): the pass's floor, the config's on the device of its inputs
             (:meth:`Config.floor_for <gnnact.Config.floor_for>`).
+        min_savings (int): the least its compression must save there
+            (:meth:`Config.min_savings <gnnact.Config.min_savings>`; 0: no such rule).
     """
 
     bytes_by_module: dict[str, int] = field(default_factory=dict)
@@ -113,6 +118,7 @@ class PassRecord:
     small: tuple[int, int] = (0, 0)
     as_pytorch: bool = False
     floor: int = MIN_BYTES
+    min_savings: int = 0
 
     @property
     def context(self) -> int:
@@ -131,8 +137,11 @@ class _Pass:
         self.depth = 1  # calls of ``module`` running (it may call itself)
         self.marks = Marks()  # raised while a loss head (exact) or a tanh (fine) runs
         self.inputs = argument_tensors((args, kwargs))
-        # The floor of its tensors, on the device of its inputs (a GPU's is larger).
-        self.floor = scope.config.floor_for(self.inputs[0].device if self.inputs else _CPU)
+        # The floor of its tensors, and the least its compression must save (on a GPU), on
+        # the device of its inputs.
+        device = self.inputs[0].device if self.inputs else _CPU
+        self.floor = scope.config.floor_for(device)
+        self.savings = scope.config.min_savings(device)
         self.pipeline: compress_saved_tensors | None = None
         self.enclosing: compress_saved_tensors | None = None  # the caller's pipeline, if any
         self.watch: _Watch | None = None  # a pass run as PyTorch's
@@ -163,6 +172,7 @@ class _Pass:
             pipeline = self.enclosing = active_pipeline()
             if pipeline is None:
                 pipeline = scope.pipeline(self.root, self.inputs, self.marks)
+                pipeline.count_pytorch = self.savings > 0
                 stack.enter_context(pipeline)
                 # Its module tracking starts inside the module's call (this hook), after the
                 # module's own entry: it is the running module until it returns.
@@ -187,7 +197,14 @@ class _Pass:
         stack.callback(setattr, state, "resident", state.resident)
         state.resident = storage_keys(self.inputs)
         stack.enter_context(use_graph_cache(scope.graphs))
-        self.watch = _Watch(self.floor, state.resident, scope.buffer_owners(self.root))
+        # Under a least savings its context may grow by as much over the first such pass's
+        # (after a full one: any, that pass's judgement; what PyTorch keeps, more than gnnact's
+        # ops stand for, is only measured here).
+        limit = None
+        if self.savings:
+            first = scope.small_context.get(self.module)
+            limit = math.inf if first is None else first + self.savings
+        self.watch = _Watch(self.floor, limit, state.resident, scope.buffer_owners(self.root))
         stack.enter_context(self.watch)
         # Its layers run as the classes they twin (traced so under torch.compile; eagerly the
         # convs keep their own forward), but one with a forward hook of its own, which the
@@ -211,18 +228,27 @@ class _Pass:
                 count, nbytes, over = watch.finish()
                 if over:  # sizes the full passes did not bound: full passes again
                     self.scope.small_inputs.pop(self.module, None)
+                    self.scope.small_context.pop(self.module, None)
+                elif self.savings:
+                    self.scope.small_context.setdefault(self.module, nbytes)
                 self.scope.last = PassRecord({"": nbytes}, {}, self.scope.graphs.nbytes(),
                                              (count, nbytes), as_pytorch=True,
-                                             floor=self.floor)
+                                             floor=self.floor, min_savings=self.savings)
             elif pipeline is not None:
                 self.scope.last = PassRecord(dict(pipeline.bytes_by_module),
                                              dict(pipeline.tensors),
                                              self.scope.graphs.nbytes(),
                                              (pipeline.num_small, pipeline.small_bytes),
-                                             floor=self.floor)
+                                             floor=self.floor, min_savings=self.savings)
                 if pipeline is not self.enclosing:
-                    self.scope.note_pass(self.module, self.inputs, not pipeline.over_floor
-                                         and pipeline.num_packed + pipeline.num_compact == 0)
+                    # Small: every tensor under the floor as PyTorch keeps it, or compression
+                    # saving less than the least savings.
+                    small = (self.floor > 0 and not pipeline.over_floor
+                             and pipeline.num_packed + pipeline.num_compact == 0)
+                    if self.savings:
+                        small |= (pipeline.pytorch_bytes - pipeline.saved_bytes
+                                  < self.savings)
+                    self.scope.note_pass(self.module, self.inputs, small)
 
     def config_for(self, role: str) -> Config:
         """The configuration of a functional op's tensor ``role`` in the module running now."""
@@ -248,11 +274,13 @@ class _Watch(torch.autograd.graph.saved_tensors_hooks):
     """What a pass run as PyTorch's saves: kept as it is, whatever its size; counted (each
     storage once; parameters, the inputs' storages ``skip`` and the buffers of the modules
     ``owners`` left out, as a full pass leaves them) by :meth:`finish`, which also says
-    whether one of them has ``floor`` bytes or more, or one is no plain strided tensor."""
+    whether one of them has ``floor`` bytes or more (with a ``limit``: whether they have more
+    than ``limit`` bytes together), or one is no plain strided tensor."""
 
-    def __init__(self, floor: int, skip: set[tuple], owners: list[nn.Module]) -> None:
+    def __init__(self, floor: int, limit: float | None, skip: set[tuple],
+                 owners: list[nn.Module]) -> None:
         super().__init__(self._pack, _same)
-        self.floor, self.skip, self.owners = floor, skip, owners
+        self.floor, self.limit, self.skip, self.owners = floor, limit, skip, owners
         self._saved: list[Tensor] = []
 
     # Autograd calls it for each tensor it saves, a hundred a small graph's step, eagerly
@@ -284,7 +312,10 @@ class _Watch(torch.autograd.graph.saved_tensors_hooks):
             seen = {key: entry for key, entry in seen.items()
                     if not (entry[1] and key in buffers)}
         sizes = [nbytes for nbytes, _ in seen.values()]
-        return len(sizes), sum(sizes), odd or any(n >= self.floor for n in sizes)
+        total = sum(sizes)
+        over = (total > self.limit if self.limit is not None
+                else any(n >= self.floor for n in sizes))
+        return len(sizes), total, odd or over
 
 
 class Scope:
@@ -312,6 +343,10 @@ class Scope:
             or a child called on its own), the largest element count of each input of its
             full passes that kept every tensor under the floor; its passes on inputs no larger
             run as PyTorch's (:meth:`small_pass`).
+        small_context (WeakKeyDictionary): for such a module, under a least savings
+            (:meth:`Config.min_savings <gnnact.Config.min_savings>`), the context of its first
+            pass run as PyTorch's since its last full one: a later one's may exceed it by
+            less than the savings.
     """
 
     def __init__(self, config: Config) -> None:
@@ -325,6 +360,8 @@ class Scope:
         self.island = Island(route=_route_in_pass)
         self.last: PassRecord | None = None
         self.small_inputs: weakref.WeakKeyDictionary[nn.Module, tuple[int, ...]] = (
+            weakref.WeakKeyDictionary())
+        self.small_context: weakref.WeakKeyDictionary[nn.Module, int] = (
             weakref.WeakKeyDictionary())
         self._buffer_owners: weakref.WeakKeyDictionary[nn.Module, list[nn.Module]] = (
             weakref.WeakKeyDictionary())
@@ -341,6 +378,7 @@ class Scope:
         if scope is not None:
             scope.config = config
             scope.small_inputs.clear()
+            scope.small_context.clear()
             scope._buffer_owners.clear()
             scope._twin_layers.clear()
             scope._configs.clear()
@@ -427,7 +465,8 @@ class Scope:
 
     def small_pass(self, module: nn.Module, inputs: list[Tensor]) -> bool:
         """Whether a pass of ``module`` with ``inputs`` runs as PyTorch's: its full passes
-        kept every tensor under the floor and stored nothing in another form on inputs at
+        kept every tensor under the floor and stored nothing in another form (or saved less
+        than the least savings by compressing) on inputs at
         least as large, element count by element count (:attr:`small_inputs`), and no
         pipeline of the caller's is active. Its tensors then stay under the floor too, as they
         grow with the inputs (node tensors with the node features, edge tensors with the
@@ -462,17 +501,21 @@ class Scope:
 
     def note_pass(self, module: nn.Module, inputs: list[Tensor], small: bool) -> None:
         """After a full pass of ``module`` with ``inputs``: if it was ``small`` (everything
-        under the floor, nothing stored in another form), raise :attr:`small_inputs` to its
-        sizes where they are larger (batches of small graphs vary in nodes and edges alike);
-        if it was not and its sizes are within them, forget them."""
+        under the floor, nothing stored in another form; or compression saving less than the
+        least savings), raise :attr:`small_inputs` to its sizes where they are larger (batches
+        of small graphs vary in nodes and edges alike), its next pass run as PyTorch's
+        measuring :attr:`small_context` anew; if it was not and its sizes are within them,
+        forget them."""
         sizes = tuple(t.numel() for t in inputs)
         ref = self.small_inputs.get(module)
-        if small and self.config.floor:
+        if small:
             self.small_inputs[module] = (sizes if ref is None or len(ref) != len(sizes)
                                          else tuple(map(max, sizes, ref)))
+            self.small_context.pop(module, None)
         elif (not small and ref is not None and len(ref) == len(sizes)
               and all(a <= b for a, b in zip(sizes, ref, strict=True))):
             del self.small_inputs[module]
+            self.small_context.pop(module, None)
 
     def begin_step(self) -> NoiseProbe | None:
         """At the start of a training forward pass: with automatic precision, the widths of
@@ -531,13 +574,15 @@ class Scope:
         state = dict(self.__dict__)
         state["last"] = None  # a record of one pass, not part of the model
         # (Of these very modules: not picklable, and a copy has modules of its own.)
-        del state["small_inputs"], state["_buffer_owners"], state["_twin_layers"]
+        for name in ("small_inputs", "small_context", "_buffer_owners", "_twin_layers"):
+            del state[name]
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self.__dict__.setdefault("island", Island(route=_route_in_pass))  # (pickled before)
         self.small_inputs = weakref.WeakKeyDictionary()
+        self.small_context = weakref.WeakKeyDictionary()
         self._buffer_owners = weakref.WeakKeyDictionary()
         self._twin_layers = weakref.WeakKeyDictionary()
 

@@ -77,7 +77,9 @@ class Summary:
     them, one :class:`TensorRow` per compressed tensor with its width and noise ratio;
     ``small``: the tensors the last step kept as they are for their size (fewer bytes than
     ``min_bytes``, :attr:`Config.min_bytes <gnnact.Config>`) and their bytes, part of
-    ``context``; ``as_pytorch``: the last step ran as PyTorch's."""
+    ``context``; ``as_pytorch``: the last step ran as PyTorch's; ``min_pass_savings``: the
+    least a step's compression must save, or it runs as PyTorch's (:meth:`Config.min_savings
+    <gnnact.Config.min_savings>`; 0: no such rule)."""
 
     rows: tuple[SummaryRow, ...]
     context: int | None
@@ -87,6 +89,7 @@ class Summary:
     small: tuple[int, int] = (0, 0)
     min_bytes: int = 0
     as_pytorch: bool = False
+    min_pass_savings: int = 0
 
     def __str__(self) -> str:
         width = max([len("module")] + [len(r.path or "(model)") for r in self.rows])
@@ -107,8 +110,12 @@ class Summary:
                 lines.append(f"kept as is for their size: {self.small[0]} tensors, "
                              f"{_size(self.small[1])} (min_bytes {_size(self.min_bytes)})")
             if self.as_pytorch:
-                lines.append("the last step ran as PyTorch's: every tensor under min_bytes, "
-                             "as a full step on inputs as large found")
+                why = ("every tensor under min_bytes" if not self.min_pass_savings else
+                       f"compression saved under min_pass_savings "
+                       f"({_size(self.min_pass_savings)}), or every tensor was under "
+                       f"min_bytes")
+                lines.append(f"the last step ran as PyTorch's: {why}, as a full step on "
+                             f"inputs as large found")
         if self.tensors:
             width = max(len("tensor"), *(len(t.name) for t in self.tensors))
             lines.append("")
@@ -245,4 +252,4 @@ def summary(model: nn.Module) -> Summary:
     if record is None:
         return Summary(tuple(rows), None, None, tensors, average)
     return Summary(tuple(rows), record.context, record.graph_cache, tensors, average,
-                   record.small, record.floor, record.as_pytorch)
+                   record.small, record.floor, record.as_pytorch, record.min_savings)

@@ -70,8 +70,9 @@ from gnnact.quant.reference import MASK_MUL, MASK_SELECT, MASK_ZERO, combine_mas
 __all__ = ["alias_derived", "apply_mask", "cache_key", "cached", "controlled_noise", "derive",
            "derive_from_input", "derived_steps", "hold_parts", "in_another_form",
            "independent_quantize", "input_bits", "load_context", "mask_mode", "noise_generator",
-           "overwritable", "own_context", "per_node_quantize", "records_graph", "release",
-           "remember", "resident", "save_context", "shared_quantize", "transient", "width_of"]
+           "overwritable", "own_context", "per_node_quantize", "pytorch_bytes",
+           "records_graph", "release", "remember", "resident", "save_context",
+           "shared_quantize", "transient", "width_of"]
 
 def cache_key(x: Tensor) -> tuple[tuple, Tensor]:
     """The key of ``x`` and the object whose identity it rests on: the tensor ``x`` views
@@ -538,7 +539,14 @@ def in_another_form(t: Tensor, floor: int) -> bool:
     PyTorch keeps it (a mask: a byte a value). A pass that keeps such a tensor is a full one
     (:meth:`Scope.small_pass <gnnact.nn.scope.Scope.small_pass>`)."""
     ref = _own_ref(t)
-    return ref is not None and (ref.exact_bytes is None or ref.exact_bytes >= floor)
+    return ref is not None and (not ref.exact or ref.raw_bytes >= floor)
+
+
+def pytorch_bytes(t: Tensor) -> int:
+    """The bytes PyTorch would keep for ``t``, a saved tensor: what a gnnact op's context
+    stands for (:class:`~gnnact.ops.state.OwnRef`), else its storage's."""
+    ref = _own_ref(t)
+    return ref.raw_bytes if ref is not None else t.untyped_storage().nbytes()
 
 
 def _own_ref(t: Tensor) -> OwnRef | None:
@@ -566,8 +574,9 @@ def save_context(ctx: Any, config: Config, *items: Entry) -> None:
     is) or ``None``. Call it at most once per ``ctx``: it calls ``ctx.save_for_backward``.
     """
     tensors: list[Tensor] = []
-    # Per tensor, the bytes of its values as PyTorch would keep them, None when compressed.
-    exact: list[int | None] = []
+    # Per tensor, the bytes of the values it stands for as PyTorch would keep them (on its
+    # first tensor), and whether it keeps them exactly.
+    raw: list[tuple[int, bool]] = []
     slots: list[tuple | None] = []
     for item in items:
         if isinstance(item, tuple):
@@ -583,7 +592,7 @@ def save_context(ctx: Any, config: Config, *items: Entry) -> None:
                 for kind, parts, meta in steps:
                     layout.append((kind, tuple(t is not None for t in parts), meta))
                     tensors.extend(t for t in parts if t is not None)
-                exact.extend([None] * (len(tensors) - start))
+                raw.extend(_stands_for(x, tensors[start:]))
                 slots.append(("derived", start, layout))
                 continue
             if x is not None and bits == 32 and x.dtype in FLOAT_DTYPES:
@@ -597,27 +606,39 @@ def save_context(ctx: Any, config: Config, *items: Entry) -> None:
         elif isinstance(item, Tensor):
             slots.append(("tensor", len(tensors)))
             tensors.append(item)
-            exact.append(item.numel() * item.element_size())
+            raw.append((item.numel() * item.element_size(), True))
         elif isinstance(item, PackedMask):
             slots.append(("mask", len(tensors), item.shape))
             tensors.append(item.data)
-            exact.append(math.prod(item.shape))
+            raw.append((math.prod(item.shape), True))
         else:  # PackedTensor or MixedPackedTensor
             parts = item.tensors()
             slots.append(("packed", len(tensors), len(parts), type(item), item.meta))
             tensors.extend(parts)
-            exact.extend([None] * len(parts))
+            raw.extend(_stands_for(item, parts))
     state = forward_state()
-    for t, nbytes in zip(tensors, exact, strict=True):
+    for t, (nbytes, exact) in zip(tensors, raw, strict=True):
         key = id(t)
         ref = state.own.get(key)
         if ref is None or ref() is not t:
-            state.own[key] = OwnRef(t, state.callback("forget_own", key), nbytes)
+            state.own[key] = OwnRef(t, state.callback("forget_own", key), nbytes, exact)
     ctx.save_for_backward(*tensors)
     ctx.gnnact_slots = slots
     # Backward releases shared copies in the pass that made them (it may run in another
     # thread); a weak reference, so that a finished pass's registries are not kept.
     ctx.gnnact_state = weakref.ref(state)
+
+
+def _stands_for(x: Any, parts: list[Tensor]) -> list[tuple[int, bool]]:
+    """:class:`~gnnact.ops.state.OwnRef`'s ``(raw_bytes, exact)`` for the ``parts`` that
+    keep ``x`` (a tensor or a packed one) in another form: ``x``'s bytes on the last that is
+    no input of the pass (a derived tensor's first part may be the input it derives from, which
+    PyTorch keeps by reference as well)."""
+    raw = [(0, False)] * len(parts)
+    own = [i for i, t in enumerate(parts) if not resident(t)]
+    if own:
+        raw[own[-1]] = (math.prod(x.shape) * x.dtype.itemsize, False)
+    return raw
 
 
 def load_context(ctx: Any, only: Container[int] | None = None) -> list[Tensor | None]:

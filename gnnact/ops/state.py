@@ -136,19 +136,19 @@ class own_work:  # (a context manager named as torch.no_grad is)
 
 
 class OwnRef(weakref.ref):
-    """A weak reference to a tensor a gnnact op handed to autograd, and what it holds:
-    :attr:`exact_bytes`, the bytes of the values it keeps exactly as PyTorch's op would keep
-    them (a tensor kept as is: its own; a packed mask: a byte a value), ``None`` for a
-    compressed copy (another form)."""
+    """A weak reference to a tensor a gnnact op handed to autograd, and what it stands for:
+    :attr:`raw_bytes`, the bytes of the values it keeps as PyTorch's op would keep them (a
+    tensor kept as is: its own; a packed mask: a byte a value; a compressed copy: its first
+    part, the original's, the other parts 0), and whether it keeps them :attr:`exact`."""
 
-    __slots__ = ("exact_bytes",)
+    __slots__ = ("exact", "raw_bytes")
 
-    def __new__(cls, t: Tensor, callback: Any, exact_bytes: int | None) -> OwnRef:
+    def __new__(cls, t: Tensor, callback: Any, raw_bytes: int, exact: bool) -> OwnRef:
         return super().__new__(cls, t, callback)
 
-    def __init__(self, t: Tensor, callback: Any, exact_bytes: int | None) -> None:
+    def __init__(self, t: Tensor, callback: Any, raw_bytes: int, exact: bool) -> None:
         super().__init__(t, callback)
-        self.exact_bytes = exact_bytes
+        self.raw_bytes, self.exact = raw_bytes, exact
 
 
 @dataclass(eq=False)
