@@ -6,6 +6,7 @@ tensor however small."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -100,21 +101,30 @@ def test_a_pass_whose_compression_saves_little_runs_as_pytorch() -> None:
 
 
 def test_a_pass_run_as_pytorch_whose_context_grows_by_the_savings_sends_the_next_back() -> None:
-    model = gnnact.convert(Widening(), gnnact.Config(bits=2, self_check=False,
-                                                     min_pass_savings=1 << 20))
     x = torch.randn(100, 16, requires_grad=True)
+
+    def passes(config: gnnact.Config, widths: list[int]) -> nn.Module:
+        model = gnnact.convert(Widening(), config)
+        for width in [16, 16, *widths]:  # a full pass, then the first run as PyTorch's
+            model.width = width
+            model(x).sum().backward()
+        return model
+
+    config = gnnact.Config(bits=2, self_check=False, min_pass_savings=1 << 20)
+    # A tanh output of 100 x 1024 floats: 400 kB, over the tensor floor (alone that would
+    # send the next pass back), under the savings.
+    model = passes(config, [1024])
     scope = scope_of(model)
-    model(x).sum().backward()
-    model(x).sum().backward()  # the first pass run as PyTorch's: its context the reference
-    assert scope.last.as_pytorch and scope.small_context[model] == scope.last.context
-    model.width = 2048  # a tanh output of 100 x 2048 floats: 800 kB more, under the savings
-    model(x).sum().backward()
     assert scope.last.as_pytorch and model in scope.small_inputs
-    model.width = 4096  # 1.6 MB more: over them
+    assert scope.small_context[model] < scope.last.context
+    model.width = 4096  # 1.6 MB more than the first pass run so: over them too
     model(x).sum().backward()
     assert scope.last.as_pytorch and model not in scope.small_inputs
     model(x).sum().backward()
     assert not scope.last.as_pytorch
+    # Every tensor under the floor (1 GiB here): the pass stays small however much it grows.
+    model = passes(dataclasses.replace(config, min_bytes=1 << 30, min_pass_savings=1), [4096])
+    assert scope_of(model).last.as_pytorch and model in scope_of(model).small_inputs
 
 
 @pytest.mark.parametrize("rows", [100, 4096])  # 25 KiB and 1 MiB inputs

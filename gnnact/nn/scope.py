@@ -274,8 +274,8 @@ class _Watch(torch.autograd.graph.saved_tensors_hooks):
     """What a pass run as PyTorch's saves: kept as it is, whatever its size; counted (each
     storage once; parameters, the inputs' storages ``skip`` and the buffers of the modules
     ``owners`` left out, as a full pass leaves them) by :meth:`finish`, which also says
-    whether one of them has ``floor`` bytes or more (with a ``limit``: whether they have more
-    than ``limit`` bytes together), or one is no plain strided tensor."""
+    whether one of them has ``floor`` bytes or more (with a ``limit``: and they have more than
+    ``limit`` bytes together; either keeps a pass small), or one is no plain strided tensor."""
 
     def __init__(self, floor: int, limit: float | None, skip: set[tuple],
                  owners: list[nn.Module]) -> None:
@@ -313,8 +313,8 @@ class _Watch(torch.autograd.graph.saved_tensors_hooks):
                     if not (entry[1] and key in buffers)}
         sizes = [nbytes for nbytes, _ in seen.values()]
         total = sum(sizes)
-        over = (total > self.limit if self.limit is not None
-                else any(n >= self.floor for n in sizes))
+        over = (any(n >= self.floor for n in sizes)
+                and (self.limit is None or total > self.limit))
         return len(sizes), total, odd or over
 
 
