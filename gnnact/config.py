@@ -147,7 +147,8 @@ class Config:
         min_pass_savings (int, optional): a pass of a converted model whose compression
             saves fewer bytes (its context as PyTorch keeps it, less gnnact's) runs as
             PyTorch's on inputs no larger (its first pass, a full one, measures both; a pass
-            run so whose context grows by as much sends the next back to full ones).
+            run so whose context grows by as much, with a tensor over ``min_bytes``, sends
+            the next back to full ones).
             :obj:`0`: a pass runs as PyTorch's only when every tensor is under
             ``min_bytes``. (default: :obj:`None`: on a GPU a :data:`GPU_PASS_SHARE`-th of
             its memory, 137 MB on an H200, unless ``min_bytes`` is set; :obj:`0` on the
