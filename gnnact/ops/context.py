@@ -574,8 +574,8 @@ def save_context(ctx: Any, config: Config, *items: Entry) -> None:
     is) or ``None``. Call it at most once per ``ctx``: it calls ``ctx.save_for_backward``.
     """
     tensors: list[Tensor] = []
-    # Per tensor, the bytes of the values it stands for as PyTorch would keep them (on its
-    # first tensor), and whether it keeps them exactly.
+    # Per tensor, the bytes of the values it stands for as PyTorch would keep them (a
+    # compressed or derived one's on one of its tensors: _stands_for), and whether exactly.
     raw: list[tuple[int, bool]] = []
     slots: list[tuple | None] = []
     for item in items:

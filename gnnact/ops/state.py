@@ -138,8 +138,9 @@ class own_work:  # (a context manager named as torch.no_grad is)
 class OwnRef(weakref.ref):
     """A weak reference to a tensor a gnnact op handed to autograd, and what it stands for:
     :attr:`raw_bytes`, the bytes of the values it keeps as PyTorch's op would keep them (a
-    tensor kept as is: its own; a packed mask: a byte a value; a compressed copy: its first
-    part, the original's, the other parts 0), and whether it keeps them :attr:`exact`."""
+    tensor kept as is: its own; a packed mask: a byte a value; a compressed copy or a derived
+    tensor: the original's on its last part that is no input of the pass, 0 on the others),
+    and whether it keeps them :attr:`exact`."""
 
     __slots__ = ("exact", "raw_bytes")
 
