@@ -38,8 +38,8 @@ MIN_BYTES = 256 << 10
 #: tensors under this floor hold 2.4 % of it.
 GPU_FLOOR_SHARE = 4096
 
-#: On a GPU a pass whose compression saves less than this share of its memory (137 MB on an
-#: H200, 78 MB on an 80 GB H100) runs as PyTorch's (``Config.min_pass_savings=None``): it
+#: On a GPU a pass whose compression saves less than this share of its memory (140 MiB on an
+#: H200, 80 MiB on an 80 GB H100) runs as PyTorch's (``Config.min_pass_savings=None``): it
 #: would free under 0.1 % of the device, and there its cost is the host's, which a graph of
 #: that size does not hide (about 1.6 ms of bookkeeping and launches a compressed layer:
 #: CiteSeer's converted GCN, saving 45 MB, stepped 1.9x PyG's on an H200; Amazon Photo's
@@ -151,7 +151,7 @@ class Config:
             the next back to full ones).
             :obj:`0`: a pass runs as PyTorch's only when every tensor is under
             ``min_bytes``. (default: :obj:`None`: on a GPU a :data:`GPU_PASS_SHARE`-th of
-            its memory, 137 MB on an H200, unless ``min_bytes`` is set; :obj:`0` on the
+            its memory, 140 MiB on an H200, unless ``min_bytes`` is set; :obj:`0` on the
             CPU, where a compressed step runs about as fast as PyTorch's:
             :meth:`min_savings`)
 
