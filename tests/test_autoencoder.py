@@ -121,6 +121,44 @@ def test_converted_gae_computes_pygs_loss_and_keeps_less(bits: int | None) -> No
         assert kept[1] < kept[0] / 5
 
 
+@pytest.mark.parametrize("min_bytes", [0, 1 << 20])
+def test_a_step_through_encode_and_decoder_is_counted_whole(min_bytes: int) -> None:
+    # GAE's recipe calls encode, then recon_loss (its decoder): two passes a step, which
+    # the scope's record and gnnact.summary count together until backward reaches them
+    # (the last pass alone was reported: the decoder's, "0 B, ran as PyTorch's", where the
+    # encoder had compressed its layers).
+    torch.manual_seed(0)
+    model = gnnact.convert(GAE(_Encoder()), gnnact.Config(bits=2, min_bytes=min_bytes))
+    x, edge_index = _graph()
+    scope = scope_of(model)
+    for step in range(3):
+        z = model.encode(x, edge_index)
+        encoder = scope.last
+        loss = model.recon_loss(z, edge_index)
+        record = scope.last
+        assert (encoder.passes, record.passes) == (1, 2)
+        # (under the floor the decoder keeps z as it is: its input, not counted again)
+        assert record.context >= encoder.context > 0
+        for path, nbytes in encoder.bytes_by_module.items():
+            assert record.bytes_by_module[path] >= nbytes
+        # Under a 1 MiB floor every tensor of this small graph is: from the second step
+        # both passes run as PyTorch's, counted under their modules.
+        small = min_bytes > 0 and step > 0
+        assert record.as_pytorch == small
+        assert record.pytorch_paths == (("encoder", "decoder") if small else ())
+        loss.backward()
+    report = gnnact.summary(model)
+    assert (report.context, report.passes) == (record.context, 2)
+    assert "the last step made 2 forward passes" in str(report)
+    assert {r.handling for r in report.rows if r.path.startswith("encoder")} == (
+        {"pytorch"} if min_bytes else {"twin", "none", "generic"})
+    # A grad-mode forward that is never run backward ends its step when its output goes:
+    # the next pass starts a step of its own.
+    model.encode(x, edge_index)
+    model.encode(x, edge_index)
+    assert scope.last.passes == 1
+
+
 class _VariationalEncoder(_Encoder):
     def __init__(self) -> None:
         super().__init__()

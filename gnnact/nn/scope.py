@@ -48,7 +48,8 @@ operator, and inductor compiles it whole, as it compiles the original model.
 A call of one of the model's children made outside the model's own call (a model used through
 its methods: GAE's ``encode`` and ``recon_loss``) is a pass too. Evaluation
 (``torch.no_grad``) runs the plain forward: nothing is kept, so nothing is done. What the last
-pass kept, by module, is what :func:`gnnact.summary` reports.
+training step's passes kept, by module, is what :func:`gnnact.summary` reports (the passes a
+step makes before backward reaches them counted together: :meth:`Scope.note_record`).
 """
 
 from __future__ import annotations
@@ -93,7 +94,8 @@ _PASS: ContextVar[_Pass | None] = ContextVar("gnnact_scope_pass", default=None)
 
 @dataclass
 class PassRecord:
-    """What one forward pass of a converted model kept for backward.
+    """What one forward pass of a converted model kept for backward, or the passes of one
+    training step together (:meth:`then`).
 
     Args:
         bytes_by_module (dict[str, int]): module path -> bytes of the context saved while it
@@ -110,6 +112,10 @@ class PassRecord:
             (:meth:`Config.floor_for <gnnact.Config.floor_for>`).
         min_savings (int): the least its compression must save there
             (:meth:`Config.min_savings <gnnact.Config.min_savings>`; 0: no such rule).
+        passes (int): the forward passes counted (several in a step of a model used through
+            its children: GAE's ``encode``, then ``recon_loss``'s decoder calls).
+        pytorch_paths (tuple[str, ...]): the modules whose passes ran as PyTorch's (their
+            bytes counted under their path).
     """
 
     bytes_by_module: dict[str, int] = field(default_factory=dict)
@@ -119,11 +125,72 @@ class PassRecord:
     as_pytorch: bool = False
     floor: int = MIN_BYTES
     min_savings: int = 0
+    passes: int = 1
+    pytorch_paths: tuple[str, ...] = ()
 
     @property
     def context(self) -> int:
         """Bytes of the context, all modules together (the graph cache not included)."""
         return sum(self.bytes_by_module.values())
+
+    def then(self, later: PassRecord) -> PassRecord:
+        """This record and ``later``'s, a pass of the same step: bytes summed by module,
+        ``later``'s tensors over this one's of the same name, its graph cache, floor and least
+        savings; run as PyTorch's if both were."""
+        nbytes = dict(self.bytes_by_module)
+        for path, n in later.bytes_by_module.items():
+            nbytes[path] = nbytes.get(path, 0) + n
+        return PassRecord(nbytes, {**self.tensors, **later.tensors}, later.graph_cache,
+                          (self.small[0] + later.small[0], self.small[1] + later.small[1]),
+                          self.as_pytorch and later.as_pytorch, later.floor, later.min_savings,
+                          self.passes + later.passes,
+                          tuple(dict.fromkeys((*self.pytorch_paths, *later.pytorch_paths))))
+
+
+class _Step:
+    """The forward passes of one training step so far (:attr:`record`, merged): open until
+    backward reaches the output of one of them, or the graphs of all their outputs are gone
+    (a forward never run backward, a grad-mode evaluation), or none has one."""
+
+    __slots__ = ("_live", "open", "record")
+
+    def __init__(self, record: PassRecord) -> None:
+        self.record = record
+        self.open = True
+        self._live = 0  # outputs' graphs watched and not yet gone
+
+    def watch(self, output: Any) -> None:
+        """End the step when backward reaches ``output`` (its tensors that have a graph), or
+        when all its watched graphs are gone."""
+        for t in argument_tensors(output):
+            if t.grad_fn is not None:
+                reached = _Reached(self)
+                t.grad_fn.register_prehook(reached)
+                self._live += 1
+                weakref.finalize(reached, self._gone)
+        if not self._live:  # no graph to run backward through
+            self.open = False
+
+    def end(self) -> None:
+        self.open = False
+
+    def _gone(self) -> None:
+        self._live -= 1
+        if self._live <= 0:
+            self.open = False
+
+
+class _Reached:
+    """A pass output's node's pre-hook: backward has reached it, the step is over (held by
+    the node alone: it goes with the graph)."""
+
+    __slots__ = ("__weakref__", "step")
+
+    def __init__(self, step: _Step) -> None:
+        self.step = step
+
+    def __call__(self, grad_outputs: Any) -> None:
+        self.step.end()
 
 
 class _Pass:
@@ -231,15 +298,19 @@ class _Pass:
                     self.scope.small_context.pop(self.module, None)
                 elif self.savings:
                     self.scope.small_context.setdefault(self.module, nbytes)
-                self.scope.last = PassRecord({"": nbytes}, {}, self.scope.graphs.nbytes(),
-                                             (count, nbytes), as_pytorch=True,
-                                             floor=self.floor, min_savings=self.savings)
+                path = self.scope.path_of(self.root, self.module)
+                self.scope.note_record(
+                    PassRecord({path: nbytes}, {}, self.scope.graphs.nbytes(), (count, nbytes),
+                               as_pytorch=True, floor=self.floor, min_savings=self.savings,
+                               pytorch_paths=(path,)), output)
             elif pipeline is not None:
-                self.scope.last = PassRecord(dict(pipeline.bytes_by_module),
-                                             dict(pipeline.tensors),
-                                             self.scope.graphs.nbytes(),
-                                             (pipeline.num_small, pipeline.small_bytes),
-                                             floor=self.floor, min_savings=self.savings)
+                # (A caller's pipeline counts every pass it wraps: its record is the total.)
+                self.scope.note_record(
+                    PassRecord(dict(pipeline.bytes_by_module), dict(pipeline.tensors),
+                               self.scope.graphs.nbytes(),
+                               (pipeline.num_small, pipeline.small_bytes), floor=self.floor,
+                               min_savings=self.savings),
+                    output, merge=pipeline is not self.enclosing)
                 if pipeline is not self.enclosing:
                     # Small: every tensor under the floor as PyTorch keeps it, or compression
                     # saving less than the least savings.
@@ -338,7 +409,8 @@ class Scope:
         seeds (PassSeeds): the source of each pass's rounding seeds.
         island (Island): the records of the routed functional calls that compiled frames make
             as custom operators (:mod:`gnnact.ops.library`).
-        last (PassRecord or None): what the last training forward pass kept.
+        last (PassRecord or None): what the last training step's forward passes kept (one
+            pass, or several merged: :meth:`note_record`).
         small_inputs (WeakKeyDictionary): for the module whose call makes a pass (the model,
             or a child called on its own), the largest element count of each input of its
             full passes that kept every tensor under the floor; its passes on inputs no larger
@@ -359,6 +431,8 @@ class Scope:
         # The records of functional calls inside compiled frames, routed as in eager mode.
         self.island = Island(route=_route_in_pass)
         self.last: PassRecord | None = None
+        self._step: _Step | None = None
+        self._paths: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()
         self.small_inputs: weakref.WeakKeyDictionary[nn.Module, tuple[int, ...]] = (
             weakref.WeakKeyDictionary())
         self.small_context: weakref.WeakKeyDictionary[nn.Module, int] = (
@@ -381,6 +455,7 @@ class Scope:
             scope.small_context.clear()
             scope._buffer_owners.clear()
             scope._twin_layers.clear()
+            scope._paths.clear()
             scope._configs.clear()
             scope.bits.clear()
             scope._automate(model)
@@ -491,6 +566,27 @@ class Scope:
                 if isinstance(m, _Compressed) and m._twinned_forward is not None]
         return layers
 
+    def note_record(self, record: PassRecord, output: Any, merge: bool = True) -> None:
+        """Make ``record`` (a pass that returned ``output``) part of :attr:`last`: merged
+        into the step's passes so far while backward has not reached them (a model used
+        through its children: GAE's ``encode`` and ``recon_loss``), else (or without
+        ``merge``) the first of a new step."""
+        step = self._step
+        if merge and step is not None and step.open:
+            step.record = step.record.then(record)
+        else:
+            step = self._step = _Step(record)
+        step.watch(output)
+        self.last = step.record
+
+    def path_of(self, root: nn.Module, module: nn.Module) -> str:
+        """The path of ``module`` in ``root`` (``""`` for the root itself), found once."""
+        path = self._paths.get(module)
+        if path is None:
+            path = self._paths[module] = next(
+                (name for name, m in root.named_modules() if m is module), "")
+        return path
+
     def buffer_owners(self, model: nn.Module) -> list[nn.Module]:
         """The modules of ``model`` that have buffers, found once (a pass run as PyTorch's
         reads their buffers as they are then, to leave them out of its count)."""
@@ -572,10 +668,11 @@ class Scope:
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state["last"] = None  # a record of one pass, not part of the model
+        state["last"] = state["_step"] = None  # a record of one step, not part of the model
         # (Of these very modules: not picklable, and a copy has modules of its own.)
-        for name in ("small_inputs", "small_context", "_buffer_owners", "_twin_layers"):
-            del state[name]
+        for name in ("small_inputs", "small_context", "_buffer_owners", "_twin_layers",
+                     "_paths"):
+            state.pop(name, None)
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -585,6 +682,8 @@ class Scope:
         self.small_context = weakref.WeakKeyDictionary()
         self._buffer_owners = weakref.WeakKeyDictionary()
         self._twin_layers = weakref.WeakKeyDictionary()
+        self._paths = weakref.WeakKeyDictionary()
+        self.__dict__.setdefault("_step", None)
 
 
 # A module's hooks and attributes go with it through copy.deepcopy and pickle. A

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from torch import nn
 from torch_geometric.nn import MessagePassing
 
+from gnnact.compress.policy import within
 from gnnact.nn._base import _Compressed
 from gnnact.nn.chunked import _Chunks
 from gnnact.nn.conv.base import CompressedConv
@@ -28,12 +29,13 @@ class SummaryRow:
             activations and dropout as 1-bit masks; also a twin that takes PyG's own forward,
             for a registered PyG hook, say), ``"exempt"`` (everything it saved was kept exact
             on purpose: the softmax head, or ``bits=32``), ``"none"`` (saved nothing in the
-            last step), or ``"pytorch"`` (the last step ran as PyTorch's, every tensor under
-            ``min_bytes``: :meth:`gnnact.nn.scope.Scope.small_pass`).
+            last step), or ``"pytorch"`` (the last step, or the pass of the step that ran
+            it, ran as PyTorch's, every tensor under ``min_bytes``:
+            :meth:`gnnact.nn.scope.Scope.small_pass`).
         bits (int): the width its activations are kept at (with automatic widths, the widest
             of its tensors').
         nbytes (int or None): bytes of the context it saved in the last training step (its
-            own, not its submodules'); ``None`` before the first one, or after one run as
+            own, not its submodules'); ``None`` before the first one, or where it ran as
             PyTorch's.
         messages (str, optional): for a message-passing layer, how its edge messages were
             made in its last call: ``"fused"`` (a twin's compressed path: none, or edge
@@ -79,7 +81,10 @@ class Summary:
     ``min_bytes``, :attr:`Config.min_bytes <gnnact.Config>`) and their bytes, part of
     ``context``; ``as_pytorch``: the last step ran as PyTorch's; ``min_pass_savings``: the
     least a step's compression must save, or it runs as PyTorch's (:meth:`Config.min_savings
-    <gnnact.Config.min_savings>`; 0: no such rule)."""
+    <gnnact.Config.min_savings>`; 0: no such rule); ``passes``: the forward passes of the
+    step, counted together (a model used through its children makes several: GAE's
+    ``encode``, then its decoder); ``pytorch_paths``: the modules whose passes ran as
+    PyTorch's."""
 
     rows: tuple[SummaryRow, ...]
     context: int | None
@@ -90,6 +95,8 @@ class Summary:
     min_bytes: int = 0
     as_pytorch: bool = False
     min_pass_savings: int = 0
+    passes: int = 1
+    pytorch_paths: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         width = max([len("module")] + [len(r.path or "(model)") for r in self.rows])
@@ -116,6 +123,13 @@ class Summary:
                        f"min_bytes")
                 lines.append(f"the last step ran as PyTorch's: {why}, as a full step on "
                              f"inputs as large found")
+            elif self.pytorch_paths:
+                names = ", ".join(p or "(model)" for p in self.pytorch_paths)
+                lines.append(f"passes run as PyTorch's (as a full pass on inputs as large "
+                             f"found): {names}")
+            if self.passes > 1:
+                lines.append(f"the last step made {self.passes} forward passes (the model "
+                             f"used through its children), counted together")
         if self.tensors:
             width = max(len("tensor"), *(len(t.name) for t in self.tensors))
             lines.append("")
@@ -238,7 +252,8 @@ def summary(model: nn.Module) -> Summary:
                 handling = "none"
             else:
                 handling = "generic"
-        if record is not None and record.as_pytorch:
+        if record is not None and (record.as_pytorch or any(
+                not p or within(path, p) for p in record.pytorch_paths)):
             handling, nbytes = "pytorch", None  # (no module tracking in such a pass)
         bits = widest.get(path or "<model>", bits)
         rows.append(SummaryRow(path, type(module).__name__, handling, bits, nbytes,
@@ -252,4 +267,5 @@ def summary(model: nn.Module) -> Summary:
     if record is None:
         return Summary(tuple(rows), None, None, tensors, average)
     return Summary(tuple(rows), record.context, record.graph_cache, tensors, average,
-                   record.small, record.floor, record.as_pytorch, record.min_savings)
+                   record.small, record.floor, record.as_pytorch, record.min_savings,
+                   record.passes, record.pytorch_paths)
