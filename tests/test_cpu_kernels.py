@@ -6,6 +6,7 @@ how ``backend=`` and the mask ops pick them, and what happens without a compiler
 
 from __future__ import annotations
 
+import platform
 import warnings
 
 import pytest
@@ -305,6 +306,18 @@ def fresh_build(monkeypatch, tmp_path):
     yield tmp_path
     for fn in caches:
         fn.cache_clear()
+
+
+@pytest.mark.parametrize("flag", ["-mbmi2", "-mno-bmi2"])
+def test_both_ways_of_packing_codes_equal_reference(fresh_build, monkeypatch, flag):
+    # Built with BMI2 (x86), a block's codes are packed and unpacked by pext and pdep;
+    # without (or on AMD cores before Zen 3), by the SWAR steps: the same codes either way.
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip(f"{flag} is an x86 flag; this machine is {platform.machine()}")
+    monkeypatch.setattr(cpu, "FLAGS", (*cpu.FLAGS, flag))
+    for bits in QUANT_BITS:
+        _check(3000, 512, bits, torch.float32)
+        _check(77, 13, bits, torch.float32)
 
 
 def test_the_build_is_kept_for_later_processes(fresh_build):

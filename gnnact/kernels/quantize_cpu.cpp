@@ -20,12 +20,23 @@
 // codes. The loops over a group's elements are written so that the compiler vectorises them
 // (-O3 -march=native): 16 vector lanes for the range and for the noise (four octets a vector),
 // plain element loops for the rounding and the dequantizer's scale; codes are packed and
-// unpacked a word of 8 at a time (SWAR), straight into and out of the packed tensor.
+// unpacked a word of 8 at a time (BMI2's pext and pdep, else SWAR), straight into and out of
+// the packed tensor.
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+
+// BMI2's bit gather and scatter (pext, pdep) fold or spread a block's 8 codes in one
+// instruction: against the SWAR steps below, quantizing 4M values at 2-4 bits takes 6-24 %
+// less time on one core, dequantizing 10-14 % (medians, the two builds interleaved). AMD's
+// cores before Zen 3 run them in microcode, hundreds of cycles: there, and without BMI2, the
+// SWAR steps.
+#if defined(__BMI2__) && !defined(__znver1__) && !defined(__znver2__)
+#define GNNACT_BIT_GATHER 1
+#include <immintrin.h>
+#endif
 
 namespace {
 
@@ -144,17 +155,27 @@ void range_of(const float* h, i64 len, float* low, float* high) {
 // stack would stall the load after it): a block's word is 0 above its 8 BITS bits, and the
 // next block's store overwrites them.
 template <int BITS>
+constexpr u64 CODE_LANES = ((u64(1) << BITS) - 1) * 0x0101010101010101ull;  // a code a byte
+
+template <int BITS>
 inline u64 fold_codes(u64 w) {
     if (BITS == 8) return w;
+#ifdef GNNACT_BIT_GATHER
+    return _pext_u64(w, CODE_LANES<BITS>);
+#else
     w = (w & 0x00FF00FF00FF00FFull) | ((w & 0xFF00FF00FF00FF00ull) >> (8 - BITS));
     w = (w & 0x0000FFFF0000FFFFull) | ((w & 0xFFFF0000FFFF0000ull) >> (16 - 2 * BITS));
     return (w & 0x00000000FFFFFFFFull) | ((w & 0xFFFFFFFF00000000ull) >> (32 - 4 * BITS));
+#endif
 }
 
 // Inverse of fold_codes: the 8 BITS low bits of w spread to one code a byte.
 template <int BITS>
 inline u64 spread_codes(u64 w) {
     if (BITS == 8) return w;
+#ifdef GNNACT_BIT_GATHER
+    return _pdep_u64(w, CODE_LANES<BITS>);
+#else
     constexpr u64 LOW4 = (u64(1) << (4 * BITS)) - 1, LOW2 = (u64(1) << (2 * BITS)) - 1,
                   LOW1 = (u64(1) << BITS) - 1;
     w &= (LOW4 << (4 * BITS)) | LOW4;
@@ -162,6 +183,7 @@ inline u64 spread_codes(u64 w) {
     constexpr u64 PAIRS = LOW2 | (LOW2 << 32), ONES = LOW1 * 0x0001000100010001ull;
     w = (w & PAIRS) | (((w >> (2 * BITS)) & PAIRS) << 16);
     return (w & ONES) | (((w >> BITS) & ONES) << 8);
+#endif
 }
 
 // How many blocks' 8-byte words lie inside `bytes` bytes (block k's at k BITS).
