@@ -13,7 +13,13 @@ import gnnact
 import gnnact.nn.functional as functional
 from gnnact import compress_saved_tensors
 from gnnact.compress import Policy, Quantize
-from gnnact.compress.gather import Gathered, gather_source, mark_gathered
+from gnnact.compress.gather import (
+    Gathered,
+    gather_record,
+    gather_source,
+    mark_derived,
+    mark_gathered,
+)
 from gnnact.memory import saved_bytes
 
 
@@ -180,8 +186,20 @@ def test_gathered_reports_the_tensors_that_hold_it():
     assert Gathered(src, index, 0).tensors() == (src, index)
 
 
-@pytest.mark.parametrize("call", ["index_select", "getitem"])
-def test_functional_ops_mark_gathers_inside_a_converted_model(call):
+_LIFTS = {"index_select": lambda h, index: h.index_select(0, index),
+          "getitem": lambda h, index: h[index]}
+
+#: Elementwise functions of gathered rows: gathered rows of their source's image too.
+_ELEMENTWISE = {"rows": lambda r: r, "r + 1.5": lambda r: r + 1.5, "1.5 + r": lambda r: 1.5 + r,
+                "r - 2": lambda r: r - 2.0, "r * 3": lambda r: r * 3.0,
+                "3 * r": lambda r: 3.0 * r, "r / 4": lambda r: r / 4.0,
+                "relu": lambda r: r.relu(),
+                "leaky_relu": lambda r: torch.nn.functional.leaky_relu(r, 0.1)}
+
+
+@pytest.mark.parametrize("fn", _ELEMENTWISE)
+@pytest.mark.parametrize("lift", _LIFTS)
+def test_functional_ops_mark_gathers_inside_a_converted_model(lift, fn):
     seen = []
 
     class Lift(torch.nn.Module):
@@ -190,17 +208,19 @@ def test_functional_ops_mark_gathers_inside_a_converted_model(call):
             self.lin = torch.nn.Linear(4, 4)
 
         def forward(self, x, index):
-            h = self.lin(x)
-            out = h.index_select(0, index) if call == "index_select" else h[index]
-            seen.append(gather_source(out, None))
-            return (out * out).sum()
+            out = _ELEMENTWISE[fn](_LIFTS[lift](self.lin(x), index))
+            other = _LIFTS[lift](self.lin(x), index) + torch.ones(())  # (a tensor: not so)
+            seen.append((out, gather_source(out, None), gather_source(other, None)))
+            return (out * out).sum() + (other * other).sum()
 
     model = gnnact.convert(Lift(), gnnact.Config(bits=4))
     x, index = torch.randn(5, 4), torch.randint(0, 5, (20,))
     model(x, index).backward()
-    src, dim, kept = seen[0]
-    assert dim == 0 and kept is index and src.shape == (5, 4)
-
+    out, (src, dim, kept), other = seen[0]
+    assert other is None and dim == 0 and kept is index and src.shape == (5, 4)
+    # The op's values bit for bit (ReLU's negative inputs give -0.0 there, as in the op).
+    bits = src.index_select(dim, kept).view(torch.int32)
+    assert torch.equal(bits, out.detach().view(torch.int32))
 
 
 def test_a_gather_into_a_given_tensor_runs_as_pytorchs():
@@ -218,3 +238,69 @@ def test_a_gather_into_a_given_tensor_runs_as_pytorchs():
     x, index, buffer = torch.randn(5, 4), torch.tensor([4, 0, 0]), torch.empty(3, 4)
     model(x, index, buffer).backward()
     assert torch.equal(buffer, model.lin(x).detach()[index])
+
+
+class GENNet(torch.nn.Module):
+    """DeeperGCN's conv: its messages are ``x_j.relu() + eps``, saved by the softmax
+    aggregation's products (``x * t``, ``x * alpha``)."""
+
+    def __init__(self, features: int = 16) -> None:
+        super().__init__()
+        self.conv = GENConv(features, features, aggr="softmax", t=1.0, learn_t=True)
+
+    def forward(self, x, edge_index):
+        return self.conv(x, edge_index)
+
+
+def test_messages_made_elementwise_of_gathered_rows_are_kept_as_node_rows(monkeypatch):
+    x, edge_index = graph()
+    torch.manual_seed(0)
+    exact = gnnact.convert(GENNet(), gnnact.Config(bits=32))
+
+    def step() -> tuple[int, list[torch.Tensor]]:
+        xr = x.clone().requires_grad_()
+        out = exact(xr, edge_index)
+        kept = saved_bytes(out, exclude=[xr, edge_index])
+        exact.zero_grad()
+        out.square().sum().backward()
+        return kept, [xr.grad, *(p.grad.clone() for p in exact.parameters())]
+
+    kept, grads = step()
+    with monkeypatch.context() as patch:
+        patch.setattr(functional, "mark_derived", lambda *args: None)
+        without, want = step()
+    # relu(x_j) + eps, 4,000 edge rows of 16 float32 values, became relu(X) + eps, 200 node
+    # rows, gathered again in backward: the same values, the same gradients bit for bit.
+    assert without - kept >= (4000 - 200) * 16 * 4
+    for a, b in zip(grads, want, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_elementwise_functions_of_gathered_rows_are_gathered_from_their_source():
+    src, index = torch.randn(6, 3), torch.tensor([5, 0, 0, 2, 4, 1, 1, 3])
+    rows = src.index_select(0, index)
+    mark_gathered(rows, src, 0, index)
+    record = gather_record(rows)
+    rows.relu_()  # in place: the record read before still says where the rows came from
+    assert gather_record(rows) is None
+    mark_derived(rows, record, torch.relu)
+    out = rows * 2.0 + 0.5
+    mark_derived(out, gather_record(rows), lambda s: s.relu() * 2.0 + 0.5)
+    made, dim, kept = gather_source(out, None)
+    assert made.shape == src.shape and kept is index
+    assert torch.equal(made.index_select(dim, kept), out)
+    assert gather_source(out, None)[0] is made  # made once
+    # A source changed since: nothing to make it from.
+    again = src.index_select(0, index)
+    mark_gathered(again, src, 0, index)
+    derived = again.relu()
+    mark_derived(derived, gather_record(again), torch.relu)
+    src.add_(1.0)
+    assert gather_source(derived, None) is None
+    # Fewer rows than the source (a block of a conv run in blocks): kept as they are, not
+    # as a source made for each block.
+    few = src.index_select(0, index[:3])
+    mark_gathered(few, src, 0, index[:3])
+    made = few.relu()
+    mark_derived(made, gather_record(few), torch.relu)
+    assert gather_record(made) is None

@@ -24,11 +24,21 @@ Gathers inside message passing are kept so (a conv run in chunks lifts a block o
 time: each block's gather may be smaller than its source, their sum is not), and elsewhere
 those that grow their source (more rows out than in): a gather that selects a few rows
 (``x[train_idx]``) is kept as it is.
+
+Rows that an elementwise function makes of gathered ones are gathered rows too:
+:math:`f(X[\mathrm{index}]) = f(X)[\mathrm{index}]` for :math:`f` a ReLU or LeakyReLU, or a
+number added, subtracted, multiplied or divided by (:func:`mark_derived`, by the same
+mode). GENConv's messages, :math:`\mathrm{relu}(x_j) + \epsilon`, which its softmax
+aggregation's products save twice, are kept as :math:`\mathrm{relu}(X) + \epsilon` (made
+when autograd saves them) and the index: DeeperGCN's context on Minesweeper, 19.2 MB → 15.8
+MB.
 """
 
 from __future__ import annotations
 
+import functools
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,12 +46,40 @@ import torch
 from torch import Tensor, nn
 from torch_geometric.nn import MessagePassing
 
-__all__ = ["Gathered", "gather_source", "mark_gathered"]
+__all__ = ["Gathered", "gather_record", "gather_source", "mark_derived", "mark_gathered"]
 
 # The attribute of a gathered tensor that records where its rows come from.
 _SOURCE = "_gnnact_gathered"
 
 _INDEX_DTYPES = (torch.int64, torch.int32)
+
+
+class _Source:
+    """Where a gathered tensor's rows come from: ``base()`` (the tensor gathered from, or
+    ``None`` once it is gone or changed), or ``fn`` of it for rows an elementwise function
+    made of gathered ones, made when first asked (what autograd saves) and kept with the
+    rows."""
+
+    __slots__ = ("_base", "_fn", "_made", "numel")
+
+    def __init__(self, base: Callable[[], Tensor | None], fn: Callable[[Tensor], Tensor] | None,
+                 numel: int) -> None:
+        self._base, self._fn, self._made, self.numel = base, fn, None, numel
+
+    def get(self) -> Tensor | None:
+        if self._made is not None:
+            return self._made
+        base = self._base()
+        if base is None or self._fn is None:
+            return base
+        with torch.no_grad():
+            self._made = self._fn(base)
+        return self._made
+
+
+def _fresh(ref: Callable[[], Tensor | None], version: int) -> Tensor | None:
+    src = ref()
+    return src if src is not None and src._version == version else None
 
 
 def mark_gathered(out: Tensor, src: Tensor, dim: int, index: Tensor) -> None:
@@ -72,7 +110,44 @@ def mark_gathered(out: Tensor, src: Tensor, dim: int, index: Tensor) -> None:
     # per-node sums lifted to edges, ``out_sum.index_select(0, index)``) is gone by the time
     # autograd saves the rows, and held it costs less than the rows. Others are held weakly.
     ref = (lambda: src) if out.numel() > src.numel() else weakref.ref(src)
-    setattr(out, _SOURCE, (ref, src._version, dim, index, out._version))
+    source = _Source(functools.partial(_fresh, ref, src._version), None, src.numel())
+    setattr(out, _SOURCE, (source, dim, index, out._version))
+
+
+def gather_record(t: Any) -> tuple | None:
+    """What :func:`mark_gathered` or :func:`mark_derived` recorded of ``t``, if ``t`` has not
+    changed since (to hand to :func:`mark_derived`, read before an in-place call)."""
+    record = getattr(t, _SOURCE, None) if type(t) is Tensor else None
+    return record if record is not None and t._version == record[3] else None
+
+
+def mark_derived(out: Tensor, record: tuple | None, fn: Callable[[Tensor], Tensor]) -> None:
+    r"""Record that ``out`` is ``fn`` of a gathered tensor whose record is ``record``
+    (:func:`gather_record`), ``fn`` elementwise (``relu``, a scalar added, ...): ``out`` is
+    then gathered from ``fn(src)`` by the same index (GENConv's messages,
+    :math:`\mathrm{relu}(x_j) + \epsilon = (\mathrm{relu}(X) + \epsilon)[j]`), which the
+    pipeline keeps instead of ``out``, made when autograd saves ``out``. Only where ``out``
+    has more values than the source.
+
+    Example:
+        >>> x, index = torch.randn(3, 2), torch.tensor([0, 2, 2, 1, 0])
+        >>> rows = x.index_select(0, index)
+        >>> mark_gathered(rows, x, 0, index)
+        >>> out = rows.relu() + 1.0
+        >>> mark_derived(out, gather_record(rows), lambda s: s.relu() + 1.0)
+        >>> src, dim, kept = gather_source(out, None)
+        >>> torch.equal(src.index_select(dim, kept), out)
+        True
+    """
+    if (record is None or type(out) is not Tensor or not out.is_floating_point()
+            or out.dim() == 0):
+        return
+    source, dim, index, _ = record
+    # Only rows that outnumber their source's: each derived source is made on its own (a
+    # conv run in blocks of edges would make one for every block).
+    if dim >= out.dim() or out.size(dim) != index.numel() or out.numel() <= source.numel:
+        return
+    setattr(out, _SOURCE, (_Source(source.get, fn, source.numel), dim, index, out._version))
 
 
 def gather_source(t: Tensor, module: nn.Module | None) -> tuple[Tensor, int, Tensor] | None:
@@ -94,13 +169,12 @@ def gather_source(t: Tensor, module: nn.Module | None) -> tuple[Tensor, int, Ten
     record = getattr(t, _SOURCE, None)
     if record is None:
         return None
-    ref, version, dim, index, own_version = record
-    src = ref()
-    if src is None or src._version != version or t._version != own_version:
+    source, dim, index, own_version = record
+    if t._version != own_version or (not isinstance(module, MessagePassing)
+                                     and t.numel() <= source.numel):
         return None
-    if not isinstance(module, MessagePassing) and t.numel() <= src.numel():
-        return None
-    return src, dim, index
+    src = source.get()
+    return None if src is None else (src, dim, index)
 
 
 @dataclass(frozen=True)

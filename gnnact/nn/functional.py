@@ -20,6 +20,8 @@ call                                                   kept for backward
 ``F.batch_norm`` (batch statistics)                    input at ``bits``, mean, inverse std
 ``x.index_select(dim, index)``, ``x[index]``           ``x`` and ``index`` (rows gathered to
                                                        edges: :mod:`~gnnact.compress.gather`)
+ReLU, LeakyReLU and ``+ - * /`` with a number, on      ``f(x)`` and ``index``, ``f`` the
+gathered rows (GENConv's ``x_j.relu() + eps``)         call: where those rows are saved
 ``F.gelu``, ``torch.tanh``, ... (anything else)        what PyTorch saves, at ``bits``
                                                        (the generic pipeline)
 =====================================================  ===================================
@@ -58,7 +60,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gnnact import ops
-from gnnact.compress.gather import mark_gathered
+from gnnact.compress.gather import gather_record, mark_derived, mark_gathered
 from gnnact.config import Config
 from gnnact.ops import library
 from gnnact.ops.context import overwritable
@@ -116,10 +118,25 @@ def _float(x: Any) -> bool:
 # (The mask ops take the module's config for its floor only: they keep exact masks.)
 
 
+def _derived(out: Any, record: tuple | None, fn: Callable[[Tensor], Tensor]) -> Any:
+    """``out``, marked as ``fn`` of the gathered rows ``record`` is of, if any
+    (:func:`gnnact.compress.gather.mark_derived`): kept as ``fn`` of their source."""
+    if record is not None:
+        mark_derived(out, record, fn)
+    return out
+
+
 def _relu(cfg: Callable[[str], Config], input: Tensor, inplace: bool = False) -> Any:
     if not _float(input):
         return NotImplemented
-    return ops.relu(input, inplace=inplace, config=cfg("activations"))
+    record = gather_record(input)  # (before the call: in place, it changes the input)
+    return _derived(ops.relu(input, inplace=inplace, config=cfg("activations")), record,
+                    _relu_values)
+
+
+def _relu_values(x: Tensor) -> Tensor:
+    # ops.relu's values, signed zeros and NaNs included: x times the mask [x > 0].
+    return torch.mul(x, x > 0)
 
 
 def _relu_(cfg: Callable[[str], Config], input: Tensor) -> Any:
@@ -130,7 +147,10 @@ def _leaky_relu(cfg: Callable[[str], Config], input: Tensor, negative_slope: flo
                 inplace: bool = False) -> Any:
     if not _float(input):
         return NotImplemented
-    return ops.leaky_relu(input, negative_slope, inplace=inplace, config=cfg("activations"))
+    record = gather_record(input)
+    return _derived(
+        ops.leaky_relu(input, negative_slope, inplace=inplace, config=cfg("activations")),
+        record, functools.partial(F.leaky_relu, negative_slope=negative_slope))
 
 
 def _leaky_relu_(cfg: Callable[[str], Config], input: Tensor,
@@ -142,6 +162,7 @@ def _elu(cfg: Callable[[str], Config], input: Tensor, alpha: float = 1.0,
          inplace: bool = False) -> Any:
     if not _float(input):
         return NotImplemented
+    # (Not marked as a function of gathered rows: its values are not F.elu's, bit for bit.)
     return ops.elu(input, alpha, inplace=inplace, config=cfg("elu"))
 
 
@@ -187,6 +208,31 @@ def _getitem(cfg: Callable[[str], Config], input: Tensor, index: Any) -> Any:
     return out
 
 
+def _with_scalar(op: Callable[[Tensor, Any], Tensor]) -> Callable[..., Any]:
+    """The handler of an arithmetic operator: applied to gathered rows and a number
+    (GENConv's ``msg.relu() + self.eps``), its result is marked as the rows' source with the
+    number applied; any other call is PyTorch's."""
+
+    def handler(cfg: Callable[[str], Config], input: Tensor, other: Any = None, *rest: Any,
+                **kwargs: Any) -> Any:
+        record = (gather_record(input) if type(other) in (int, float) and not rest
+                  and not kwargs else None)
+        if record is None:
+            return NotImplemented
+        return _derived(op(input, other), record, functools.partial(_apply, op, other))
+
+    return handler
+
+
+def _apply(op: Callable[[Tensor, Any], Tensor], other: Any, src: Tensor) -> Tensor:
+    return op(src, other)
+
+
+#: The arithmetic whose results of gathered rows and a number are marked so (``x + 1.0``
+#: and ``1.0 + x`` reach a torch function mode as ``Tensor.add(x, 1.0)``).
+_SCALAR_OPS = {op: _with_scalar(op) for op in (Tensor.add, Tensor.sub, Tensor.mul, Tensor.div)}
+
+
 def _batch_norm(cfg: Callable[[str], Config], input: Tensor, running_mean: Tensor | None,
                 running_var: Tensor | None, weight: Tensor | None = None,
                 bias: Tensor | None = None, training: bool = False, momentum: float = 0.1,
@@ -209,6 +255,7 @@ HANDLERS: dict[Callable, Callable] = {
     F.batch_norm: _batch_norm,
     torch.index_select: _index_select, Tensor.index_select: _index_select,
     Tensor.__getitem__: _getitem,
+    **_SCALAR_OPS,
 }
 
 
@@ -216,7 +263,7 @@ HANDLERS: dict[Callable, Callable] = {
 #: that compress. (Gathers are marked whatever their source's size: the rows they gather to
 #: edges may be many times more.)
 FLOORED = frozenset(func for func, handler in HANDLERS.items()
-                    if handler not in (_index_select, _getitem))
+                    if handler not in (_index_select, _getitem, *_SCALAR_OPS.values()))
 
 
 #: Calls whose handler can write over the input (``inplace=True``), with the ways a caller
@@ -305,7 +352,7 @@ _MARKS: dict[Callable, str] = {**dict.fromkeys(EXACT_FUNCTIONS, "exact"),
 #: What the mode does anything with inside a compiled frame; every other call is traced as
 #: is (gathers too: their handlers take none there).
 _ROUTED = (frozenset(HANDLERS) | frozenset(_MARKS)) - {torch.index_select, Tensor.index_select,
-                                                       Tensor.__getitem__}
+                                                       Tensor.__getitem__, *_SCALAR_OPS}
 
 #: Routed calls that run as one ``gnnact::call`` inside a compiled frame (no graph break), by
 #: the name the operator calls them by: those whose output has their input's shape, and
