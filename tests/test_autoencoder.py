@@ -164,6 +164,23 @@ def test_a_step_through_encode_and_decoder_is_counted_whole(min_bytes: int,
     assert scope.last.passes == 1
 
 
+def test_a_model_called_twice_before_backward_counts_both_calls() -> None:
+    # A siamese step: two calls of the same model, one loss.
+    torch.manual_seed(0)
+    model = gnnact.convert(_Encoder(), gnnact.Config(bits=2, min_bytes=0))
+    x, edge_index = _graph()
+    scope = scope_of(model)
+    for _ in range(2):
+        one = model(x, edge_index)
+        first = scope.last
+        two = model(x.flip(0), edge_index)
+        assert (first.passes, scope.last.passes) == (1, 2)
+        assert scope.last.context == 2 * first.context > 0
+        (one - two).square().sum().backward()
+    assert "the last step made 2 forward passes before its backward" in str(
+        gnnact.summary(model))
+
+
 class _VariationalEncoder(_Encoder):
     def __init__(self) -> None:
         super().__init__()

@@ -113,7 +113,8 @@ class PassRecord:
         min_savings (int): the least its compression must save there
             (:meth:`Config.min_savings <gnnact.Config.min_savings>`; 0: no such rule).
         passes (int): the forward passes counted (several in a step of a model used through
-            its children: GAE's ``encode``, then ``recon_loss``'s decoder calls).
+            its children, GAE's ``encode`` and then ``recon_loss``'s decoder call, or of a model
+            called twice before backward).
         pytorch_paths (tuple[str, ...]): the modules whose passes ran as PyTorch's (their
             bytes counted under their path).
     """

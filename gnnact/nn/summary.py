@@ -82,9 +82,9 @@ class Summary:
     ``context``; ``as_pytorch``: the last step ran as PyTorch's; ``min_pass_savings``: the
     least a step's compression must save, or it runs as PyTorch's (:meth:`Config.min_savings
     <gnnact.Config.min_savings>`; 0: no such rule); ``passes``: the forward passes of the
-    step, counted together (a model used through its children makes several: GAE's
-    ``encode``, then its decoder); ``pytorch_paths``: the modules whose passes ran as
-    PyTorch's."""
+    step, counted together (a model used through its children makes several, GAE's
+    ``encode`` and then its decoder, and so does a model called twice before backward);
+    ``pytorch_paths``: the modules whose passes ran as PyTorch's."""
 
     rows: tuple[SummaryRow, ...]
     context: int | None
@@ -128,8 +128,8 @@ class Summary:
                 lines.append(f"passes run as PyTorch's (as a full pass on inputs as large "
                              f"found): {names}")
             if self.passes > 1:
-                lines.append(f"the last step made {self.passes} forward passes (the model "
-                             f"used through its children), counted together")
+                lines.append(f"the last step made {self.passes} forward passes before its "
+                             f"backward, counted together")
         if self.tensors:
             width = max(len("tensor"), *(len(t.name) for t in self.tensors))
             lines.append("")
